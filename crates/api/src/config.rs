@@ -1,0 +1,389 @@
+//! Configuration: every setting is a flag and an environment variable (clap
+//! `env`), durations are human-readable (`1500ms`, `5m`, `24h`), and the
+//! combination is validated before anything starts.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// The JWT secret `make run` and the README use. Refused next to a real provider.
+pub const DEV_JWT_SECRET: &str = "dev-only-secret-do-not-use-in-production";
+/// The provider secret key used against the sandbox.
+pub const SANDBOX_SECRET_KEY: &str = "sk_test_sandbox";
+/// How long the provider remembers its idempotency keys (Stripe: 24 h).
+/// Every re-drive must happen inside it.
+pub const PROVIDER_KEY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+const MIN_HS256_SECRET_BYTES: usize = 32;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "payments-api",
+    version,
+    about = "A payments API that takes money exactly once"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub settings: Settings,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the API (the default).
+    Serve,
+    /// Apply the database migrations and exit.
+    Migrate,
+    /// Mint a development JWT for a customer, signed with JWT_HS256_SECRET.
+    Token {
+        /// The customer id (the token's `sub`).
+        #[arg(long)]
+        customer: String,
+        /// How long the token is valid.
+        #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+        ttl: Duration,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Args)]
+pub struct Settings {
+    /// sqlite://PATH or postgres://USER@HOST/DB.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://data/payments.db",
+        global = true
+    )]
+    pub database_url: String,
+    /// Connections in the database pool.
+    #[arg(
+        long,
+        env = "DATABASE_MAX_CONNECTIONS",
+        default_value_t = 10,
+        global = true
+    )]
+    pub database_max_connections: u32,
+    /// How long a request waits for a pooled connection.
+    #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, global = true)]
+    pub database_acquire_timeout: Duration,
+    /// Address to listen on.
+    #[arg(
+        long,
+        env = "LISTEN_ADDR",
+        default_value = "127.0.0.1:8080",
+        global = true
+    )]
+    pub listen_addr: SocketAddr,
+    /// The provider's base URL. Unset: an in-process sandbox; no real money moves.
+    #[arg(long, env = "GATEWAY_URL", global = true)]
+    pub gateway_url: Option<String>,
+    /// The provider's secret key.
+    #[arg(
+        long,
+        env = "GATEWAY_SECRET_KEY",
+        hide_env_values = true,
+        global = true
+    )]
+    pub gateway_secret_key: Option<String>,
+    /// Timeout of one provider call. The lease must outlast it.
+    #[arg(long, env = "GATEWAY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, global = true)]
+    pub gateway_timeout: Duration,
+    /// How long a key is remembered. At most the provider's key retention (24h).
+    #[arg(long, env = "IDEMPOTENCY_TTL", default_value = "24h", value_parser = humantime::parse_duration, global = true)]
+    pub idempotency_ttl: Duration,
+    /// How long a claimer owns an in-progress request before a retry may take over.
+    #[arg(long, env = "LEASE", default_value = "30s", value_parser = humantime::parse_duration, global = true)]
+    pub lease: Duration,
+    /// HS256 secret for bearer JWTs (at least 32 bytes).
+    #[arg(long, env = "JWT_HS256_SECRET", hide_env_values = true, global = true)]
+    pub jwt_hs256_secret: Option<String>,
+    /// RS256 public key for bearer JWTs: PEM text, or the path of a PEM file.
+    #[arg(long, env = "JWT_RS256_PUBLIC_KEY", global = true)]
+    pub jwt_rs256_public_key: Option<String>,
+    /// The largest charge accepted, in minor units.
+    #[arg(
+        long,
+        env = "MAX_AMOUNT_CENTS",
+        default_value_t = 1_000_000,
+        global = true
+    )]
+    pub max_amount_cents: i64,
+    /// Log format.
+    #[arg(
+        long,
+        env = "LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    pub log_format: LogFormat,
+}
+
+/// Secrets stay out of `Debug` output.
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hidden = |s: &Option<String>| s.as_ref().map(|_| "***");
+        f.debug_struct("Settings")
+            .field(
+                "database_url",
+                &payments_domain::store::redact(&self.database_url),
+            )
+            .field("database_max_connections", &self.database_max_connections)
+            .field("database_acquire_timeout", &self.database_acquire_timeout)
+            .field("listen_addr", &self.listen_addr)
+            .field("gateway_url", &self.gateway_url)
+            .field("gateway_secret_key", &hidden(&self.gateway_secret_key))
+            .field("gateway_timeout", &self.gateway_timeout)
+            .field("idempotency_ttl", &self.idempotency_ttl)
+            .field("lease", &self.lease)
+            .field("jwt_hs256_secret", &hidden(&self.jwt_hs256_secret))
+            .field(
+                "jwt_rs256_public_key",
+                &self.jwt_rs256_public_key.as_ref().map(|_| "(set)"),
+            )
+            .field("max_amount_cents", &self.max_amount_cents)
+            .field("log_format", &self.log_format)
+            .finish()
+    }
+}
+
+/// How bearer tokens are verified.
+#[derive(Clone)]
+pub enum JwtKey {
+    Hs256(String),
+    /// PEM text of the public key.
+    Rs256(String),
+}
+
+impl fmt::Debug for JwtKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Hs256(_) => f.write_str("Hs256(***)"),
+            Self::Rs256(_) => f.write_str("Rs256(..)"),
+        }
+    }
+}
+
+/// Where provider calls go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GatewayTarget {
+    /// Start an in-process sandbox.
+    EmbeddedSandbox,
+    /// A provider at this URL with this secret key.
+    Remote { url: String, secret_key: String },
+}
+
+/// Why the settings were refused.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(pub String);
+
+impl Settings {
+    /// The JWT key, or why there is none.
+    pub fn jwt_key(&self) -> Result<JwtKey, ConfigError> {
+        match (&self.jwt_hs256_secret, &self.jwt_rs256_public_key) {
+            (Some(_), Some(_)) => Err(ConfigError(
+                "set either JWT_HS256_SECRET or JWT_RS256_PUBLIC_KEY, not both".into(),
+            )),
+            (None, None) => Err(ConfigError(
+                "no JWT key: set JWT_HS256_SECRET (at least 32 bytes) or JWT_RS256_PUBLIC_KEY \
+                 (`make run` sets a development secret)"
+                    .into(),
+            )),
+            (Some(secret), None) if secret.len() < MIN_HS256_SECRET_BYTES => Err(ConfigError(
+                format!("JWT_HS256_SECRET must be at least {MIN_HS256_SECRET_BYTES} bytes"),
+            )),
+            (Some(secret), None) => Ok(JwtKey::Hs256(secret.clone())),
+            (None, Some(key)) if key.trim_start().starts_with("-----BEGIN") => {
+                Ok(JwtKey::Rs256(key.clone()))
+            }
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map(JwtKey::Rs256)
+                .map_err(|e| ConfigError(format!("JWT_RS256_PUBLIC_KEY: cannot read {path}: {e}"))),
+        }
+    }
+
+    /// Validates the whole serving configuration.
+    pub fn validate(&self) -> Result<(JwtKey, GatewayTarget), ConfigError> {
+        if self.lease <= self.gateway_timeout {
+            return Err(ConfigError(format!(
+                "LEASE ({}) must be longer than GATEWAY_TIMEOUT ({}): a shorter lease lets a \
+                 retry take over a provider call that is still running",
+                humantime::format_duration(self.lease),
+                humantime::format_duration(self.gateway_timeout)
+            )));
+        }
+        if self.gateway_timeout.is_zero() {
+            return Err(ConfigError("GATEWAY_TIMEOUT must be greater than 0".into()));
+        }
+        if self.idempotency_ttl.is_zero() || self.idempotency_ttl > PROVIDER_KEY_RETENTION {
+            return Err(ConfigError(format!(
+                "IDEMPOTENCY_TTL ({}) must be greater than 0 and at most the provider's key \
+                 retention ({}): a re-drive after the provider forgot its key could charge twice",
+                humantime::format_duration(self.idempotency_ttl),
+                humantime::format_duration(PROVIDER_KEY_RETENTION)
+            )));
+        }
+        if self.lease >= self.idempotency_ttl {
+            return Err(ConfigError(
+                "LEASE must be shorter than IDEMPOTENCY_TTL".into(),
+            ));
+        }
+        if self.max_amount_cents <= 0 {
+            return Err(ConfigError(
+                "MAX_AMOUNT_CENTS must be greater than 0".into(),
+            ));
+        }
+        if self.database_max_connections == 0 {
+            return Err(ConfigError(
+                "DATABASE_MAX_CONNECTIONS must be at least 1".into(),
+            ));
+        }
+        let jwt = self.jwt_key()?;
+        let gateway = match &self.gateway_url {
+            None => GatewayTarget::EmbeddedSandbox,
+            Some(url) => {
+                let host = url_host(url).ok_or_else(|| {
+                    ConfigError(format!("GATEWAY_URL {url:?} is not an http(s) URL"))
+                })?;
+                let secret_key = self.gateway_secret_key.clone().ok_or_else(|| {
+                    ConfigError("GATEWAY_URL is set but GATEWAY_SECRET_KEY is not".into())
+                })?;
+                if !is_loopback(&host) {
+                    // A provider that can move real money.
+                    if matches!(&jwt, JwtKey::Hs256(s) if s == DEV_JWT_SECRET) {
+                        return Err(ConfigError(
+                            "refusing to start: a real GATEWAY_URL with the development \
+                             JWT_HS256_SECRET; anyone could mint tokens"
+                                .into(),
+                        ));
+                    }
+                    if secret_key == SANDBOX_SECRET_KEY {
+                        return Err(ConfigError(
+                            "refusing to start: a real GATEWAY_URL with the sandbox's \
+                             GATEWAY_SECRET_KEY"
+                                .into(),
+                        ));
+                    }
+                }
+                GatewayTarget::Remote {
+                    url: url.clone(),
+                    secret_key,
+                }
+            }
+        };
+        Ok((jwt, gateway))
+    }
+}
+
+/// The host of an `http://` or `https://` URL.
+fn url_host(url: &str) -> Option<String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit('@').next()?;
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next()?
+    } else {
+        host_port.split(':').next()?
+    };
+    (!host.is_empty()).then(|| host.to_ascii_lowercase())
+}
+
+/// Loopback hosts are development (the sandbox); anything else may be real.
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(args: &[&str]) -> Settings {
+        let mut argv = vec!["payments-api"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).expect("parses").settings
+    }
+
+    const SECRET: &str = "--jwt-hs256-secret=0123456789abcdef0123456789abcdef-x";
+
+    #[test]
+    fn defaults_are_valid_with_a_secret() {
+        let (_, gateway) = settings(&[SECRET]).validate().expect("valid");
+        assert_eq!(gateway, GatewayTarget::EmbeddedSandbox);
+    }
+
+    #[test]
+    fn refuses_dangerous_or_inconsistent_settings() {
+        let refused = |args: &[&str]| settings(args).validate().expect_err("refused").0;
+        assert!(refused(&[]).contains("no JWT key"));
+        assert!(refused(&["--jwt-hs256-secret=short"]).contains("32 bytes"));
+        assert!(refused(&[SECRET, "--lease=5s", "--gateway-timeout=10s"]).contains("LEASE"));
+        assert!(refused(&[SECRET, "--idempotency-ttl=48h"]).contains("retention"));
+        assert!(
+            refused(&[SECRET, "--gateway-url=https://api.example.com"])
+                .contains("GATEWAY_SECRET_KEY")
+        );
+        let dev = format!("--jwt-hs256-secret={DEV_JWT_SECRET}");
+        assert!(
+            refused(&[
+                &dev,
+                "--gateway-url=https://api.example.com",
+                "--gateway-secret-key=sk_live_x"
+            ])
+            .contains("development")
+        );
+        assert!(
+            refused(&[
+                SECRET,
+                "--gateway-url=https://api.example.com",
+                "--gateway-secret-key=sk_test_sandbox"
+            ])
+            .contains("sandbox")
+        );
+        // The development secret is fine against a sandbox on loopback.
+        assert!(
+            settings(&[
+                &dev,
+                "--gateway-url=http://127.0.0.1:12111",
+                "--gateway-secret-key=sk_test_sandbox"
+            ])
+            .validate()
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn durations_are_human_readable() {
+        let s = settings(&[SECRET, "--lease=1m", "--gateway-timeout=1500ms"]);
+        assert_eq!(s.lease, Duration::from_secs(60));
+        assert_eq!(s.gateway_timeout, Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn finds_hosts() {
+        assert_eq!(
+            url_host("http://127.0.0.1:8080/x").as_deref(),
+            Some("127.0.0.1")
+        );
+        assert_eq!(
+            url_host("https://u:p@API.stripe.com").as_deref(),
+            Some("api.stripe.com")
+        );
+        assert_eq!(url_host("http://[::1]:9/").as_deref(), Some("::1"));
+        assert_eq!(url_host("ftp://x"), None);
+        assert!(is_loopback("::1") && is_loopback("localhost") && !is_loopback("10.0.0.1"));
+    }
+}

@@ -1,0 +1,110 @@
+//! One error type for the HTTP layer: every error answer is the envelope
+//! `{"error":{"code","message","param"?}}` with a stable code. Internal
+//! details are logged once here and never sent.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use payments_domain::charge::InvalidRequest;
+use payments_domain::envelope::ErrorEnvelope;
+use payments_domain::service::{ChargeError, RETRY_AFTER_SECS};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("a valid bearer token is required")]
+    Unauthorized,
+    #[error("the Idempotency-Key header is required")]
+    KeyMissing,
+    #[error("{0}")]
+    KeyInvalid(String),
+    #[error("{}", .0.message)]
+    Invalid(InvalidRequest),
+    #[error("Content-Type must be application/json")]
+    UnsupportedMediaType,
+    #[error(
+        "the request body is larger than {} bytes",
+        crate::extract::MAX_BODY_BYTES
+    )]
+    PayloadTooLarge,
+    #[error("not found")]
+    NotFound,
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    #[error("this idempotency key was already used with a different request")]
+    KeyReused,
+    #[error("a request with this idempotency key is still in progress; retry later")]
+    InProgress,
+    #[error("the payment provider did not answer in time; retry with the same idempotency key")]
+    GatewayUnavailable,
+    #[error("not ready: {0}")]
+    NotReady(String),
+    #[error("internal error")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn status_and_code(&self) -> (StatusCode, &'static str) {
+        match self {
+            Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::KeyMissing => (StatusCode::BAD_REQUEST, "idempotency_key_missing"),
+            Self::KeyInvalid(_) => (StatusCode::BAD_REQUEST, "idempotency_key_invalid"),
+            Self::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
+            Self::UnsupportedMediaType => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
+            Self::PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Self::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+            Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
+            Self::KeyReused => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused"),
+            Self::InProgress => (StatusCode::CONFLICT, "request_in_progress"),
+            Self::GatewayUnavailable => (StatusCode::SERVICE_UNAVAILABLE, "gateway_unavailable"),
+            Self::NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
+        }
+    }
+}
+
+impl From<ChargeError> for ApiError {
+    fn from(e: ChargeError) -> Self {
+        match e {
+            ChargeError::Invalid(invalid) => Self::Invalid(invalid),
+            ChargeError::KeyReused => Self::KeyReused,
+            ChargeError::InProgress => Self::InProgress,
+            ChargeError::ProviderUnavailable(_) => Self::GatewayUnavailable,
+            ChargeError::Store(e) => Self::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<payments_domain::store::StoreError> for ApiError {
+    fn from(e: payments_domain::store::StoreError) -> Self {
+        Self::Internal(e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code) = self.status_and_code();
+        match &self {
+            Self::Internal(detail) => tracing::error!(%detail, "internal error"),
+            Self::NotReady(detail) => tracing::warn!(%detail, "not ready"),
+            _ => {}
+        }
+        let param = match &self {
+            Self::Invalid(invalid) => invalid.param.clone(),
+            _ => None,
+        };
+        let body = ErrorEnvelope::new(code, self.to_string())
+            .with_param(param)
+            .to_json();
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if matches!(self, Self::InProgress | Self::GatewayUnavailable) {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        response
+    }
+}

@@ -1,0 +1,116 @@
+//! Extractors whose rejections are `ApiError`, so bad input always gets the
+//! envelope: the `Idempotency-Key` header and the JSON body.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use payments_domain::charge::InvalidRequest;
+use payments_domain::idempotency::IdempotencyKey;
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+/// Request bodies larger than this get 413.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// The `Idempotency-Key` header, if sent: exactly one line, 1-255 visible
+/// ASCII characters, bare or as a quoted structured-header string.
+#[derive(Debug)]
+pub struct KeyHeader(pub Option<IdempotencyKey>);
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyHeader {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        key_from_headers(&parts.headers).map(KeyHeader)
+    }
+}
+
+fn key_from_headers(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiError> {
+    let mut values = headers.get_all("idempotency-key").iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::KeyInvalid(
+            "send exactly one Idempotency-Key header".into(),
+        ));
+    }
+    let text = value.to_str().map_err(|_| {
+        ApiError::KeyInvalid("Idempotency-Key must be 1-255 visible ASCII characters".into())
+    })?;
+    IdempotencyKey::parse(text)
+        .map(Some)
+        .map_err(|e| ApiError::KeyInvalid(e.to_string()))
+}
+
+/// A JSON body: `Content-Type: application/json` (else 415), at most
+/// [`MAX_BODY_BYTES`] (else 413), syntactically valid JSON (else 400).
+#[derive(Debug)]
+pub struct JsonBody(pub Value);
+
+impl<S: Send + Sync> FromRequest<S> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        if !is_json(req.headers()) {
+            return Err(ApiError::UnsupportedMediaType);
+        }
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge
+            } else {
+                ApiError::Invalid(InvalidRequest::body(format!(
+                    "could not read the request body: {rejection}"
+                )))
+            }
+        })?;
+        serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| {
+            ApiError::Invalid(InvalidRequest::body(format!(
+                "the request body is not valid JSON: {e}"
+            )))
+        })
+    }
+}
+
+/// `application/json`, with or without parameters such as `charset=utf-8`.
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| mime.trim().eq_ignore_ascii_case("application/json"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn two_key_lines_are_refused() {
+        let mut headers = HeaderMap::new();
+        headers.append("idempotency-key", HeaderValue::from_static("a"));
+        assert!(key_from_headers(&headers).is_ok());
+        headers.append("idempotency-key", HeaderValue::from_static("a"));
+        assert!(matches!(
+            key_from_headers(&headers),
+            Err(ApiError::KeyInvalid(_))
+        ));
+    }
+
+    #[test]
+    fn json_content_types() {
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(CONTENT_TYPE, HeaderValue::from_static(v));
+            is_json(&h)
+        };
+        assert!(with("application/json"));
+        assert!(with("Application/JSON; charset=utf-8"));
+        assert!(!with("text/plain"));
+        assert!(!is_json(&HeaderMap::new()));
+    }
+}

@@ -1,0 +1,101 @@
+//! # payments-api
+//!
+//! The HTTP face of the payments server (DESIGN.md section 2).
+//!
+//! # Layout
+//!
+//! - [`config`]: flags and environment variables, validated at start-up.
+//! - [`auth`]: bearer JWTs; the `Customer` extractor.
+//! - [`extract`]: the `Idempotency-Key` header and the JSON body, with
+//!   rejections in our error envelope.
+//! - [`routes`]: thin handlers.
+//! - [`error`]: `ApiError`, the one error type, and its envelope.
+//! - [`router`] and [`serve`]: wiring, middleware, graceful shutdown; tests
+//!   bind port 0 and call them directly.
+#![forbid(unsafe_code)]
+
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod extract;
+pub mod routes;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{HeaderName, Request, Response, StatusCode};
+use axum::routing::{get, post};
+use payments_domain::envelope::ErrorEnvelope;
+use payments_domain::service::ChargeService;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::trace::TraceLayer;
+
+use crate::auth::Authenticator;
+
+/// Shared by every handler: the domain service and the token verifier.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub service: Arc<ChargeService>,
+    pub auth: Arc<Authenticator>,
+}
+
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The application: routes, the 16 KiB body limit, request ids (taken from
+/// `X-Request-Id` or generated, echoed back, and on every log line of the
+/// request), and panics turned into a 500 envelope.
+pub fn router(state: AppState) -> Router {
+    let trace = TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
+        let request_id = request
+            .headers()
+            .get(&REQUEST_ID)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-");
+        tracing::info_span!(
+            "request",
+            request_id,
+            method = %request.method(),
+            path = %request.uri().path(),
+            idempotency_key = tracing::field::Empty,
+        )
+    });
+    Router::new()
+        .route("/api/charges", post(routes::create_charge))
+        .route("/api/charges/{id}", get(routes::get_charge))
+        .route("/healthz", get(routes::healthz))
+        .route("/readyz", get(routes::readyz))
+        .fallback(routes::not_found)
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .with_state(state)
+        .layer(DefaultBodyLimit::max(extract::MAX_BODY_BYTES))
+        .layer(CatchPanicLayer::custom(panic_response))
+        .layer(trace)
+        .layer(PropagateRequestIdLayer::new(REQUEST_ID))
+        .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+}
+
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response<axum::body::Body> {
+    tracing::error!("handler panicked");
+    let body = ErrorEnvelope::new("internal_error", "internal error").to_json();
+    let mut response = Response::new(axum::body::Body::from(body));
+    *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// Serves until `shutdown` resolves, then drains in-flight requests.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,149 @@
+//! `payments-api`: serve (default), `migrate`, or `token --customer ID`.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use payments_api::auth::{self, Authenticator};
+use payments_api::config::{Cli, Command, GatewayTarget, LogFormat, SANDBOX_SECRET_KEY, Settings};
+use payments_api::{AppState, serve};
+use payments_domain::provider::Gateway;
+use payments_domain::service::{ChargeService, Policy};
+use payments_domain::store::{self, PoolSettings, Store};
+use payments_gateway::HttpGateway;
+use payments_sandbox::{SandboxConfig, SandboxHandle};
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.settings.log_format);
+    let result = match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => run(cli.settings).await,
+        Command::Migrate => migrate(&cli.settings).await,
+        Command::Token { customer, ttl } => token(&cli.settings, &customer, ttl),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("payments-api: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn token(settings: &Settings, customer: &str, ttl: std::time::Duration) -> anyhow::Result<()> {
+    let secret = settings
+        .jwt_hs256_secret
+        .as_deref()
+        .context("`token` signs with JWT_HS256_SECRET; set it")?;
+    payments_domain::charge::CustomerId::parse(customer)
+        .map_err(|e| anyhow::anyhow!("--customer: {e}"))?;
+    println!("{}", auth::mint_hs256(secret, customer, ttl)?);
+    Ok(())
+}
+
+async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
+    let pool = PoolSettings {
+        max_connections: settings.database_max_connections,
+        acquire_timeout: settings.database_acquire_timeout,
+    };
+    let store = store::connect(&settings.database_url, &pool)
+        .await
+        .with_context(|| format!("opening {}", store::redact(&settings.database_url)))?;
+    store.migrate().await.context("applying migrations")?;
+    Ok(store)
+}
+
+async fn migrate(settings: &Settings) -> anyhow::Result<()> {
+    open_store(settings).await?;
+    tracing::info!(database = %store::redact(&settings.database_url), "migrations applied");
+    Ok(())
+}
+
+async fn run(settings: Settings) -> anyhow::Result<()> {
+    let (jwt, target) = settings.validate()?;
+    let auth = Authenticator::new(&jwt)?;
+    // Kept alive for the whole run: dropping the handle stops the sandbox.
+    let mut _sandbox = None;
+    let (gateway_url, secret_key) = match target {
+        GatewayTarget::Remote { url, secret_key } => (url, secret_key),
+        GatewayTarget::EmbeddedSandbox => {
+            let sandbox = SandboxHandle::start(SandboxConfig::default())
+                .await
+                .context("starting the in-process sandbox")?;
+            let url = sandbox.url();
+            tracing::warn!(
+                sandbox = %url,
+                "GATEWAY_URL is not set: charging against an in-process SANDBOX. NO REAL MONEY MOVES. \
+                 Fault injection: POST {url}/_sandbox/config"
+            );
+            _sandbox = Some(sandbox);
+            (url, SANDBOX_SECRET_KEY.to_owned())
+        }
+    };
+    let gateway: Arc<dyn Gateway> = Arc::new(
+        HttpGateway::new(&gateway_url, &secret_key, settings.gateway_timeout)
+            .context("building the provider client")?,
+    );
+    let store = open_store(&settings).await?;
+    let policy = Policy {
+        lease: settings.lease,
+        ttl: settings.idempotency_ttl,
+        max_amount_cents: settings.max_amount_cents,
+    };
+    let state = AppState {
+        service: Arc::new(ChargeService::new(store, gateway, policy)),
+        auth: Arc::new(auth),
+    };
+    let listener = tokio::net::TcpListener::bind(settings.listen_addr)
+        .await
+        .with_context(|| format!("binding {}", settings.listen_addr))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, database = %store::redact(&settings.database_url), gateway = %gateway_url, "serving");
+    println!("payments-api listening on http://{addr}");
+    serve(listener, state, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown signal received; draining in-flight requests");
+}

@@ -1,0 +1,93 @@
+//! Handlers: extract, call the domain, map the result. Nothing else.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use payments_domain::service::Reply;
+use serde_json::json;
+
+use crate::AppState;
+use crate::auth::Customer;
+use crate::error::ApiError;
+use crate::extract::{JsonBody, KeyHeader};
+
+/// `POST /api/charges`.
+pub async fn create_charge(
+    State(state): State<AppState>,
+    Customer(customer): Customer,
+    KeyHeader(key): KeyHeader,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ApiError> {
+    let key = key.ok_or(ApiError::KeyMissing)?;
+    tracing::Span::current().record("idempotency_key", key.as_str());
+    let service = state.service.clone();
+    // Spawned, so a client that gives up mid-call never cancels a charge
+    // half-way: the outcome is stored and its retry gets the replay.
+    let reply = tokio::spawn(async move { service.create_charge(&customer, &key, &body).await })
+        .await
+        .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))??;
+    Ok(reply_response(reply))
+}
+
+/// A stored answer, byte for byte, with its content type and location.
+fn reply_response(reply: Reply) -> Response {
+    let stored = reply.response;
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = Response::new(Body::from(stored.body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&stored.content_type) {
+        headers.insert(header::CONTENT_TYPE, v);
+    }
+    if let Some(Ok(v)) = stored.location.as_deref().map(HeaderValue::from_str) {
+        headers.insert(header::LOCATION, v);
+    }
+    if reply.replayed {
+        headers.insert("idempotent-replay", HeaderValue::from_static("true"));
+    }
+    response
+}
+
+/// `GET /api/charges/{id}`: the owner's charge, else 404.
+pub async fn get_charge(
+    State(state): State<AppState>,
+    Customer(customer): Customer,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let charge = state
+        .service
+        .charge_for(&customer, &id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        charge.to_json(),
+    )
+        .into_response())
+}
+
+/// `GET /healthz`: the process is up.
+pub async fn healthz() -> Json<serde_json::Value> {
+    Json(json!({"status": "ok"}))
+}
+
+/// `GET /readyz`: the database answers and every migration is applied.
+pub async fn readyz(State(state): State<AppState>) -> Result<Json<serde_json::Value>, ApiError> {
+    state
+        .service
+        .store()
+        .ready()
+        .await
+        .map_err(|e| ApiError::NotReady(e.to_string()))?;
+    Ok(Json(json!({"status": "ready"})))
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::NotFound
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}

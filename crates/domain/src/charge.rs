@@ -1,0 +1,485 @@
+//! Charges: the request a customer sends, validated once at the edge, and the
+//! charge row we record before, during and after the provider call.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::time;
+
+/// A request that fails validation: answered 400 `invalid_request` with
+/// `param`, never stored, so the same key can be retried with a fixed body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct InvalidRequest {
+    pub param: Option<String>,
+    pub message: String,
+}
+
+impl InvalidRequest {
+    fn param(param: &str, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(param.to_owned()),
+            message: message.into(),
+        }
+    }
+
+    pub fn body(message: impl Into<String>) -> Self {
+        Self {
+            param: None,
+            message: message.into(),
+        }
+    }
+}
+
+/// The customer a request acts for: the JWT `sub`. 1-255 characters, no
+/// control characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CustomerId(String);
+
+impl CustomerId {
+    pub fn parse(s: &str) -> Result<Self, InvalidRequest> {
+        if s.is_empty() || s.len() > 255 || s.chars().any(char::is_control) {
+            return Err(InvalidRequest::body(
+                "customer id must be 1-255 characters without control characters",
+            ));
+        }
+        Ok(Self(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for CustomerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A positive amount in the currency's minor unit, at most the configured maximum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AmountCents(i64);
+
+impl AmountCents {
+    pub fn parse(value: &Value, max: i64) -> Result<Self, InvalidRequest> {
+        let n = value.as_i64().ok_or_else(|| {
+            InvalidRequest::param(
+                "amount_cents",
+                "amount_cents must be an integer number of minor units",
+            )
+        })?;
+        if n <= 0 {
+            return Err(InvalidRequest::param(
+                "amount_cents",
+                "amount_cents must be greater than 0",
+            ));
+        }
+        if n > max {
+            return Err(InvalidRequest::param(
+                "amount_cents",
+                format!("amount_cents must be at most {max}"),
+            ));
+        }
+        Ok(Self(n))
+    }
+
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+/// An ISO 4217 currency that has minor units (so not XAU, XXX and friends),
+/// held as its upper-case code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Currency(iso_currency::Currency);
+
+impl Currency {
+    pub fn parse(code: &str) -> Result<Self, InvalidRequest> {
+        let invalid = || {
+            InvalidRequest::param(
+                "currency",
+                format!("currency must be an ISO 4217 currency code, got {code:?}"),
+            )
+        };
+        if code.len() != 3 || !code.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(invalid());
+        }
+        let currency = iso_currency::Currency::from_code(code).ok_or_else(invalid)?;
+        if currency.exponent().is_none() {
+            return Err(InvalidRequest::param(
+                "currency",
+                format!("{code} is not a currency that can be charged"),
+            ));
+        }
+        Ok(Self(currency))
+    }
+
+    pub fn code(self) -> &'static str {
+        self.0.code()
+    }
+}
+
+/// The provider's card token (`tok_visa`). 1-255 of `[A-Za-z0-9_]`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct CardToken(String);
+
+impl CardToken {
+    pub fn parse(s: &str) -> Result<Self, InvalidRequest> {
+        if s.is_empty()
+            || s.len() > 255
+            || !s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return Err(InvalidRequest::param(
+                "card_token",
+                "card_token must be 1-255 characters of letters, digits and '_'",
+            ));
+        }
+        Ok(Self(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Card tokens stay out of logs.
+impl fmt::Debug for CardToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CardToken(..)")
+    }
+}
+
+/// Limits from Stripe's API, so whatever we accept the provider accepts.
+const MAX_DESCRIPTION: usize = 1000;
+const MAX_METADATA_KEYS: usize = 50;
+const MAX_METADATA_KEY: usize = 40;
+const MAX_METADATA_VALUE: usize = 500;
+
+/// A valid `POST /api/charges` body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChargeRequest {
+    pub amount: AmountCents,
+    pub currency: Currency,
+    pub card_token: CardToken,
+    pub description: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl ChargeRequest {
+    /// Validates a parsed JSON body. Unknown fields are refused so a typo
+    /// (`ammount_cents`) never becomes a silently different charge.
+    pub fn from_json(body: &Value, max_amount_cents: i64) -> Result<Self, InvalidRequest> {
+        let object = body
+            .as_object()
+            .ok_or_else(|| InvalidRequest::body("the request body must be a JSON object"))?;
+        const FIELDS: [&str; 5] = [
+            "amount_cents",
+            "currency",
+            "card_token",
+            "description",
+            "metadata",
+        ];
+        if let Some(unknown) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+            return Err(InvalidRequest::param(
+                unknown,
+                format!("unknown field {unknown:?}"),
+            ));
+        }
+        let amount = AmountCents::parse(required(object, "amount_cents")?, max_amount_cents)?;
+        let currency = Currency::parse(required_str(object, "currency")?)?;
+        let card_token = CardToken::parse(required_str(object, "card_token")?)?;
+        let description = match object.get("description") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.chars().count() <= MAX_DESCRIPTION => Some(s.clone()),
+            Some(_) => {
+                return Err(InvalidRequest::param(
+                    "description",
+                    format!("description must be a string of at most {MAX_DESCRIPTION} characters"),
+                ));
+            }
+        };
+        let metadata = match object.get("metadata") {
+            None | Some(Value::Null) => BTreeMap::new(),
+            Some(Value::Object(m)) => metadata(m)?,
+            Some(_) => {
+                return Err(InvalidRequest::param(
+                    "metadata",
+                    "metadata must be an object of string values",
+                ));
+            }
+        };
+        Ok(Self {
+            amount,
+            currency,
+            card_token,
+            description,
+            metadata,
+        })
+    }
+}
+
+fn required<'a>(object: &'a Map<String, Value>, name: &str) -> Result<&'a Value, InvalidRequest> {
+    object
+        .get(name)
+        .ok_or_else(|| InvalidRequest::param(name, format!("{name} is required")))
+}
+
+fn required_str<'a>(object: &'a Map<String, Value>, name: &str) -> Result<&'a str, InvalidRequest> {
+    required(object, name)?
+        .as_str()
+        .ok_or_else(|| InvalidRequest::param(name, format!("{name} must be a string")))
+}
+
+fn metadata(m: &Map<String, Value>) -> Result<BTreeMap<String, String>, InvalidRequest> {
+    if m.len() > MAX_METADATA_KEYS {
+        return Err(InvalidRequest::param(
+            "metadata",
+            format!("metadata may have at most {MAX_METADATA_KEYS} keys"),
+        ));
+    }
+    m.iter()
+        .map(|(k, v)| {
+            let param = format!("metadata[{k}]");
+            if k.is_empty() || k.chars().count() > MAX_METADATA_KEY || k.contains(['[', ']']) {
+                return Err(InvalidRequest::param(
+                    &param,
+                    format!(
+                        "metadata keys must be 1-{MAX_METADATA_KEY} characters without brackets"
+                    ),
+                ));
+            }
+            match v {
+                Value::String(s) if s.chars().count() <= MAX_METADATA_VALUE => {
+                    Ok((k.clone(), s.clone()))
+                }
+                _ => Err(InvalidRequest::param(
+                    &param,
+                    format!(
+                        "metadata values must be strings of at most {MAX_METADATA_VALUE} characters"
+                    ),
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Where a charge is in its life. `Unknown` is for reconciliation: the
+/// provider's outcome could not be learned in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChargeStatus {
+    Pending,
+    Succeeded,
+    Failed,
+    Unknown,
+}
+
+impl ChargeStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "pending" => Self::Pending,
+            "succeeded" => Self::Succeeded,
+            "failed" => Self::Failed,
+            "unknown" => Self::Unknown,
+            _ => return None,
+        })
+    }
+}
+
+/// A charge as recorded in the `charges` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    pub id: String,
+    pub customer_id: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub card_token: CardToken,
+    pub description: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub status: ChargeStatus,
+    /// The idempotency key sent to the provider; see [`Charge::provider_key_for`].
+    pub provider_key: String,
+    pub gateway_charge_id: Option<String>,
+    pub decline_code: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Charge {
+    /// A new `pending` charge for a claim, with a fresh id and its provider key.
+    pub fn pending(customer: &CustomerId, request: &ChargeRequest, now: DateTime<Utc>) -> Self {
+        let id = format!("ch_{}", uuid::Uuid::now_v7().simple());
+        Self {
+            provider_key: Self::provider_key_for(&id),
+            id,
+            customer_id: customer.as_str().to_owned(),
+            amount_cents: request.amount.get(),
+            currency: request.currency.code().to_owned(),
+            card_token: request.card_token.clone(),
+            description: request.description.clone(),
+            metadata: request.metadata.clone(),
+            status: ChargeStatus::Pending,
+            gateway_charge_id: None,
+            decline_code: None,
+            created_at: now,
+            updated_at: now,
+        }
+    }
+
+    /// The provider's idempotency key is derived from our charge id, never
+    /// from the client's key: two customers using the same client key, or a
+    /// key reused after expiry, get different charges and so can never
+    /// collide at the provider, while every re-drive of one charge sends the
+    /// same key.
+    pub fn provider_key_for(charge_id: &str) -> String {
+        format!("payments-charge-{charge_id}")
+    }
+
+    /// Where the charge can be read back.
+    pub fn location(&self) -> String {
+        format!("/api/charges/{}", self.id)
+    }
+
+    /// The public JSON representation (201 bodies and `GET /api/charges/{id}`).
+    pub fn to_json(&self) -> String {
+        #[derive(Serialize)]
+        struct View<'a> {
+            id: &'a str,
+            customer_id: &'a str,
+            amount_cents: i64,
+            currency: &'a str,
+            status: ChargeStatus,
+            description: Option<&'a str>,
+            metadata: &'a BTreeMap<String, String>,
+            gateway_charge_id: Option<&'a str>,
+            created_at: String,
+        }
+        let view = View {
+            id: &self.id,
+            customer_id: &self.customer_id,
+            amount_cents: self.amount_cents,
+            currency: &self.currency,
+            status: self.status,
+            description: self.description.as_deref(),
+            metadata: &self.metadata,
+            gateway_charge_id: self.gateway_charge_id.as_deref(),
+            created_at: time::rfc3339(self.created_at),
+        };
+        // Strings, integers and a string map always serialise.
+        serde_json::to_string(&view).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(v: Value) -> Result<ChargeRequest, InvalidRequest> {
+        ChargeRequest::from_json(&v, 1_000_000)
+    }
+
+    fn param_of(v: Value) -> Option<String> {
+        parse(v).err().and_then(|e| e.param)
+    }
+
+    #[test]
+    fn accepts_a_valid_body() {
+        let r = parse(
+            json!({"amount_cents": 4900, "currency": "GBP", "card_token": "tok_visa",
+            "description": "tea", "metadata": {"order": "42"}}),
+        )
+        .expect("valid");
+        assert_eq!(r.amount.get(), 4900);
+        assert_eq!(r.currency.code(), "GBP");
+        assert_eq!(r.metadata.get("order").map(String::as_str), Some("42"));
+    }
+
+    #[test]
+    fn names_the_bad_param() {
+        let base = json!({"amount_cents": 1, "currency": "GBP", "card_token": "tok_visa"});
+        let with = |k: &str, v: Value| {
+            let mut b = base.clone();
+            b[k] = v;
+            b
+        };
+        assert_eq!(
+            param_of(with("amount_cents", json!(0))).as_deref(),
+            Some("amount_cents")
+        );
+        assert_eq!(
+            param_of(with("amount_cents", json!(-5))).as_deref(),
+            Some("amount_cents")
+        );
+        assert_eq!(
+            param_of(with("amount_cents", json!(1.5))).as_deref(),
+            Some("amount_cents")
+        );
+        assert_eq!(
+            param_of(with("amount_cents", json!("5"))).as_deref(),
+            Some("amount_cents")
+        );
+        assert_eq!(
+            param_of(with("amount_cents", json!(1_000_001))).as_deref(),
+            Some("amount_cents")
+        );
+        assert_eq!(
+            param_of(with("currency", json!("ZZZ"))).as_deref(),
+            Some("currency")
+        );
+        assert_eq!(
+            param_of(with("currency", json!("gbp"))).as_deref(),
+            Some("currency")
+        );
+        assert_eq!(
+            param_of(with("currency", json!("XAU"))).as_deref(),
+            Some("currency")
+        );
+        assert_eq!(
+            param_of(with("card_token", json!(""))).as_deref(),
+            Some("card_token")
+        );
+        assert_eq!(
+            param_of(with("card_token", json!("tok visa"))).as_deref(),
+            Some("card_token")
+        );
+        assert_eq!(
+            param_of(with("metadata", json!({"k": 1}))).as_deref(),
+            Some("metadata[k]")
+        );
+        assert_eq!(
+            param_of(with("extra", json!(true))).as_deref(),
+            Some("extra")
+        );
+        assert!(parse(json!([1])).is_err());
+        let mut missing = base.clone();
+        missing.as_object_mut().map(|o| o.remove("currency"));
+        assert_eq!(param_of(missing).as_deref(), Some("currency"));
+    }
+
+    #[test]
+    fn provider_key_comes_from_the_charge_id() {
+        let customer = CustomerId::parse("cus_1").expect("valid");
+        let request =
+            parse(json!({"amount_cents": 1, "currency": "JPY", "card_token": "tok_visa"}))
+                .expect("valid");
+        let a = Charge::pending(&customer, &request, time::now());
+        let b = Charge::pending(&customer, &request, time::now());
+        assert_ne!(a.provider_key, b.provider_key);
+        assert!(a.provider_key.contains(&a.id));
+    }
+}

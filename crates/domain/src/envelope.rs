@@ -1,0 +1,51 @@
+//! The error envelope: `{"error":{"code":"...","message":"...","param":"..."}}`.
+//!
+//! One type, so a stored decline and a live validation error look alike.
+
+use serde::Serialize;
+
+/// The body of every error answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct ErrorEnvelope {
+    pub error: ErrorBody,
+}
+
+/// Stable `code`, human `message`, and the offending `param` where there is one.
+#[derive(Debug, Clone, Serialize)]
+pub struct ErrorBody {
+    pub code: String,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub param: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charge_id: Option<String>,
+}
+
+impl ErrorEnvelope {
+    pub fn new(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            error: ErrorBody {
+                code: code.into(),
+                message: message.into(),
+                param: None,
+                decline_code: None,
+                charge_id: None,
+            },
+        }
+    }
+
+    pub fn with_param(mut self, param: Option<String>) -> Self {
+        self.error.param = param;
+        self
+    }
+
+    /// The JSON text. Serialising plain strings cannot fail; the fallback
+    /// keeps this infallible without an unwrap.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| {
+            r#"{"error":{"code":"internal_error","message":"internal error"}}"#.to_owned()
+        })
+    }
+}

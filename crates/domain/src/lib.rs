@@ -1,0 +1,28 @@
+//! # payments-domain
+//!
+//! The core of the payments server: what a charge is, how a retried request
+//! is recognised and answered exactly once, and the two ports the core needs
+//! from the outside world. It knows no HTTP framework and no HTTP client.
+//!
+//! # Layout
+//!
+//! - [`charge`]: the validated charge request (`AmountCents`, `Currency`,
+//!   `CustomerId`, `CardToken`) and the recorded [`charge::Charge`].
+//! - [`idempotency`]: `IdempotencyKey`, the canonical `RequestFingerprint`,
+//!   lease tokens, and the stored record and response of a keyed request.
+//! - [`provider`]: the [`provider::Gateway`] port to the payment provider and
+//!   the three outcomes every provider answer is classified into.
+//! - [`service`]: [`service::ChargeService`], the idempotency state machine of
+//!   DESIGN.md section 3 (claim, replay, 409, 422, takeover, finish, 503).
+//! - [`store`]: the [`store::Store`] port and its backends (SQLite, PostgreSQL),
+//!   each with its own SQL and migrations.
+//! - [`envelope`]: the JSON error envelope shared by stored and live answers.
+#![forbid(unsafe_code)]
+
+pub mod charge;
+pub mod envelope;
+pub mod idempotency;
+pub mod provider;
+pub mod service;
+pub mod store;
+pub mod time;

@@ -1,0 +1,281 @@
+//! The idempotency state machine of DESIGN.md section 3.
+//!
+//! 1. Claim: the record and a pending charge in one transaction; the unique
+//!    index on (key, route) decides who is first.
+//! 2. Existing key: other owner or body -> 422; complete -> replay; live
+//!    lease -> 409; expired lease -> take over (compare-and-set) and re-drive.
+//! 3. Provider call with no transaction or pooled connection held, under the
+//!    provider key stored on the charge.
+//! 4. Finish: charge and record in one transaction, guarded by the lease
+//!    token; a loser answers with the winner's stored response.
+//! 5. Unknown outcome: release the lease, answer 503, keep the key recoverable.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId, InvalidRequest};
+use crate::envelope::ErrorEnvelope;
+use crate::idempotency::{
+    CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, Lease, RecordState, RequestFingerprint,
+    StoredResponse,
+};
+use crate::provider::{Gateway, ProviderChargeRequest, ProviderOutcome};
+use crate::store::{Claim, ClaimOutcome, Finish, FinishOutcome, Store, StoreError};
+use crate::time;
+
+/// Seconds a client should wait before retrying a 409 or 503.
+pub const RETRY_AFTER_SECS: u64 = 2;
+
+/// The numbers the state machine runs on.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// How long a claimer owns an in-progress request. Must outlast the
+    /// provider timeout, or a live call could be taken over and re-driven.
+    pub lease: Duration,
+    /// How long a key is remembered (24 h).
+    pub ttl: Duration,
+    /// The largest amount accepted, in minor units.
+    pub max_amount_cents: i64,
+}
+
+/// Why a charge request got no stored answer. None of these is stored: the
+/// client may fix the request or wait, and retry with the same key.
+#[derive(Debug, thiserror::Error)]
+pub enum ChargeError {
+    #[error(transparent)]
+    Invalid(#[from] InvalidRequest),
+    /// Same key with another body, or a key first used by another customer.
+    #[error("this idempotency key was already used with a different request")]
+    KeyReused,
+    /// The first attempt still holds its lease.
+    #[error("a request with this idempotency key is still in progress")]
+    InProgress,
+    /// The provider's outcome is unknown; the key stays claimed and the
+    /// next retry (or the reaper) re-drives the same provider call.
+    #[error("the payment provider's outcome is unknown: {0}")]
+    ProviderUnavailable(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A final answer: fresh, or replayed from the record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub response: StoredResponse,
+    pub replayed: bool,
+}
+
+/// Charges, exactly once per (key, route).
+#[derive(Debug, Clone)]
+pub struct ChargeService {
+    store: Arc<dyn Store>,
+    gateway: Arc<dyn Gateway>,
+    policy: Policy,
+}
+
+impl ChargeService {
+    pub fn new(store: Arc<dyn Store>, gateway: Arc<dyn Gateway>, policy: Policy) -> Self {
+        Self {
+            store,
+            gateway,
+            policy,
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// `POST /api/charges` with an idempotency key.
+    #[tracing::instrument(skip_all, fields(key = %key, customer = %customer))]
+    pub async fn create_charge(
+        &self,
+        customer: &CustomerId,
+        key: &IdempotencyKey,
+        body: &Value,
+    ) -> Result<Reply, ChargeError> {
+        let request = ChargeRequest::from_json(body, self.policy.max_amount_cents)?;
+        let fingerprint = RequestFingerprint::of(body);
+        let now = time::now();
+        let charge = Charge::pending(customer, &request, now);
+        let claim = Claim {
+            key: key.as_str().to_owned(),
+            route: CHARGES_ROUTE.to_owned(),
+            customer_id: customer.as_str().to_owned(),
+            request_hash: fingerprint.to_hex(),
+            lease: Lease::new(time::after(now, self.policy.lease)),
+            expires_at: time::after(now, self.policy.ttl),
+            now,
+            charge,
+        };
+        match self.store.claim(&claim).await? {
+            ClaimOutcome::Claimed { record_id } => {
+                tracing::info!(record_id, charge_id = %claim.charge.id, "claimed");
+                self.drive(record_id, &claim.lease.token, claim.charge)
+                    .await
+            }
+            ClaimOutcome::Existing(record) => {
+                self.resume(*record, customer, &fingerprint, now).await
+            }
+        }
+    }
+
+    /// The owner's charge, or `None` (also for another customer's charge).
+    pub async fn charge_for(
+        &self,
+        customer: &CustomerId,
+        charge_id: &str,
+    ) -> Result<Option<Charge>, StoreError> {
+        Ok(self
+            .store
+            .charge(charge_id)
+            .await?
+            .filter(|c| c.customer_id == customer.as_str()))
+    }
+
+    /// Step 2: someone already has this key.
+    async fn resume(
+        &self,
+        record: IdempotencyRecord,
+        customer: &CustomerId,
+        fingerprint: &RequestFingerprint,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Reply, ChargeError> {
+        if !record.matches(customer.as_str(), fingerprint) {
+            tracing::info!(
+                record_id = record.id,
+                "key reused with another body or customer"
+            );
+            return Err(ChargeError::KeyReused);
+        }
+        match (record.state, &record.response, &record.lease) {
+            (RecordState::Complete, Some(response), _) => {
+                tracing::info!(record_id = record.id, status = response.status, "replay");
+                Ok(Reply {
+                    response: response.clone(),
+                    replayed: true,
+                })
+            }
+            (RecordState::Complete, None, _) => Err(StoreError::Other(format!(
+                "complete record {} has no stored response",
+                record.id
+            ))
+            .into()),
+            (RecordState::InProgress, _, _) if record.lease_is_live(now) => {
+                Err(ChargeError::InProgress)
+            }
+            (RecordState::InProgress, _, lease) => {
+                let expected = lease.as_ref().map(|l| l.token.as_str()).unwrap_or_default();
+                let lease = Lease::new(time::after(now, self.policy.lease));
+                if !self
+                    .store
+                    .take_over(record.id, expected, &lease, now)
+                    .await?
+                {
+                    // Another retry or the reaper took it first.
+                    return Err(ChargeError::InProgress);
+                }
+                let charge =
+                    self.store.charge(&record.charge_id).await?.ok_or_else(|| {
+                        StoreError::NotFound(format!("charge {}", record.charge_id))
+                    })?;
+                tracing::info!(record_id = record.id, charge_id = %charge.id, "took over expired lease; re-driving");
+                self.drive(record.id, &lease.token, charge).await
+            }
+        }
+    }
+
+    /// Steps 3-5: call the provider with no database resource held, then
+    /// finish under the lease, or release it when the outcome is unknown.
+    pub async fn drive(
+        &self,
+        record_id: i64,
+        lease_token: &str,
+        mut charge: Charge,
+    ) -> Result<Reply, ChargeError> {
+        let outcome = self
+            .gateway
+            .create_charge(&ProviderChargeRequest::from(&charge))
+            .await;
+        let response = match outcome {
+            ProviderOutcome::Succeeded { provider_charge_id } => {
+                charge.status = ChargeStatus::Succeeded;
+                charge.gateway_charge_id = Some(provider_charge_id);
+                StoredResponse {
+                    status: 201,
+                    body: charge.to_json(),
+                    content_type: JSON.to_owned(),
+                    location: Some(charge.location()),
+                }
+            }
+            ProviderOutcome::Declined {
+                code,
+                decline_code,
+                message,
+                provider_charge_id,
+            } => {
+                charge.status = ChargeStatus::Failed;
+                charge.gateway_charge_id = provider_charge_id;
+                charge.decline_code = decline_code.clone().or(Some(code));
+                let mut envelope = ErrorEnvelope::new("card_declined", message);
+                envelope.error.decline_code = charge.decline_code.clone();
+                envelope.error.charge_id = Some(charge.id.clone());
+                StoredResponse {
+                    status: 402,
+                    body: envelope.to_json(),
+                    content_type: JSON.to_owned(),
+                    location: None,
+                }
+            }
+            ProviderOutcome::Unknown { reason } => {
+                tracing::warn!(record_id, charge_id = %charge.id, %reason, "provider outcome unknown; lease released");
+                self.store
+                    .release(record_id, lease_token, time::now())
+                    .await?;
+                return Err(ChargeError::ProviderUnavailable(reason));
+            }
+        };
+        let finish = Finish {
+            record_id,
+            lease_token: lease_token.to_owned(),
+            now: time::now(),
+            charge_id: charge.id.clone(),
+            status: charge.status,
+            gateway_charge_id: charge.gateway_charge_id.clone(),
+            decline_code: charge.decline_code.clone(),
+            response,
+        };
+        match self.store.finish(&finish).await? {
+            FinishOutcome::Finished => {
+                tracing::info!(record_id, charge_id = %charge.id, status = finish.response.status, "finished");
+                Ok(Reply {
+                    response: finish.response,
+                    replayed: false,
+                })
+            }
+            FinishOutcome::Lost => {
+                tracing::info!(
+                    record_id,
+                    "another driver finished first; answering with its response"
+                );
+                match self.store.record(record_id).await? {
+                    Some(IdempotencyRecord {
+                        state: RecordState::Complete,
+                        response: Some(response),
+                        ..
+                    }) => Ok(Reply {
+                        response,
+                        replayed: true,
+                    }),
+                    _ => Err(ChargeError::InProgress),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,232 @@
+//! The `Store` port and its backends.
+//!
+//! Each backend keeps its own SQL and migrations (`migrations/<backend>`);
+//! what they share lives here: the trait, the error type, the one function
+//! that recognises a unique violation, and the row types (generic over how a
+//! backend stores a timestamp).
+//!
+//! Every method takes `now` from the caller, so expiry and lease decisions are
+//! made with one clock per request and tests can move time without sleeping.
+
+mod postgres;
+mod rows;
+mod sqlite;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::charge::{Charge, ChargeStatus};
+use crate::idempotency::{IdempotencyRecord, Lease, StoredResponse};
+
+pub use postgres::PostgresStore;
+pub use sqlite::SqliteStore;
+
+/// What a backend can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A unique constraint other than the claim's arbitration was violated.
+    #[error("unique constraint violated: {0}")]
+    Conflict(String),
+    /// A row the caller relies on is missing (e.g. the charge of a record).
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The database is unreachable, misconfigured or failed.
+    #[error("database error: {0}")]
+    Other(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        if is_unique_violation(&e) {
+            StoreError::Conflict(e.to_string())
+        } else {
+            StoreError::Other(e.to_string())
+        }
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        StoreError::Other(format!("migration failed: {e}"))
+    }
+}
+
+/// "Someone has this key": recognised by the driver's error kind (Postgres
+/// 23505, SQLite 2067/1555, MySQL error number 1062), never by message text.
+pub fn is_unique_violation(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+/// A request to claim a key: the record to insert and the pending charge
+/// that goes in the same transaction.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub key: String,
+    pub route: String,
+    pub customer_id: String,
+    pub request_hash: String,
+    pub lease: Lease,
+    pub expires_at: DateTime<Utc>,
+    pub now: DateTime<Utc>,
+    pub charge: Charge,
+}
+
+/// The result of a claim.
+#[derive(Debug, Clone)]
+pub enum ClaimOutcome {
+    /// This caller inserted (or reclaimed an expired) record and holds the lease.
+    Claimed { record_id: i64 },
+    /// Someone else has this key; the caller decides from the record.
+    Existing(Box<IdempotencyRecord>),
+}
+
+/// The final outcome of a charge, written with its record in one transaction.
+#[derive(Debug, Clone)]
+pub struct Finish {
+    pub record_id: i64,
+    pub lease_token: String,
+    pub now: DateTime<Utc>,
+    pub charge_id: String,
+    pub status: ChargeStatus,
+    pub gateway_charge_id: Option<String>,
+    pub decline_code: Option<String>,
+    pub response: StoredResponse,
+}
+
+/// Whether this finisher was the one that completed the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishOutcome {
+    Finished,
+    /// The record was not in progress under this lease token any more.
+    Lost,
+}
+
+/// Persistence for idempotency records and charges.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Applies this backend's migrations.
+    async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// Reachable, and every migration this build knows is applied.
+    async fn ready(&self) -> Result<(), StoreError>;
+
+    /// Inserts the record (`in_progress`) and its pending charge in one
+    /// transaction. The unique index on (key, route) arbitrates: a loser gets
+    /// the existing record. A complete record past `expires_at` is treated
+    /// as absent and reclaimed by a conditional update.
+    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError>;
+
+    /// Takes over an in-progress record whose lease has expired, by
+    /// compare-and-set on the expected lease token. True if this caller won.
+    async fn take_over(
+        &self,
+        record_id: i64,
+        expected_token: &str,
+        lease: &Lease,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError>;
+
+    /// Ends the lease now (outcome unknown), keeping the record in progress
+    /// so a retry or the reaper can take it over at once.
+    async fn release(
+        &self,
+        record_id: i64,
+        lease_token: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError>;
+
+    /// Completes the record and updates its charge in one transaction,
+    /// guarded by `state = 'in_progress' AND lease_token = mine`.
+    async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError>;
+
+    /// A record by id.
+    async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError>;
+
+    /// A charge by id.
+    async fn charge(&self, charge_id: &str) -> Result<Option<Charge>, StoreError>;
+}
+
+/// Pool settings shared by the backends.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub max_connections: u32,
+    pub acquire_timeout: Duration,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Opens the backend named by the URL's scheme: `sqlite:` or `postgres://`
+/// (`postgresql://`). Does not migrate.
+pub async fn connect(url: &str, pool: &PoolSettings) -> Result<Arc<dyn Store>, StoreError> {
+    if url.starts_with("sqlite:") {
+        Ok(Arc::new(SqliteStore::connect(url, pool).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(Arc::new(PostgresStore::connect(url, pool).await?))
+    } else {
+        Err(StoreError::Other(format!(
+            "unsupported DATABASE_URL scheme in {:?}: use sqlite: or postgres://",
+            redact(url)
+        )))
+    }
+}
+
+/// A URL with its password replaced, for messages and logs.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme_end + 3],
+                    &userinfo[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Claims loop at most this often when the row they saw changes under them
+/// (reclaimed by another caller, or pruned between the insert and the read).
+const CLAIM_ATTEMPTS: usize = 5;
+
+/// `ready()`'s migration check: every migration this build embeds is applied.
+fn check_migrations(migrator: &sqlx::migrate::Migrator, applied: &[i64]) -> Result<(), StoreError> {
+    let missing: Vec<i64> = migrator
+        .iter()
+        .map(|m| m.version)
+        .filter(|v| !applied.contains(v))
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(StoreError::Other(format!(
+            "migrations not applied: {missing:?} (run `payments-api migrate`)"
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("sqlite://data/p.db"), "sqlite://data/p.db");
+    }
+}

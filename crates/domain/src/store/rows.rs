@@ -1,0 +1,153 @@
+//! Row types shared by the backends, generic over how a backend stores a
+//! timestamp (SQLite: integer Unix milliseconds; PostgreSQL: `timestamptz`),
+//! so the mapping to domain types is written once.
+
+use chrono::{DateTime, Utc};
+
+use super::StoreError;
+use crate::charge::{CardToken, Charge, ChargeStatus};
+use crate::idempotency::{IdempotencyRecord, Lease, RecordState, StoredResponse};
+
+/// A backend's timestamp column type.
+pub(super) trait Timestamp: Sized {
+    fn encode(t: DateTime<Utc>) -> Self;
+    fn decode(self) -> Result<DateTime<Utc>, StoreError>;
+}
+
+impl Timestamp for i64 {
+    fn encode(t: DateTime<Utc>) -> Self {
+        t.timestamp_millis()
+    }
+
+    fn decode(self) -> Result<DateTime<Utc>, StoreError> {
+        DateTime::from_timestamp_millis(self)
+            .ok_or_else(|| StoreError::Other(format!("timestamp out of range: {self}")))
+    }
+}
+
+impl Timestamp for DateTime<Utc> {
+    fn encode(t: DateTime<Utc>) -> Self {
+        t
+    }
+
+    fn decode(self) -> Result<DateTime<Utc>, StoreError> {
+        Ok(self)
+    }
+}
+
+/// The columns of `idempotent_requests`, in `RecordRow` order.
+macro_rules! record_columns {
+    () => {
+        "id, idempotency_key, route, customer_id, request_hash, state, lease_token, \
+         locked_until, charge_id, response_status, response_body, response_content_type, \
+         response_location, created_at, completed_at, expires_at"
+    };
+}
+pub(super) use record_columns;
+
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct RecordRow<T> {
+    id: i64,
+    idempotency_key: String,
+    route: String,
+    customer_id: String,
+    request_hash: String,
+    state: String,
+    lease_token: Option<String>,
+    locked_until: Option<T>,
+    charge_id: String,
+    response_status: Option<i32>,
+    response_body: Option<String>,
+    response_content_type: Option<String>,
+    response_location: Option<String>,
+    created_at: T,
+    completed_at: Option<T>,
+    expires_at: T,
+}
+
+impl<T: Timestamp> TryFrom<RecordRow<T>> for IdempotencyRecord {
+    type Error = StoreError;
+
+    fn try_from(r: RecordRow<T>) -> Result<Self, StoreError> {
+        let state = RecordState::parse(&r.state)
+            .ok_or_else(|| StoreError::Other(format!("unknown record state {:?}", r.state)))?;
+        let lease = match (r.lease_token, r.locked_until) {
+            (Some(token), Some(until)) => Some(Lease {
+                token,
+                until: until.decode()?,
+            }),
+            _ => None,
+        };
+        let response = match (r.response_status, r.response_body) {
+            (Some(status), Some(body)) => Some(StoredResponse {
+                status: u16::try_from(status)
+                    .map_err(|_| StoreError::Other(format!("bad stored status {status}")))?,
+                body,
+                content_type: r
+                    .response_content_type
+                    .unwrap_or_else(|| crate::idempotency::JSON.to_owned()),
+                location: r.response_location,
+            }),
+            _ => None,
+        };
+        Ok(IdempotencyRecord {
+            id: r.id,
+            key: r.idempotency_key,
+            route: r.route,
+            customer_id: r.customer_id,
+            request_hash: r.request_hash,
+            state,
+            lease,
+            charge_id: r.charge_id,
+            response,
+            created_at: r.created_at.decode()?,
+            completed_at: r.completed_at.map(Timestamp::decode).transpose()?,
+            expires_at: r.expires_at.decode()?,
+        })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(super) struct ChargeRow<T> {
+    id: String,
+    customer_id: String,
+    amount_cents: i64,
+    currency: String,
+    card_token: String,
+    description: Option<String>,
+    metadata: String,
+    status: String,
+    provider_key: String,
+    gateway_charge_id: Option<String>,
+    decline_code: Option<String>,
+    created_at: T,
+    updated_at: T,
+}
+
+impl<T: Timestamp> TryFrom<ChargeRow<T>> for Charge {
+    type Error = StoreError;
+
+    fn try_from(r: ChargeRow<T>) -> Result<Self, StoreError> {
+        let bad = |what: &str| StoreError::Other(format!("charge {}: bad {what}", r.id));
+        Ok(Charge {
+            status: ChargeStatus::parse(&r.status).ok_or_else(|| bad("status"))?,
+            metadata: serde_json::from_str(&r.metadata).map_err(|_| bad("metadata"))?,
+            card_token: CardToken::parse(&r.card_token).map_err(|_| bad("card token"))?,
+            created_at: r.created_at.decode()?,
+            updated_at: r.updated_at.decode()?,
+            id: r.id,
+            customer_id: r.customer_id,
+            amount_cents: r.amount_cents,
+            currency: r.currency,
+            description: r.description,
+            provider_key: r.provider_key,
+            gateway_charge_id: r.gateway_charge_id,
+            decline_code: r.decline_code,
+        })
+    }
+}
+
+/// A charge's metadata as the JSON text the backends store.
+pub(super) fn metadata_json(charge: &Charge) -> String {
+    serde_json::to_string(&charge.metadata).unwrap_or_else(|_| "{}".to_owned())
+}
