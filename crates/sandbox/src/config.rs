@@ -1,0 +1,96 @@
+//! Fault injection: what the sandbox does to every charge request it
+//! processes. Set at start (CLI flags) and replaced at run time through
+//! `POST /_sandbox/config`.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The sandbox's fault-injection settings.
+///
+/// Every field is optional on the wire (`{}` is the well-behaved provider) and
+/// unknown fields are rejected, so a typo in a test cannot silently turn a
+/// fault off. Faults apply, in field order, to charge requests that are
+/// actually processed; idempotent replays and idempotency errors answer at
+/// once.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// Milliseconds to sleep before processing a charge.
+    pub latency_ms: u64,
+    /// Probability (0.0 to 1.0) of answering 500 `api_error` without charging.
+    pub error_rate: f64,
+    /// Never answer and never charge; the client has to time out.
+    pub hang: bool,
+    /// Make and store the charge, then close the connection without writing a
+    /// single byte of the response.
+    pub drop_after_charge: bool,
+}
+
+impl SandboxConfig {
+    /// Checks the invariants the wire format cannot express.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        if !(0.0..=1.0).contains(&self.error_rate) {
+            return Err(InvalidConfig {
+                field: "error_rate",
+                message: format!(
+                    "error_rate must be between 0.0 and 1.0, got {}",
+                    self.error_rate
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A [`SandboxConfig`] that [`SandboxConfig::validate`] refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidConfig {
+    /// The offending field, as spelled on the wire.
+    pub field: &'static str,
+    /// What is wrong with it, for a human.
+    pub message: String,
+}
+
+impl fmt::Display for InvalidConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for InvalidConfig {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_json_is_the_default() -> Result<(), serde_json::Error> {
+        let config: SandboxConfig = serde_json::from_str("{}")?;
+        assert_eq!(config, SandboxConfig::default());
+        Ok(())
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        assert!(serde_json::from_str::<SandboxConfig>(r#"{"latency":5}"#).is_err());
+    }
+
+    #[test]
+    fn error_rate_must_be_a_probability() {
+        for ok in [0.0, 0.5, 1.0] {
+            let config = SandboxConfig {
+                error_rate: ok,
+                ..SandboxConfig::default()
+            };
+            assert_eq!(config.validate(), Ok(()));
+        }
+        for bad in [-0.1, 1.5, f64::NAN, f64::INFINITY] {
+            let config = SandboxConfig {
+                error_rate: bad,
+                ..SandboxConfig::default()
+            };
+            assert!(config.validate().is_err(), "{bad} accepted");
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! The provider's own idempotency store, modelled on Stripe's: a key maps to
+//! the fingerprint of the parameters it was first used with and either "in
+//! flight" or the final response.
+//!
+//! Only final answers are stored (success, decline, validation error). A
+//! request that ends without one (an injected 500, a hang, a cancelled task)
+//! drops its [`Claim`], which releases the key so a retry is processed anew.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crate::params::Fingerprint;
+use crate::response::StoredResponse;
+
+/// Stripe's limit on the length of an idempotency key.
+pub(crate) const MAX_KEY_LEN: usize = 255;
+
+/// An idempotency key as the provider scopes it: per API key, the way Stripe
+/// scopes keys per account.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ScopedKey {
+    pub(crate) api_key: String,
+    pub(crate) key: String,
+}
+
+/// What to do with a request that carries an idempotency key.
+#[derive(Debug)]
+pub(crate) enum Decision {
+    /// First use (or a retry after an abandoned attempt): process it.
+    Process(Claim),
+    /// Completed before: send the stored answer again.
+    Replay(StoredResponse),
+    /// Another request with this key is being processed.
+    InProgress,
+    /// The key was first used with different parameters.
+    Mismatch,
+}
+
+#[derive(Debug)]
+struct Entry {
+    fingerprint: Fingerprint,
+    state: EntryState,
+}
+
+#[derive(Debug)]
+enum EntryState {
+    /// `claim` identifies the attempt, so a stale attempt (one that outlived
+    /// a reset) can neither complete nor release someone else's entry.
+    InFlight {
+        claim: u64,
+    },
+    Completed(StoredResponse),
+}
+
+/// All keys. A std mutex: never held across an `.await`.
+#[derive(Debug, Default)]
+pub(crate) struct KeyTable {
+    entries: Mutex<HashMap<ScopedKey, Entry>>,
+    next_claim: AtomicU64,
+}
+
+impl KeyTable {
+    /// Decides, atomically, what a request with `key` and `fingerprint` gets.
+    /// The parameter check comes first, so a mismatch is reported even while
+    /// the first request is still in flight.
+    pub(crate) fn begin(self: &Arc<Self>, key: ScopedKey, fingerprint: Fingerprint) -> Decision {
+        let mut entries = self.lock();
+        if let Some(entry) = entries.get(&key) {
+            if entry.fingerprint != fingerprint {
+                return Decision::Mismatch;
+            }
+            return match &entry.state {
+                EntryState::InFlight { .. } => Decision::InProgress,
+                EntryState::Completed(response) => Decision::Replay(response.clone()),
+            };
+        }
+        let claim = self.next_claim.fetch_add(1, Ordering::Relaxed);
+        entries.insert(
+            key.clone(),
+            Entry {
+                fingerprint,
+                state: EntryState::InFlight { claim },
+            },
+        );
+        Decision::Process(Claim {
+            table: Arc::clone(self),
+            key,
+            claim,
+            completed: false,
+        })
+    }
+
+    /// Forgets every key. Attempts still in flight store nothing afterwards.
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<ScopedKey, Entry>> {
+        // Critical sections are single map operations; a poisoned map is
+        // still consistent.
+        self.entries.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs `change` on the entry only if it is still this attempt's claim.
+    fn with_own_entry(
+        &self,
+        key: &ScopedKey,
+        claim: u64,
+        change: impl FnOnce(&mut HashMap<ScopedKey, Entry>),
+    ) {
+        let mut entries = self.lock();
+        let ours = matches!(
+            entries.get(key),
+            Some(Entry { state: EntryState::InFlight { claim: current }, .. }) if *current == claim
+        );
+        if ours {
+            change(&mut entries);
+        }
+    }
+}
+
+/// The right to process a request under a key. Complete it with the final
+/// answer; dropping it uncompleted releases the key.
+#[derive(Debug)]
+pub(crate) struct Claim {
+    table: Arc<KeyTable>,
+    key: ScopedKey,
+    claim: u64,
+    completed: bool,
+}
+
+impl Claim {
+    /// The key's owner-visible name.
+    pub(crate) fn key(&self) -> &str {
+        &self.key.key
+    }
+
+    /// Stores the final answer for replay.
+    pub(crate) fn complete(mut self, response: StoredResponse) {
+        self.completed = true;
+        self.table.with_own_entry(&self.key, self.claim, |entries| {
+            if let Some(entry) = entries.get_mut(&self.key) {
+                entry.state = EntryState::Completed(response);
+            }
+        });
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if !self.completed {
+            self.table.with_own_entry(&self.key, self.claim, |entries| {
+                entries.remove(&self.key);
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+
+    use super::*;
+    use crate::params::FormParams;
+
+    fn key(name: &str) -> ScopedKey {
+        ScopedKey {
+            api_key: "sk_test".into(),
+            key: name.into(),
+        }
+    }
+
+    fn fingerprint(body: &str) -> Fingerprint {
+        match FormParams::parse(body.as_bytes()) {
+            Ok(params) => params.fingerprint(),
+            Err(error) => panic!("bad test body {body}: {error:?}"),
+        }
+    }
+
+    fn ok() -> StoredResponse {
+        StoredResponse::json(StatusCode::OK, &serde_json::json!({"id": "ch_1"}))
+    }
+
+    #[test]
+    fn completed_key_replays_and_checks_parameters() {
+        let table = Arc::new(KeyTable::default());
+        let Decision::Process(claim) = table.begin(key("k"), fingerprint("amount=1")) else {
+            panic!("first use must be processed");
+        };
+        assert!(matches!(
+            table.begin(key("k"), fingerprint("amount=1")),
+            Decision::InProgress
+        ));
+        assert!(matches!(
+            table.begin(key("k"), fingerprint("amount=2")),
+            Decision::Mismatch
+        ));
+        claim.complete(ok());
+        assert!(matches!(
+            table.begin(key("k"), fingerprint("amount=1")),
+            Decision::Replay(response) if response == ok()
+        ));
+        assert!(matches!(
+            table.begin(key("k"), fingerprint("amount=2")),
+            Decision::Mismatch
+        ));
+    }
+
+    #[test]
+    fn dropped_claim_releases_the_key() {
+        let table = Arc::new(KeyTable::default());
+        let first = table.begin(key("k"), fingerprint("amount=1"));
+        drop(first);
+        assert!(matches!(
+            table.begin(key("k"), fingerprint("amount=2")),
+            Decision::Process(_)
+        ));
+    }
+
+    #[test]
+    fn stale_claim_does_not_touch_a_newer_one() {
+        let table = Arc::new(KeyTable::default());
+        let Decision::Process(stale) = table.begin(key("k"), fingerprint("amount=1")) else {
+            panic!("first use must be processed");
+        };
+        table.clear();
+        let Decision::Process(fresh) = table.begin(key("k"), fingerprint("amount=1")) else {
+            panic!("a cleared key must be processed");
+        };
+        stale.complete(ok());
+        assert!(matches!(
+            table.begin(key("k"), fingerprint("amount=1")),
+            Decision::InProgress
+        ));
+        drop(fresh);
+        assert!(matches!(
+            table.begin(key("k"), fingerprint("amount=1")),
+            Decision::Process(_)
+        ));
+    }
+
+    #[test]
+    fn keys_are_scoped_per_api_key() {
+        let table = Arc::new(KeyTable::default());
+        let _first = table.begin(key("k"), fingerprint("amount=1"));
+        let other = ScopedKey {
+            api_key: "sk_other".into(),
+            key: "k".into(),
+        };
+        assert!(matches!(
+            table.begin(other, fingerprint("amount=2")),
+            Decision::Process(_)
+        ));
+    }
+}

@@ -1,0 +1,118 @@
+//! `payments-sandbox`: the simulated provider as a process.
+//!
+//! Prints exactly one line to stdout once it listens,
+//! `payments-sandbox listening on http://IP:PORT`, so a test that starts it
+//! with `--listen 127.0.0.1:0` can read the port. Logs go to stderr.
+
+use std::io::{IsTerminal, Write};
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use clap::Parser;
+// Boolean env vars accept 1/0, yes/no, on/off as well as true/false.
+use clap::builder::BoolishValueParser;
+use payments_sandbox::SandboxConfig;
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+/// A simulated Stripe-compatible payment provider with fault injection.
+/// It moves no money.
+#[derive(Debug, Parser)]
+#[command(name = "payments-sandbox", version)]
+struct Args {
+    /// Address to listen on; port 0 picks a free one.
+    #[arg(long, env = "SANDBOX_LISTEN_ADDR", default_value = "127.0.0.1:12111")]
+    listen: SocketAddr,
+    /// Milliseconds to wait before processing each charge.
+    #[arg(long, env = "SANDBOX_LATENCY_MS", default_value_t = 0)]
+    latency_ms: u64,
+    /// Probability (0.0-1.0) of answering a charge with 500 and charging nothing.
+    #[arg(long, env = "SANDBOX_ERROR_RATE", default_value_t = 0.0, value_parser = parse_rate)]
+    error_rate: f64,
+    /// Never answer charge requests and never charge.
+    #[arg(long, env = "SANDBOX_HANG", value_parser = BoolishValueParser::new())]
+    hang: bool,
+    /// Charge, then close the connection without answering.
+    #[arg(long, env = "SANDBOX_DROP_AFTER_CHARGE", value_parser = BoolishValueParser::new())]
+    drop_after_charge: bool,
+}
+
+fn parse_rate(raw: &str) -> Result<f64, String> {
+    let rate: f64 = raw.parse().map_err(|error| format!("{error}"))?;
+    if (0.0..=1.0).contains(&rate) {
+        Ok(rate)
+    } else {
+        Err(format!("must be between 0.0 and 1.0, got {rate}"))
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+
+    let config = SandboxConfig {
+        latency_ms: args.latency_ms,
+        error_rate: args.error_rate,
+        hang: args.hang,
+        drop_after_charge: args.drop_after_charge,
+    };
+    config.validate().context("invalid sandbox configuration")?;
+
+    tracing::warn!(
+        "payments-sandbox is a SIMULATOR: it moves no money, keeps everything in memory \
+         and accepts any API key. Never point a production system at it."
+    );
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr().context("reading the bound address")?;
+    tracing::info!(%addr, ?config, "payments-sandbox starting");
+
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "payments-sandbox listening on http://{addr}")
+        .and_then(|()| stdout.flush())
+        .context("writing the listening line to stdout")?;
+    drop(stdout);
+
+    payments_sandbox::serve(listener, config, shutdown_signal())
+        .await
+        .context("serving")?;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM. If a handler cannot be installed, that
+/// signal is logged and ignored rather than stopping the server at once.
+async fn shutdown_signal() {
+    let interrupt = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for SIGINT");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut terminate) => {
+                terminate.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => tracing::info!("SIGINT received, stopping"),
+        () = terminate => tracing::info!("SIGTERM received, stopping"),
+    }
+}

@@ -1,0 +1,84 @@
+//! The router: the Stripe subset under `/v1`, the sandbox's own control
+//! endpoints under `/_sandbox`, and JSON errors for everything else.
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::http::{Method, Uri};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use crate::charges;
+use crate::config::SandboxConfig;
+use crate::error::ApiError;
+use crate::state::AppState;
+
+/// Every route the sandbox serves.
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/charges", post(charges::create_charge))
+        .route("/_sandbox/config", get(get_config).post(set_config))
+        .route("/_sandbox/charges", get(list_charges))
+        .route("/_sandbox/stats", get(stats))
+        .route("/_sandbox/reset", post(reset))
+        .route("/healthz", get(health))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+async fn get_config(State(state): State<AppState>) -> Json<SandboxConfig> {
+    Json(state.config())
+}
+
+/// Replaces the whole config. The body is read as bytes and parsed here so
+/// that a bad body gets the error envelope, not axum's plain-text rejection.
+async fn set_config(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<SandboxConfig>, ApiError> {
+    let body = body.map_err(|rejection| {
+        ApiError::invalid_request(format!("The request body could not be read: {rejection}"))
+    })?;
+    let config: SandboxConfig = serde_json::from_slice(&body)
+        .map_err(|error| ApiError::invalid_request(format!("Invalid sandbox config: {error}")))?;
+    config.validate().map_err(|invalid| {
+        ApiError::invalid_request(invalid.message.clone()).with_param(invalid.field)
+    })?;
+    tracing::info!(?config, "sandbox config replaced");
+    state.set_config(config.clone());
+    Ok(Json(config))
+}
+
+async fn list_charges(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({ "data": state.ledger.charges() }))
+}
+
+async fn stats(State(state): State<AppState>) -> Json<Value> {
+    Json(json!(state.ledger.stats()))
+}
+
+async fn reset(State(state): State<AppState>) -> Json<Value> {
+    state.reset();
+    tracing::info!("sandbox reset: charges, keys and counters cleared");
+    Json(json!({ "status": "ok" }))
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::not_found(format!(
+        "Unrecognized request URL ({method}: {}).",
+        uri.path()
+    ))
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::method_not_allowed(format!(
+        "Method {method} is not allowed for {}.",
+        uri.path()
+    ))
+}

@@ -1,0 +1,813 @@
+//! Black-box tests of the sandbox over real HTTP on loopback: each test
+//! starts its own [`SandboxHandle`] on a random port.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use payments_sandbox::{SandboxConfig, SandboxHandle};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+const VISA: &[(&str, &str)] = &[
+    ("amount", "4900"),
+    ("currency", "GBP"),
+    ("source", "tok_visa"),
+    ("description", "Tea & cake"),
+    ("metadata[order_id]", "42"),
+];
+
+/// A form body as name/value pairs.
+type Form<'a> = &'a [(&'a str, &'a str)];
+
+struct TestSandbox {
+    handle: SandboxHandle,
+    client: reqwest::Client,
+}
+
+async fn spawn_sandbox(
+    config: SandboxConfig,
+) -> Result<TestSandbox, Box<dyn std::error::Error + Send + Sync>> {
+    let handle = SandboxHandle::start(config).await?;
+    let client = reqwest::Client::builder().no_proxy().build()?;
+    Ok(TestSandbox { handle, client })
+}
+
+fn charge_form(source: &str) -> Vec<(&str, &str)> {
+    vec![("amount", "1000"), ("currency", "gbp"), ("source", source)]
+}
+
+impl TestSandbox {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.handle.url())
+    }
+
+    fn charge_request(
+        &self,
+        client: &reqwest::Client,
+        form: &[(&str, &str)],
+        key: Option<&str>,
+    ) -> reqwest::RequestBuilder {
+        let request = client
+            .post(self.url("/v1/charges"))
+            .bearer_auth("sk_test_sandbox")
+            .form(form);
+        match key {
+            Some(key) => request.header("Idempotency-Key", key),
+            None => request,
+        }
+    }
+
+    async fn post_charge(
+        &self,
+        form: &[(&str, &str)],
+        key: Option<&str>,
+    ) -> reqwest::Result<reqwest::Response> {
+        self.charge_request(&self.client, form, key).send().await
+    }
+
+    async fn get_json(&self, path: &str) -> reqwest::Result<Value> {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await
+    }
+
+    async fn charges(&self) -> reqwest::Result<Vec<Value>> {
+        let list = self.get_json("/_sandbox/charges").await?;
+        Ok(list["data"].as_array().cloned().unwrap_or_default())
+    }
+
+    async fn stats(&self) -> reqwest::Result<Value> {
+        self.get_json("/_sandbox/stats").await
+    }
+
+    async fn set_config(&self, config: Value) -> reqwest::Result<reqwest::Response> {
+        self.client
+            .post(self.url("/_sandbox/config"))
+            .json(&config)
+            .send()
+            .await
+    }
+
+    /// Waits (bounded) until the sandbox has recorded `count` charges.
+    async fn wait_for_charges(
+        &self,
+        count: usize,
+    ) -> Result<Vec<Value>, Box<dyn std::error::Error + Send + Sync>> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let charges = self.charges().await?;
+            if charges.len() >= count || Instant::now() > deadline {
+                return Ok(charges);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn body_json(response: reqwest::Response) -> reqwest::Result<(StatusCode, Value)> {
+    let status = response.status();
+    Ok((status, response.json().await?))
+}
+
+fn is_replay(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|value| value == "true")
+}
+
+#[tokio::test]
+async fn successful_charge_returns_a_charge_object_and_is_recorded() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let response = sandbox.post_charge(VISA, None).await?;
+    assert!(!is_replay(&response));
+    let (status, charge) = body_json(response).await?;
+    assert_eq!(status, StatusCode::OK);
+    let id = charge["id"].as_str().ok_or("no id")?;
+    assert!(id.starts_with("ch_") && id.len() == 27, "{id}");
+    assert!(id[3..].chars().all(|c| c.is_ascii_alphanumeric()));
+    assert_eq!(charge["object"], "charge");
+    assert_eq!(charge["amount"], 4900);
+    assert_eq!(charge["currency"], "gbp");
+    assert_eq!(charge["status"], "succeeded");
+    assert_eq!(charge["paid"], true);
+    assert_eq!(charge["source"], "tok_visa");
+    assert_eq!(charge["description"], "Tea & cake");
+    assert_eq!(charge["metadata"], json!({"order_id": "42"}));
+    assert_eq!(charge["failure_code"], Value::Null);
+    assert!(
+        charge["created"]
+            .as_u64()
+            .is_some_and(|created| created > 1_600_000_000)
+    );
+
+    let charges = sandbox.charges().await?;
+    assert_eq!(charges.len(), 1);
+    assert_eq!(charges[0]["id"], id);
+    assert_eq!(charges[0]["status"], "succeeded");
+    assert_eq!(charges[0]["amount"], 4900);
+    assert_eq!(charges[0]["currency"], "gbp");
+    assert_eq!(charges[0]["idempotency_key"], Value::Null);
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_approving_test_token_succeeds() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    for token in ["tok_visa", "tok_mastercard", "tok_amex"] {
+        let (status, charge) =
+            body_json(sandbox.post_charge(&charge_form(token), None).await?).await?;
+        assert_eq!(status, StatusCode::OK, "{token}");
+        assert_eq!(charge["status"], "succeeded");
+    }
+    assert_eq!(sandbox.charges().await?.len(), 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn declines_answer_402_and_record_a_failed_charge() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let cases = [
+        ("tok_chargeDeclined", "card_declined", "generic_decline"),
+        (
+            "tok_chargeDeclinedInsufficientFunds",
+            "card_declined",
+            "insufficient_funds",
+        ),
+        (
+            "tok_chargeDeclinedExpiredCard",
+            "expired_card",
+            "expired_card",
+        ),
+        (
+            "tok_chargeDeclinedFraudulent",
+            "card_declined",
+            "fraudulent",
+        ),
+    ];
+    let mut ids = Vec::new();
+    for (token, code, decline_code) in cases {
+        let (status, body) =
+            body_json(sandbox.post_charge(&charge_form(token), None).await?).await?;
+        assert_eq!(status, StatusCode::PAYMENT_REQUIRED, "{token}");
+        let error = &body["error"];
+        assert_eq!(error["type"], "card_error");
+        assert_eq!(error["code"], code, "{token}");
+        assert_eq!(error["decline_code"], decline_code, "{token}");
+        assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()));
+        let charge_id = error["charge"].as_str().ok_or("no charge id")?;
+        assert!(charge_id.starts_with("ch_"));
+        ids.push(charge_id.to_owned());
+    }
+    let charges = sandbox.charges().await?;
+    let recorded: Vec<&str> = charges.iter().filter_map(|c| c["id"].as_str()).collect();
+    assert_eq!(recorded, ids);
+    assert!(charges.iter().all(|c| c["status"] == "failed"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn unknown_token_is_resource_missing_and_charges_nothing() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let (status, body) = body_json(
+        sandbox
+            .post_charge(&charge_form("tok_nonsense"), None)
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert_eq!(body["error"]["code"], "resource_missing");
+    assert_eq!(body["error"]["param"], "source");
+    assert!(sandbox.charges().await?.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn missing_or_empty_api_key_is_401() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let url = sandbox.url("/v1/charges");
+    let form = charge_form("tok_visa");
+    let without = sandbox.client.post(&url).form(&form).send().await?;
+    let empty = sandbox
+        .client
+        .post(&url)
+        .header("Authorization", "Bearer ")
+        .form(&form)
+        .send()
+        .await?;
+    let basic = sandbox
+        .client
+        .post(&url)
+        .header("Authorization", "Basic c2s6")
+        .form(&form)
+        .send()
+        .await?;
+    for response in [without, empty, basic] {
+        let (status, body) = body_json(response).await?;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+    }
+    assert!(sandbox.charges().await?.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn invalid_parameters_are_400_with_code_and_param() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let cases: [(Form, &str, &str); 5] = [
+        (
+            &[("currency", "gbp"), ("source", "tok_visa")],
+            "parameter_missing",
+            "amount",
+        ),
+        (
+            &[
+                ("amount", "12.5"),
+                ("currency", "gbp"),
+                ("source", "tok_visa"),
+            ],
+            "parameter_invalid_integer",
+            "amount",
+        ),
+        (
+            &[("amount", "0"), ("currency", "gbp"), ("source", "tok_visa")],
+            "parameter_invalid_integer",
+            "amount",
+        ),
+        (
+            &[("amount", "100"), ("source", "tok_visa")],
+            "parameter_missing",
+            "currency",
+        ),
+        (
+            &[("amount", "100"), ("currency", "gbp")],
+            "parameter_missing",
+            "source",
+        ),
+    ];
+    for (form, code, param) in cases {
+        let (status, body) = body_json(sandbox.post_charge(form, None).await?).await?;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{form:?}");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["code"], code, "{form:?}");
+        assert_eq!(body["error"]["param"], param, "{form:?}");
+    }
+    assert!(sandbox.charges().await?.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn same_key_replays_byte_for_byte_without_charging_again() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let first = sandbox.post_charge(VISA, Some("order-1")).await?;
+    assert!(!is_replay(&first));
+    let first_status = first.status();
+    let first_body = first.bytes().await?;
+
+    // Same parameters in another order are the same request.
+    let mut reordered = VISA.to_vec();
+    reordered.reverse();
+    let second = sandbox.post_charge(&reordered, Some("order-1")).await?;
+    assert!(is_replay(&second));
+    assert_eq!(second.status(), first_status);
+    assert_eq!(second.bytes().await?, first_body);
+
+    let charges = sandbox.charges().await?;
+    assert_eq!(charges.len(), 1);
+    assert_eq!(charges[0]["idempotency_key"], "order-1");
+    Ok(())
+}
+
+#[tokio::test]
+async fn declines_and_validation_errors_are_replayed_too() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let declined = charge_form("tok_chargeDeclined");
+    let invalid = [
+        ("amount", "abc"),
+        ("currency", "gbp"),
+        ("source", "tok_visa"),
+    ];
+    for (form, key, status) in [
+        (&declined[..], "declined", StatusCode::PAYMENT_REQUIRED),
+        (&invalid[..], "invalid", StatusCode::BAD_REQUEST),
+    ] {
+        let first = sandbox.post_charge(form, Some(key)).await?;
+        assert_eq!(first.status(), status);
+        let first_body = first.bytes().await?;
+        let again = sandbox.post_charge(form, Some(key)).await?;
+        assert_eq!(again.status(), status);
+        assert!(is_replay(&again));
+        assert_eq!(again.bytes().await?, first_body);
+    }
+    assert_eq!(sandbox.charges().await?.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn same_key_with_other_parameters_is_an_idempotency_error() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let first = sandbox
+        .post_charge(&charge_form("tok_visa"), Some("k1"))
+        .await?;
+    assert_eq!(first.status(), StatusCode::OK);
+    let other = [
+        ("amount", "2000"),
+        ("currency", "gbp"),
+        ("source", "tok_visa"),
+    ];
+    let (status, body) = body_json(sandbox.post_charge(&other, Some("k1")).await?).await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["type"], "idempotency_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("same parameters"))
+    );
+    assert_eq!(sandbox.charges().await?.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn concurrent_requests_with_one_key_charge_once() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig {
+        latency_ms: 300,
+        ..SandboxConfig::default()
+    })
+    .await?;
+    let form = charge_form("tok_visa");
+    let requests = (0..10).map(|_| {
+        sandbox
+            .charge_request(&sandbox.client, &form, Some("same-key"))
+            .send()
+    });
+    let responses = futures_join_all(requests).await;
+
+    let mut succeeded_ids = Vec::new();
+    let mut conflicts = 0;
+    for response in responses {
+        let response = response?;
+        let replayed = is_replay(&response);
+        let (status, body) = body_json(response).await?;
+        match status {
+            StatusCode::OK => succeeded_ids.push((body["id"].clone(), replayed)),
+            StatusCode::CONFLICT => {
+                assert_eq!(body["error"]["type"], "idempotency_error");
+                conflicts += 1;
+            }
+            other => return Err(format!("unexpected status {other}: {body}").into()),
+        }
+    }
+    assert_eq!(succeeded_ids.len() + conflicts, 10);
+    assert_eq!(
+        succeeded_ids
+            .iter()
+            .filter(|(_, replayed)| !replayed)
+            .count(),
+        1
+    );
+    assert!(
+        succeeded_ids
+            .iter()
+            .all(|(id, _)| *id == succeeded_ids[0].0)
+    );
+    assert_eq!(sandbox.charges().await?.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn injected_errors_charge_nothing_and_release_the_key() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig {
+        error_rate: 1.0,
+        ..SandboxConfig::default()
+    })
+    .await?;
+    let form = charge_form("tok_visa");
+    for _ in 0..3 {
+        let (status, body) = body_json(sandbox.post_charge(&form, Some("flaky")).await?).await?;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(body["error"]["type"], "api_error");
+    }
+    assert!(sandbox.charges().await?.is_empty());
+
+    let healed = sandbox.set_config(json!({"error_rate": 0.0})).await?;
+    assert_eq!(healed.status(), StatusCode::OK);
+    let retry = sandbox.post_charge(&form, Some("flaky")).await?;
+    assert_eq!(retry.status(), StatusCode::OK);
+    assert!(!is_replay(&retry), "a 500 must not be stored");
+    let again = sandbox.post_charge(&form, Some("flaky")).await?;
+    assert!(is_replay(&again));
+    assert_eq!(sandbox.charges().await?.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn drop_after_charge_charges_and_closes_without_answering() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig {
+        drop_after_charge: true,
+        ..SandboxConfig::default()
+    })
+    .await?;
+    let form = charge_form("tok_visa");
+    let error = match sandbox.post_charge(&form, Some("dropped")).await {
+        Ok(response) => return Err(format!("got a response: {}", response.status()).into()),
+        Err(error) => error,
+    };
+    assert!(!error.is_timeout(), "{error}");
+    assert!(error.status().is_none());
+
+    let charges = sandbox.charges().await?;
+    assert_eq!(charges.len(), 1);
+    assert_eq!(charges[0]["idempotency_key"], "dropped");
+
+    // The fault is still on: a replay charges nothing, so it is answered.
+    let retry = sandbox.post_charge(&form, Some("dropped")).await?;
+    assert!(is_replay(&retry));
+    let (status, charge) = body_json(retry).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(charge["id"], charges[0]["id"]);
+    assert_eq!(sandbox.charges().await?.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn drop_after_charge_writes_not_a_single_byte() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig {
+        drop_after_charge: true,
+        ..SandboxConfig::default()
+    })
+    .await?;
+    let addr = sandbox.handle.addr();
+    let received = tokio::task::spawn_blocking(move || -> std::io::Result<Vec<u8>> {
+        let body = "amount=1000&currency=gbp&source=tok_visa";
+        let request = format!(
+            "POST /v1/charges HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer sk_test\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        let mut stream = std::net::TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        stream.write_all(request.as_bytes())?;
+        let mut received = Vec::new();
+        match stream.read_to_end(&mut received) {
+            Ok(_) => Ok(received),
+            // A reset is a close too; what matters is what arrived before it.
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => Ok(received),
+            Err(error) => Err(error),
+        }
+    })
+    .await??;
+    assert!(
+        received.is_empty(),
+        "received {:?}",
+        String::from_utf8_lossy(&received)
+    );
+    assert_eq!(sandbox.charges().await?.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_slow_charge_completes_after_the_client_gave_up() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig {
+        latency_ms: 700,
+        ..SandboxConfig::default()
+    })
+    .await?;
+    let impatient = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(100))
+        .build()?;
+    let form = charge_form("tok_visa");
+    let error = match sandbox
+        .charge_request(&impatient, &form, Some("slow"))
+        .send()
+        .await
+    {
+        Ok(response) => return Err(format!("got a response: {}", response.status()).into()),
+        Err(error) => error,
+    };
+    assert!(error.is_timeout(), "{error}");
+
+    let charges = sandbox.wait_for_charges(1).await?;
+    assert_eq!(charges.len(), 1);
+    assert_eq!(charges[0]["idempotency_key"], "slow");
+    // The result was stored: the client's retry replays it.
+    let retry = sandbox.post_charge(&form, Some("slow")).await?;
+    assert_eq!(retry.status(), StatusCode::OK);
+    assert!(is_replay(&retry));
+    assert_eq!(sandbox.charges().await?.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn hang_never_answers_never_charges_and_releases_the_key() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig {
+        hang: true,
+        ..SandboxConfig::default()
+    })
+    .await?;
+    let impatient = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_millis(200))
+        .build()?;
+    let form = charge_form("tok_visa");
+    let result = sandbox
+        .charge_request(&impatient, &form, Some("hung"))
+        .send()
+        .await;
+    assert!(result.is_err_and(|error| error.is_timeout()));
+    assert!(sandbox.charges().await?.is_empty());
+    // The hanging handler never returns: only its cancellation, when the
+    // client hung up, can take it out of the in-flight count.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sandbox.stats().await?["in_flight"] != 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = sandbox.stats().await?;
+    assert_eq!(stats["in_flight"], 0);
+    assert_eq!(stats["max_in_flight"], 1);
+
+    sandbox.set_config(json!({})).await?.error_for_status()?;
+    let retry = sandbox.post_charge(&form, Some("hung")).await?;
+    assert_eq!(retry.status(), StatusCode::OK);
+    assert!(!is_replay(&retry));
+    assert_eq!(sandbox.charges().await?.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn stats_count_concurrent_requests() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig {
+        latency_ms: 500,
+        ..SandboxConfig::default()
+    })
+    .await?;
+    let form = charge_form("tok_visa");
+    let keys: Vec<String> = (0..20).map(|i| format!("key-{i}")).collect();
+    let requests = keys.iter().map(|key| {
+        sandbox
+            .charge_request(&sandbox.client, &form, Some(key))
+            .send()
+    });
+    for response in futures_join_all(requests).await {
+        assert_eq!(response?.status(), StatusCode::OK);
+    }
+    let stats = sandbox.stats().await?;
+    assert_eq!(stats["requests"], 20);
+    assert_eq!(stats["max_in_flight"], 20);
+    assert_eq!(stats["in_flight"], 0);
+    assert_eq!(stats["charges"], 20);
+    Ok(())
+}
+
+#[tokio::test]
+async fn config_is_read_replaced_and_validated() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig {
+        latency_ms: 5,
+        ..SandboxConfig::default()
+    })
+    .await?;
+    let current = sandbox.get_json("/_sandbox/config").await?;
+    assert_eq!(
+        current,
+        json!({"latency_ms": 5, "error_rate": 0.0, "hang": false, "drop_after_charge": false})
+    );
+
+    for bad in [
+        json!({"error_rate": 2.0}),
+        json!({"error_rate": -0.5}),
+        json!({"latncy_ms": 1}),
+    ] {
+        let (status, body) = body_json(sandbox.set_config(bad.clone()).await?).await?;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+    }
+    let not_json = sandbox
+        .client
+        .post(sandbox.url("/_sandbox/config"))
+        .body("latency=5")
+        .send()
+        .await?;
+    assert_eq!(not_json.status(), StatusCode::BAD_REQUEST);
+
+    // A partial config replaces the whole config; missing fields are defaults.
+    let (status, body) = body_json(sandbox.set_config(json!({"error_rate": 0.25})).await?).await?;
+    assert_eq!(status, StatusCode::OK);
+    let expected =
+        json!({"latency_ms": 0, "error_rate": 0.25, "hang": false, "drop_after_charge": false});
+    assert_eq!(body, expected);
+    assert_eq!(sandbox.get_json("/_sandbox/config").await?, expected);
+    Ok(())
+}
+
+#[tokio::test]
+async fn invalid_config_is_refused_at_start() {
+    let started = SandboxHandle::start(SandboxConfig {
+        error_rate: 2.0,
+        ..SandboxConfig::default()
+    })
+    .await;
+    assert!(started.is_err_and(|error| error.kind() == std::io::ErrorKind::InvalidInput));
+}
+
+#[tokio::test]
+async fn reset_forgets_charges_keys_and_counters_but_not_the_config() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let form = charge_form("tok_visa");
+    sandbox.post_charge(&form, Some("before-reset")).await?;
+    sandbox
+        .set_config(json!({"latency_ms": 1}))
+        .await?
+        .error_for_status()?;
+
+    let reset = sandbox
+        .client
+        .post(sandbox.url("/_sandbox/reset"))
+        .send()
+        .await?;
+    assert_eq!(reset.status(), StatusCode::OK);
+    assert!(sandbox.charges().await?.is_empty());
+    let stats = sandbox.stats().await?;
+    assert_eq!(
+        stats,
+        json!({"requests": 0, "in_flight": 0, "max_in_flight": 0, "charges": 0})
+    );
+    assert_eq!(sandbox.get_json("/_sandbox/config").await?["latency_ms"], 1);
+
+    let again = sandbox.post_charge(&form, Some("before-reset")).await?;
+    assert_eq!(again.status(), StatusCode::OK);
+    assert!(!is_replay(&again));
+    assert_eq!(sandbox.charges().await?.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn health_and_unknown_routes() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    assert_eq!(sandbox.get_json("/healthz").await?, json!({"status": "ok"}));
+
+    let (status, body) = body_json(
+        sandbox
+            .client
+            .get(sandbox.url("/v1/refunds"))
+            .send()
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+
+    let (status, body) = body_json(
+        sandbox
+            .client
+            .get(sandbox.url("/v1/charges"))
+            .send()
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    Ok(())
+}
+
+#[tokio::test]
+async fn dropping_the_handle_stops_the_server() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let addr = sandbox.handle.addr();
+    drop(sandbox);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        if Instant::now() > deadline {
+            return Err("still accepting connections".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn binary_prints_its_address_serves_and_stops_on_sigterm() -> TestResult {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_payments-sandbox"))
+        .args(["--listen", "127.0.0.1:0", "--latency-ms", "1"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let line = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        Ok(line)
+    })
+    .await??;
+    let url = line
+        .trim_end()
+        .strip_prefix("payments-sandbox listening on ")
+        .ok_or_else(|| format!("unexpected first line {line:?}"))?
+        .to_owned();
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+
+    let client = reqwest::Client::builder().no_proxy().build()?;
+    let config: Value = client
+        .get(format!("{url}/_sandbox/config"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(config["latency_ms"], 1);
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()?;
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() > deadline {
+            child.kill()?;
+            return Err("the sandbox did not stop on SIGTERM".into());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn binary_refuses_an_invalid_error_rate() -> TestResult {
+    let output = Command::new(env!("CARGO_BIN_EXE_payments-sandbox"))
+        .args(["--listen", "127.0.0.1:0", "--error-rate", "2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .output()?;
+    assert!(!output.status.success());
+    assert!(output.stdout.is_empty());
+    Ok(())
+}
+
+/// Runs the futures concurrently on this task and collects their outputs in
+/// order (a small stand-in for `futures::future::join_all`).
+async fn futures_join_all<F>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futures.into_iter().map(tokio::spawn).collect();
+    let mut outputs = Vec::with_capacity(handles.len());
+    for handle in handles {
+        match handle.await {
+            Ok(output) => outputs.push(output),
+            Err(error) => std::panic::resume_unwind(error.into_panic()),
+        }
+    }
+    outputs
+}
