@@ -1,0 +1,391 @@
+//! # payments-tests support
+//!
+//! What every test needs and none should write twice:
+//! - [`TestDb`]: a fresh database for one test on a named [`Backend`]:
+//!   a temp SQLite file, or a new PostgreSQL database ([`postgres`]). It
+//!   opens the real `Store` and can count rows behind it.
+//! - [`spawn_app`]: the real API router on 127.0.0.1:0 in front of a real
+//!   sandbox over HTTP, with typed helpers (`post_charge`, `sandbox_charges`).
+//! - [`backend_tests!`]: runs one async test body once per backend.
+#![allow(clippy::unwrap_used)]
+
+pub mod postgres;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use payments_api::auth::{Authenticator, mint_hs256};
+use payments_api::config::JwtKey;
+use payments_api::{AppState, serve};
+use payments_domain::service::{ChargeService, Policy};
+use payments_domain::store::{PoolSettings, PostgresStore, SqliteStore, Store};
+use payments_gateway::HttpGateway;
+use payments_sandbox::{SandboxConfig, SandboxHandle};
+use serde_json::Value;
+
+/// A database backend under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Runs `$body` (an `async fn(Backend)`) as one test per backend:
+/// `name::sqlite` and `name::postgres`.
+#[macro_export]
+macro_rules! backend_tests {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$name($crate::Backend::Sqlite).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                super::$name($crate::Backend::Postgres).await;
+            }
+        }
+    )*};
+}
+
+enum Guard {
+    Sqlite(PathBuf),
+    Postgres(#[allow(dead_code)] postgres::TestDatabase),
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if let Guard::Sqlite(path) = self {
+            for suffix in ["", "-wal", "-shm"] {
+                let mut p = path.clone().into_os_string();
+                p.push(suffix);
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+}
+
+enum Concrete {
+    Sqlite(SqliteStore),
+    Postgres(PostgresStore),
+}
+
+/// One test's own database, migrated, with its `Store`.
+pub struct TestDb {
+    pub url: String,
+    pub backend: Backend,
+    store: Arc<dyn Store>,
+    concrete: Concrete,
+    _guard: Guard,
+}
+
+impl std::fmt::Debug for TestDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestDb").field("url", &self.url).finish()
+    }
+}
+
+impl TestDb {
+    /// A fresh database, or `None` when the backend is unavailable here (the
+    /// skip is printed, and is a failure under `REQUIRE_ALL_BACKENDS=1`).
+    pub async fn new(backend: Backend, pool_size: u32) -> Option<Self> {
+        let pool = PoolSettings {
+            max_connections: pool_size,
+            acquire_timeout: Duration::from_secs(30),
+        };
+        let (url, guard, concrete, store): (String, Guard, Concrete, Arc<dyn Store>) = match backend
+        {
+            Backend::Sqlite => {
+                let path = std::env::temp_dir().join(format!(
+                    "payments-test-{}.db",
+                    uuid::Uuid::new_v4().simple()
+                ));
+                let url = format!("sqlite://{}", path.display());
+                let store = SqliteStore::connect(&url, &pool)
+                    .await
+                    .expect("open sqlite");
+                (
+                    url,
+                    Guard::Sqlite(path),
+                    Concrete::Sqlite(store.clone()),
+                    Arc::new(store),
+                )
+            }
+            Backend::Postgres => {
+                let db = match postgres::create_database().await {
+                    Ok(db) => db,
+                    Err(skip) => {
+                        postgres::skip_or_panic(&skip);
+                        return None;
+                    }
+                };
+                let url = db.url.clone();
+                let store = PostgresStore::connect(&url, &pool)
+                    .await
+                    .expect("open postgres");
+                (
+                    url,
+                    Guard::Postgres(db),
+                    Concrete::Postgres(store.clone()),
+                    Arc::new(store),
+                )
+            }
+        };
+        store.migrate().await.expect("migrate");
+        Some(Self {
+            url,
+            backend,
+            store,
+            concrete,
+            _guard: guard,
+        })
+    }
+
+    pub fn store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    /// Runs a `SELECT COUNT(*) ...` written with `?` placeholders for
+    /// SQLite and `$n` for PostgreSQL, binding `args` as text.
+    pub async fn count(
+        &self,
+        sqlite_sql: &'static str,
+        pg_sql: &'static str,
+        args: &[&str],
+    ) -> i64 {
+        match &self.concrete {
+            Concrete::Sqlite(s) => {
+                let mut q = sqlx::query_scalar::<_, i64>(sqlite_sql);
+                for a in args {
+                    q = q.bind(*a);
+                }
+                q.fetch_one(s.pool()).await.expect("count")
+            }
+            Concrete::Postgres(s) => {
+                let mut q = sqlx::query_scalar::<_, i64>(pg_sql);
+                for a in args {
+                    q = q.bind(*a);
+                }
+                q.fetch_one(s.pool()).await.expect("count")
+            }
+        }
+    }
+
+    /// Rows in `charges`.
+    pub async fn charges(&self) -> i64 {
+        self.count(
+            "SELECT COUNT(*) FROM charges",
+            "SELECT COUNT(*) FROM charges",
+            &[],
+        )
+        .await
+    }
+
+    /// Rows in `charges` with this status.
+    pub async fn charges_with_status(&self, status: &str) -> i64 {
+        self.count(
+            "SELECT COUNT(*) FROM charges WHERE status = ?",
+            "SELECT COUNT(*) FROM charges WHERE status = $1",
+            &[status],
+        )
+        .await
+    }
+
+    /// Rows in `idempotent_requests`.
+    pub async fn records(&self) -> i64 {
+        self.count(
+            "SELECT COUNT(*) FROM idempotent_requests",
+            "SELECT COUNT(*) FROM idempotent_requests",
+            &[],
+        )
+        .await
+    }
+}
+
+/// The HS256 secret test apps verify tokens with.
+pub const TEST_SECRET: &str = "test-secret-0123456789abcdef0123456789";
+
+/// How a test app is set up.
+#[derive(Debug, Clone)]
+pub struct AppOptions {
+    pub pool_size: u32,
+    pub gateway_timeout: Duration,
+    pub lease: Duration,
+    pub ttl: Duration,
+    pub sandbox: SandboxConfig,
+}
+
+impl Default for AppOptions {
+    fn default() -> Self {
+        Self {
+            pool_size: 5,
+            gateway_timeout: Duration::from_secs(5),
+            lease: Duration::from_secs(10),
+            ttl: Duration::from_secs(24 * 3600),
+            sandbox: SandboxConfig::default(),
+        }
+    }
+}
+
+/// The real API in front of a real sandbox, both on loopback.
+pub struct TestApp {
+    pub base_url: String,
+    pub sandbox: SandboxHandle,
+    pub db: TestDb,
+    pub http: reqwest::Client,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl std::fmt::Debug for TestApp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestApp")
+            .field("base_url", &self.base_url)
+            .finish()
+    }
+}
+
+/// Starts the sandbox, a fresh database and the API; `None` if the backend
+/// is unavailable here.
+pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp> {
+    let db = TestDb::new(backend, options.pool_size).await?;
+    let sandbox = SandboxHandle::start(options.sandbox.clone())
+        .await
+        .expect("start sandbox");
+    let gateway = HttpGateway::new(&sandbox.url(), "sk_test_sandbox", options.gateway_timeout)
+        .expect("gateway");
+    let policy = Policy {
+        lease: options.lease,
+        ttl: options.ttl,
+        max_amount_cents: 1_000_000,
+    };
+    let state = AppState {
+        service: Arc::new(ChargeService::new(db.store(), Arc::new(gateway), policy)),
+        auth: Arc::new(
+            Authenticator::new(&JwtKey::Hs256(TEST_SECRET.to_owned())).expect("authenticator"),
+        ),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base_url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve(listener, state, async move {
+        let _ = stopped.await;
+    }));
+    Some(TestApp {
+        base_url,
+        sandbox,
+        db,
+        http: reqwest::Client::new(),
+        _stop: stop,
+    })
+}
+
+/// A valid charge body.
+pub fn charge_body(amount_cents: i64, card_token: &str) -> String {
+    format!(r#"{{"amount_cents":{amount_cents},"currency":"GBP","card_token":"{card_token}"}}"#)
+}
+
+/// A fresh idempotency key.
+pub fn new_key() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+impl TestApp {
+    /// A bearer token for `customer`.
+    pub fn token(&self, customer: &str) -> String {
+        mint_hs256(TEST_SECRET, customer, Duration::from_secs(3600)).expect("token")
+    }
+
+    /// `POST /api/charges` as `customer`, with an optional key and a raw body.
+    pub async fn post_charge(
+        &self,
+        customer: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> reqwest::Response {
+        self.post_charge_with(&self.http, customer, key, body)
+            .await
+            .expect("request")
+    }
+
+    /// The same through a caller's client (e.g. one with a short timeout).
+    pub async fn post_charge_with(
+        &self,
+        client: &reqwest::Client,
+        customer: &str,
+        key: Option<&str>,
+        body: &str,
+    ) -> reqwest::Result<reqwest::Response> {
+        let mut request = client
+            .post(format!("{}/api/charges", self.base_url))
+            .bearer_auth(self.token(customer))
+            .header("content-type", "application/json")
+            .body(body.to_owned());
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        request.send().await
+    }
+
+    /// What the sandbox really charged (status `succeeded`).
+    pub async fn sandbox_charges(&self) -> Vec<Value> {
+        let all: Value = self
+            .http
+            .get(format!("{}/_sandbox/charges", self.sandbox.url()))
+            .send()
+            .await
+            .expect("sandbox charges")
+            .json()
+            .await
+            .expect("json");
+        all["data"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c["status"] == "succeeded")
+            .collect()
+    }
+
+    /// Every charge the sandbox recorded, declined ones too.
+    pub async fn sandbox_attempts(&self) -> Vec<Value> {
+        let all: Value = self
+            .http
+            .get(format!("{}/_sandbox/charges", self.sandbox.url()))
+            .send()
+            .await
+            .expect("sandbox charges")
+            .json()
+            .await
+            .expect("json");
+        all["data"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The sandbox's counters (`requests`, `in_flight`, `max_in_flight`, `charges`).
+    pub async fn sandbox_stats(&self) -> Value {
+        self.http
+            .get(format!("{}/_sandbox/stats", self.sandbox.url()))
+            .send()
+            .await
+            .expect("sandbox stats")
+            .json()
+            .await
+            .expect("json")
+    }
+
+    /// Replaces the sandbox's fault injection.
+    pub async fn configure_sandbox(&self, config: Value) {
+        let status = self
+            .http
+            .post(format!("{}/_sandbox/config", self.sandbox.url()))
+            .json(&config)
+            .send()
+            .await
+            .expect("sandbox config")
+            .status();
+        assert!(status.is_success(), "sandbox config refused: {status}");
+    }
+}
