@@ -1,0 +1,269 @@
+//! Every bad input: a 4xx envelope with a stable code, nothing stored, and
+//! the same key then works with a valid request.
+
+use payments_tests::{
+    AppOptions, Backend, TestApp, backend_tests, charge_body, new_key, spawn_app,
+};
+use serde_json::Value;
+
+async fn assert_envelope(response: reqwest::Response, status: u16, code: &str) -> Value {
+    assert_eq!(response.status(), status, "expected {status} {code}");
+    assert_eq!(response.headers()["content-type"], "application/json");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], code, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+    );
+    body
+}
+
+async fn post_raw(app: &TestApp, headers: &[(&str, &str)], body: Vec<u8>) -> reqwest::Response {
+    let mut request = app
+        .http
+        .post(format!("{}/api/charges", app.base_url))
+        .body(body);
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    request.send().await.unwrap()
+}
+
+/// Invalid bodies, each with the `param` it names.
+async fn invalid_bodies_are_refused_and_not_stored(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let key = new_key();
+    let cases: &[(&str, Option<&str>)] = &[
+        ("not json", None),
+        ("[1,2]", None),
+        (
+            r#"{"amount_cents":4900,"currency":"GBP"}"#,
+            Some("card_token"),
+        ),
+        (
+            r#"{"amount_cents":0,"currency":"GBP","card_token":"tok_visa"}"#,
+            Some("amount_cents"),
+        ),
+        (
+            r#"{"amount_cents":-1,"currency":"GBP","card_token":"tok_visa"}"#,
+            Some("amount_cents"),
+        ),
+        (
+            r#"{"amount_cents":49.5,"currency":"GBP","card_token":"tok_visa"}"#,
+            Some("amount_cents"),
+        ),
+        (
+            r#"{"amount_cents":100000000000,"currency":"GBP","card_token":"tok_visa"}"#,
+            Some("amount_cents"),
+        ),
+        (
+            r#"{"amount_cents":4900,"currency":"QQQ","card_token":"tok_visa"}"#,
+            Some("currency"),
+        ),
+        (
+            r#"{"amount_cents":4900,"currency":"GBP","card_token":"tok_visa","surprise":1}"#,
+            Some("surprise"),
+        ),
+        (
+            r#"{"amount_cents":4900,"currency":"GBP","card_token":"tok_visa","metadata":{"k":7}}"#,
+            Some("metadata[k]"),
+        ),
+        (
+            r#"{"amount_cents":4900,"currency":"GBP","card_token":"tok_visa","description":5}"#,
+            Some("description"),
+        ),
+    ];
+    for (body, param) in cases {
+        let response = app.post_charge("cus_1", Some(&key), body).await;
+        let envelope = assert_envelope(response, 400, "invalid_request").await;
+        match param {
+            Some(p) => assert_eq!(envelope["error"]["param"], *p, "{body}"),
+            None => assert!(envelope["error"].get("param").is_none(), "{body}"),
+        }
+    }
+    assert_eq!(app.db.records().await, 0, "nothing stored");
+    assert_eq!(app.db.charges().await, 0);
+    // The same key with a valid body now succeeds, once.
+    let valid = app
+        .post_charge("cus_1", Some(&key), &charge_body(4900, "tok_visa"))
+        .await;
+    assert_eq!(valid.status(), 201);
+    assert_eq!(app.sandbox_charges().await.len(), 1);
+}
+
+/// Header, auth, size and content-type errors.
+async fn bad_requests_get_the_envelope(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let token = format!("Bearer {}", app.token("cus_1"));
+    let key = new_key();
+    let json = ("content-type", "application/json");
+    let valid = charge_body(4900, "tok_visa").into_bytes();
+
+    let no_auth = post_raw(&app, &[json, ("idempotency-key", &key)], valid.clone()).await;
+    assert_envelope(no_auth, 401, "unauthorized").await;
+    let bad_auth = post_raw(
+        &app,
+        &[
+            json,
+            ("idempotency-key", &key),
+            ("authorization", "Bearer nope"),
+        ],
+        valid.clone(),
+    )
+    .await;
+    assert_envelope(bad_auth, 401, "unauthorized").await;
+    let other_secret = jsonwebtoken::encode(
+        &jsonwebtoken::Header::default(),
+        &serde_json::json!({"sub": "cus_1", "exp": 4_000_000_000u64}),
+        &jsonwebtoken::EncodingKey::from_secret(b"another-secret-another-secret-xx").unwrap(),
+    )
+    .unwrap();
+    let forged = format!("Bearer {other_secret}");
+    assert_envelope(
+        post_raw(
+            &app,
+            &[json, ("idempotency-key", &key), ("authorization", &forged)],
+            valid.clone(),
+        )
+        .await,
+        401,
+        "unauthorized",
+    )
+    .await;
+
+    let auth = ("authorization", token.as_str());
+    assert_envelope(
+        post_raw(&app, &[json, auth], valid.clone()).await,
+        400,
+        "idempotency_key_missing",
+    )
+    .await;
+    let long = "k".repeat(256);
+    for bad_key in ["", "has space", long.as_str(), "\"unterminated"] {
+        let r = post_raw(
+            &app,
+            &[json, auth, ("idempotency-key", bad_key)],
+            valid.clone(),
+        )
+        .await;
+        assert_envelope(r, 400, "idempotency_key_invalid").await;
+    }
+    let mut two = app
+        .http
+        .post(format!("{}/api/charges", app.base_url))
+        .body(valid.clone());
+    for (k, v) in [
+        json,
+        auth,
+        ("idempotency-key", key.as_str()),
+        ("idempotency-key", key.as_str()),
+    ] {
+        two = two.header(k, v);
+    }
+    assert_envelope(two.send().await.unwrap(), 400, "idempotency_key_invalid").await;
+
+    let text = ("content-type", "text/plain");
+    assert_envelope(
+        post_raw(
+            &app,
+            &[text, auth, ("idempotency-key", &key)],
+            valid.clone(),
+        )
+        .await,
+        415,
+        "unsupported_media_type",
+    )
+    .await;
+    assert_envelope(
+        post_raw(&app, &[auth, ("idempotency-key", &key)], valid.clone()).await,
+        415,
+        "unsupported_media_type",
+    )
+    .await;
+    let huge = format!(
+        r#"{{"amount_cents":1,"currency":"GBP","card_token":"tok_visa","description":"{}"}}"#,
+        "x".repeat(17 * 1024)
+    );
+    assert_envelope(
+        post_raw(
+            &app,
+            &[json, auth, ("idempotency-key", &key)],
+            huge.into_bytes(),
+        )
+        .await,
+        413,
+        "payload_too_large",
+    )
+    .await;
+
+    assert_eq!(app.db.records().await, 0, "nothing stored");
+    // A quoted key is the same key as the bare one.
+    let quoted = format!("\"{key}\"");
+    let ok = post_raw(
+        &app,
+        &[json, auth, ("idempotency-key", &quoted)],
+        valid.clone(),
+    )
+    .await;
+    assert_eq!(ok.status(), 201);
+    let replay = post_raw(&app, &[json, auth, ("idempotency-key", &key)], valid).await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(replay.headers()["idempotent-replay"], "true");
+    assert_eq!(app.sandbox_charges().await.len(), 1);
+}
+
+/// Reads, health, unknown routes and methods.
+async fn other_routes(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let get = |path: &str| app.http.get(format!("{}{path}", app.base_url));
+    assert_eq!(get("/healthz").send().await.unwrap().status(), 200);
+    let ready: Value = get("/readyz").send().await.unwrap().json().await.unwrap();
+    assert_eq!(ready["status"], "ready");
+    assert_envelope(get("/nope").send().await.unwrap(), 404, "not_found").await;
+    let missing = get("/api/charges/ch_missing")
+        .bearer_auth(app.token("cus_1"))
+        .send()
+        .await
+        .unwrap();
+    assert_envelope(missing, 404, "not_found").await;
+    assert_envelope(
+        get("/api/charges/ch_x").send().await.unwrap(),
+        401,
+        "unauthorized",
+    )
+    .await;
+    let delete = app
+        .http
+        .delete(format!("{}/api/charges", app.base_url))
+        .send()
+        .await
+        .unwrap();
+    assert_envelope(delete, 405, "method_not_allowed").await;
+    let rid = get("/healthz")
+        .header("x-request-id", "req-123")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rid.headers()["x-request-id"], "req-123");
+    assert!(
+        get("/healthz")
+            .send()
+            .await
+            .unwrap()
+            .headers()
+            .contains_key("x-request-id")
+    );
+}
+
+backend_tests!(
+    invalid_bodies_are_refused_and_not_stored,
+    bad_requests_get_the_envelope,
+    other_routes,
+);
