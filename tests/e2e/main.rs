@@ -1,1 +1,171 @@
-//! placeholder
+//! Black-box tests: the real `payments-api` and `payments-sandbox` binaries,
+//! configured through their environment as a user would, driven over HTTP.
+#![allow(clippy::unwrap_used)]
+
+use payments_api::config::DEV_JWT_SECRET;
+use payments_tests::{Backend, Process, TestDb, backend_tests, charge_body, run_binary};
+use serde_json::Value;
+
+async fn post(url: &str, token: &str, key: &str, body: &str) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{url}/api/charges"))
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn mint(customer: &str) -> String {
+    let (ok, stdout, stderr) = run_binary(
+        "payments-api",
+        &["token", "--customer", customer],
+        &[("JWT_HS256_SECRET", DEV_JWT_SECRET)],
+    )
+    .await;
+    assert!(ok, "token failed: {stderr}");
+    stdout.trim().to_owned()
+}
+
+/// The README's session: sandbox and API as separate processes; mint a
+/// token, charge, retry (replay), reuse the key with another amount (422).
+async fn readme_session_against_the_real_binaries(backend: Backend) {
+    let Some(db) = TestDb::new(backend, 1).await else {
+        return;
+    };
+    let sandbox = Process::start(
+        "payments-sandbox",
+        &["--listen", "127.0.0.1:0", "--latency-ms", "50"],
+        &[],
+    )
+    .await;
+    let (ok, _, stderr) =
+        run_binary("payments-api", &["migrate"], &[("DATABASE_URL", &db.url)]).await;
+    assert!(ok, "migrate failed: {stderr}");
+    let api = Process::start(
+        "payments-api",
+        &[],
+        &[
+            ("DATABASE_URL", &db.url),
+            ("LISTEN_ADDR", "127.0.0.1:0"),
+            ("GATEWAY_URL", &sandbox.url),
+            ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+            ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+        ],
+    )
+    .await;
+    let token = mint("cus_readme").await;
+    let key = uuid::Uuid::new_v4().to_string();
+    let first = post(&api.url, &token, &key, &charge_body(4900, "tok_visa")).await;
+    assert_eq!(first.status(), 201);
+    let first_body = first.text().await.unwrap();
+    let retry = post(&api.url, &token, &key, &charge_body(4900, "tok_visa")).await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replay"], "true");
+    assert_eq!(retry.text().await.unwrap(), first_body);
+    let reused = post(&api.url, &token, &key, &charge_body(5000, "tok_visa")).await;
+    assert_eq!(reused.status(), 422);
+    let charges: Value = reqwest::get(format!("{}/_sandbox/charges", sandbox.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(charges["data"].as_array().unwrap().len(), 1);
+    assert_eq!(db.charges_with_status("succeeded").await, 1);
+    let ready = reqwest::get(format!("{}/readyz", api.url)).await.unwrap();
+    assert_eq!(ready.status(), 200);
+    assert!(api.log().contains("request_id"), "request ids are logged");
+}
+
+backend_tests!(readme_session_against_the_real_binaries);
+
+/// With GATEWAY_URL unset the API starts its own sandbox and says loudly
+/// that no real money moves; `make run` relies on this.
+#[tokio::test]
+async fn embedded_sandbox_mode_serves_and_warns() {
+    let dir = std::env::temp_dir().join(format!("payments-e2e-{}", uuid::Uuid::new_v4().simple()));
+    let url = format!("sqlite://{}/payments.db", dir.display());
+    let api = Process::start(
+        "payments-api",
+        &[],
+        &[
+            ("DATABASE_URL", &url),
+            ("LISTEN_ADDR", "127.0.0.1:0"),
+            ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
+            ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+        ],
+    )
+    .await;
+    assert!(api.log().contains("NO REAL MONEY MOVES"), "{}", api.log());
+    let token = mint("cus_embedded").await;
+    let key = uuid::Uuid::new_v4().to_string();
+    assert_eq!(
+        post(&api.url, &token, &key, &charge_body(100, "tok_visa"))
+            .await
+            .status(),
+        201
+    );
+    let declined = post(
+        &api.url,
+        &token,
+        &uuid::Uuid::new_v4().to_string(),
+        &charge_body(100, "tok_chargeDeclined"),
+    )
+    .await;
+    assert_eq!(declined.status(), 402);
+    drop(api);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Dangerous or inconsistent settings stop the server before it serves,
+/// with a message that names the setting.
+#[tokio::test]
+async fn bad_configuration_is_refused_at_start() {
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (&[], "JWT_HS256_SECRET"),
+        (
+            &[
+                ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+                ("LEASE", "5s"),
+                ("GATEWAY_TIMEOUT", "10s"),
+            ],
+            "LEASE",
+        ),
+        (
+            &[("JWT_HS256_SECRET", DEV_JWT_SECRET), ("LEASE", "five")],
+            "five",
+        ),
+        (
+            &[
+                ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+                ("GATEWAY_URL", "https://api.stripe.example"),
+                ("GATEWAY_SECRET_KEY", "sk_live_x"),
+            ],
+            "development",
+        ),
+        (
+            &[
+                ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+                ("DATABASE_URL", "mongodb://x"),
+            ],
+            "unsupported",
+        ),
+    ];
+    for (env, needle) in cases {
+        let mut env = env.to_vec();
+        env.push(("LISTEN_ADDR", "127.0.0.1:0"));
+        env.push(("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"));
+        if !env.iter().any(|(k, _)| *k == "DATABASE_URL") {
+            env.push(("DATABASE_URL", "sqlite::memory:"));
+        }
+        let (ok, _, stderr) = run_binary("payments-api", &[], &env).await;
+        assert!(!ok, "{env:?} must be refused");
+        assert!(
+            stderr.contains(needle),
+            "{env:?}: expected {needle:?} in:\n{stderr}"
+        );
+    }
+}

@@ -389,3 +389,122 @@ impl TestApp {
         assert!(status.is_success(), "sandbox config refused: {status}");
     }
 }
+
+/// A real binary of this workspace, started as a child process and killed
+/// when dropped. `make test` builds the binaries before the tests run.
+pub struct Process {
+    child: tokio::process::Child,
+    /// What the binary printed on its "listening on" line.
+    pub url: String,
+    stderr_path: PathBuf,
+}
+
+impl std::fmt::Debug for Process {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Process").field("url", &self.url).finish()
+    }
+}
+
+/// The path of a workspace binary next to the test executable.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/<test> -> target/<profile>/<name>
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target dir");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first (`cargo build --workspace --bins`; `make test` does)",
+        path.display()
+    );
+    path
+}
+
+impl Process {
+    /// Starts `name` with `args` and `env`, and waits for the line
+    /// `<name> listening on <url>` on its stdout.
+    pub async fn start(name: &str, args: &[&str], env: &[(&str, &str)]) -> Process {
+        use tokio::io::AsyncBufReadExt;
+        let stderr_path =
+            std::env::temp_dir().join(format!("{name}-{}.log", uuid::Uuid::new_v4().simple()));
+        let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
+        let mut command = tokio::process::Command::new(binary(name));
+        command
+            .args(args)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::piped())
+            .stderr(stderr)
+            .kill_on_drop(true);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("spawn");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let prefix = format!("{name} listening on ");
+        let url = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(url) = line.strip_prefix(&prefix) {
+                    return Some(url.trim().to_owned());
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten();
+        let Some(url) = url else {
+            let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+            panic!("{name} did not start:\n{log}");
+        };
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Process {
+            child,
+            url,
+            stderr_path,
+        }
+    }
+
+    /// Everything the process logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a crash would.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = std::fs::remove_file(&self.stderr_path);
+    }
+}
+
+/// Runs a workspace binary to completion: (exit success, stdout, stderr).
+pub async fn run_binary(name: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
+    let mut command = tokio::process::Command::new(binary(name));
+    command
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default());
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let output = tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .expect("binary finished in time")
+        .expect("run binary");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}

@@ -85,6 +85,14 @@ pub struct Settings {
     /// The provider's base URL. Unset: an in-process sandbox; no real money moves.
     #[arg(long, env = "GATEWAY_URL", global = true)]
     pub gateway_url: Option<String>,
+    /// Where the in-process sandbox listens when GATEWAY_URL is unset.
+    #[arg(
+        long,
+        env = "SANDBOX_LISTEN_ADDR",
+        default_value = "127.0.0.1:12111",
+        global = true
+    )]
+    pub sandbox_listen_addr: SocketAddr,
     /// The provider's secret key.
     #[arg(
         long,
@@ -140,6 +148,7 @@ impl fmt::Debug for Settings {
             .field("database_acquire_timeout", &self.database_acquire_timeout)
             .field("listen_addr", &self.listen_addr)
             .field("gateway_url", &self.gateway_url)
+            .field("sandbox_listen_addr", &self.sandbox_listen_addr)
             .field("gateway_secret_key", &hidden(&self.gateway_secret_key))
             .field("gateway_timeout", &self.gateway_timeout)
             .field("idempotency_ttl", &self.idempotency_ttl)

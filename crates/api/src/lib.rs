@@ -31,7 +31,7 @@ use payments_domain::envelope::ErrorEnvelope;
 use payments_domain::service::ChargeService;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
-use tower_http::trace::TraceLayer;
+use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 use crate::auth::Authenticator;
 
@@ -48,20 +48,22 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// `X-Request-Id` or generated, echoed back, and on every log line of the
 /// request), and panics turned into a 500 envelope.
 pub fn router(state: AppState) -> Router {
-    let trace = TraceLayer::new_for_http().make_span_with(|request: &Request<_>| {
-        let request_id = request
-            .headers()
-            .get(&REQUEST_ID)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("-");
-        tracing::info_span!(
-            "request",
-            request_id,
-            method = %request.method(),
-            path = %request.uri().path(),
-            idempotency_key = tracing::field::Empty,
-        )
-    });
+    let trace = TraceLayer::new_for_http()
+        .on_response(DefaultOnResponse::new().level(tracing::Level::INFO))
+        .make_span_with(|request: &Request<_>| {
+            let request_id = request
+                .headers()
+                .get(&REQUEST_ID)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-");
+            tracing::info_span!(
+                "request",
+                request_id,
+                method = %request.method(),
+                path = %request.uri().path(),
+                idempotency_key = tracing::field::Empty,
+            )
+        });
     Router::new()
         .route("/api/charges", post(routes::create_charge))
         .route("/api/charges/{id}", get(routes::get_charge))

@@ -11,7 +11,7 @@ use payments_domain::provider::Gateway;
 use payments_domain::service::{ChargeService, Policy};
 use payments_domain::store::{self, PoolSettings, Store};
 use payments_gateway::HttpGateway;
-use payments_sandbox::{SandboxConfig, SandboxHandle};
+use payments_sandbox::SandboxConfig;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -76,21 +76,30 @@ async fn migrate(settings: &Settings) -> anyhow::Result<()> {
 async fn run(settings: Settings) -> anyhow::Result<()> {
     let (jwt, target) = settings.validate()?;
     let auth = Authenticator::new(&jwt)?;
-    // Kept alive for the whole run: dropping the handle stops the sandbox.
-    let mut _sandbox = None;
+    let store = open_store(&settings).await?;
     let (gateway_url, secret_key) = match target {
         GatewayTarget::Remote { url, secret_key } => (url, secret_key),
         GatewayTarget::EmbeddedSandbox => {
-            let sandbox = SandboxHandle::start(SandboxConfig::default())
+            let listener = tokio::net::TcpListener::bind(settings.sandbox_listen_addr)
                 .await
-                .context("starting the in-process sandbox")?;
-            let url = sandbox.url();
+                .with_context(|| {
+                    format!(
+                        "binding the in-process sandbox on {} (set SANDBOX_LISTEN_ADDR)",
+                        settings.sandbox_listen_addr
+                    )
+                })?;
+            let url = format!("http://{}", listener.local_addr()?);
+            // Lives as long as the process.
+            tokio::spawn(payments_sandbox::serve(
+                listener,
+                SandboxConfig::default(),
+                std::future::pending(),
+            ));
             tracing::warn!(
                 sandbox = %url,
                 "GATEWAY_URL is not set: charging against an in-process SANDBOX. NO REAL MONEY MOVES. \
                  Fault injection: POST {url}/_sandbox/config"
             );
-            _sandbox = Some(sandbox);
             (url, SANDBOX_SECRET_KEY.to_owned())
         }
     };
@@ -98,7 +107,6 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         HttpGateway::new(&gateway_url, &secret_key, settings.gateway_timeout)
             .context("building the provider client")?,
     );
-    let store = open_store(&settings).await?;
     let policy = Policy {
         lease: settings.lease,
         ttl: settings.idempotency_ttl,

@@ -7,6 +7,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use payments_domain::service::Reply;
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::AppState;
 use crate::auth::Customer;
@@ -25,7 +26,8 @@ pub async fn create_charge(
     let service = state.service.clone();
     // Spawned, so a client that gives up mid-call never cancels a charge
     // half-way: the outcome is stored and its retry gets the replay.
-    let reply = tokio::spawn(async move { service.create_charge(&customer, &key, &body).await })
+    let work = async move { service.create_charge(&customer, &key, &body).await };
+    let reply = tokio::spawn(work.instrument(tracing::Span::current()))
         .await
         .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))??;
     Ok(reply_response(reply))
