@@ -1,6 +1,7 @@
 # payments: the two commands a newcomer needs are `make run` and `make test`.
 
 CARGO ?= cargo
+SHELL := bash
 # `make run` is development: SQLite in ./data, the in-process sandbox, and a
 # development JWT secret that the server refuses next to a real provider.
 DEV_JWT_SECRET := dev-only-secret-do-not-use-in-production
@@ -17,7 +18,9 @@ run:
 test:
 	@./scripts/check-backends
 	$(CARGO) build --workspace --bins --quiet
-	$(CARGO) test --workspace
+	@mkdir -p target
+	@set -o pipefail; $(CARGO) test --workspace --all-targets 2>&1 | tee target/test.log
+	@./scripts/test-summary target/test.log
 
 ## Formatting and clippy, as CI runs them.
 lint:

@@ -12,7 +12,7 @@ use payments_domain::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId};
 use payments_domain::idempotency::{
     CHARGES_ROUTE, JSON, Lease, RecordState, RequestFingerprint, StoredResponse,
 };
-use payments_domain::store::{Claim, ClaimOutcome, Finish, FinishOutcome, Store};
+use payments_domain::store::{ChargeOutcome, Claim, ClaimOutcome, Finish, FinishOutcome, Store};
 use payments_domain::time;
 use payments_tests::{Backend, TestDb, backend_tests};
 use serde_json::{Value, json};
@@ -42,11 +42,13 @@ fn finish(c: &Claim, record_id: i64, token: &str, now: DateTime<Utc>, marker: &s
     Finish {
         record_id,
         lease_token: token.to_owned(),
-        now,
-        charge_id: c.charge.id.clone(),
-        status: ChargeStatus::Succeeded,
-        gateway_charge_id: Some(marker.to_owned()),
-        decline_code: None,
+        outcome: ChargeOutcome {
+            charge_id: c.charge.id.clone(),
+            status: ChargeStatus::Succeeded,
+            gateway_charge_id: Some(marker.to_owned()),
+            decline_code: None,
+            at: now,
+        },
         response: StoredResponse {
             status: 201,
             body: format!(r#"{{"winner":"{marker}"}}"#),
@@ -142,7 +144,7 @@ async fn concurrent_finishers_have_one_winner(backend: Backend) {
     assert_eq!(record.lease, None, "a complete record holds no lease");
     let charge = store.charge(&c.charge.id).await.unwrap().unwrap();
     assert_eq!(charge.status, ChargeStatus::Succeeded);
-    assert_eq!(charge.gateway_charge_id, winner.gateway_charge_id);
+    assert_eq!(charge.gateway_charge_id, winner.outcome.gateway_charge_id);
     // A finisher with a wrong token, or after completion, loses.
     let late = finish(&c, record_id, "not-the-token", now, "gw_late");
     assert_eq!(store.finish(&late).await.unwrap(), FinishOutcome::Lost);
@@ -400,6 +402,28 @@ async fn charges_round_trip(backend: Backend) {
     let stored = store.charge(&c.charge.id).await.unwrap().unwrap();
     assert_eq!(stored, c.charge);
     assert_eq!(store.charge("ch_missing").await.unwrap(), None);
+
+    // Keyless charges (rollout mode) are inserted and settled directly.
+    let customer = CustomerId::parse("cus_2").unwrap();
+    let request = ChargeRequest::from_json(&body(700), 1_000_000).unwrap();
+    let keyless = Charge::pending(&customer, &request, now);
+    store.insert_charge(&keyless).await.unwrap();
+    let settled = ChargeOutcome {
+        charge_id: keyless.id.clone(),
+        status: ChargeStatus::Failed,
+        gateway_charge_id: Some("ch_gw".to_owned()),
+        decline_code: Some("generic_decline".to_owned()),
+        at: now,
+    };
+    store.settle_charge(&settled).await.unwrap();
+    let read = store.charge(&keyless.id).await.unwrap().unwrap();
+    assert_eq!(read.status, ChargeStatus::Failed);
+    assert_eq!(read.decline_code.as_deref(), Some("generic_decline"));
+    let missing = ChargeOutcome {
+        charge_id: "ch_missing".to_owned(),
+        ..settled
+    };
+    assert!(store.settle_charge(&missing).await.is_err());
     store.ready().await.unwrap();
 }
 

@@ -267,3 +267,49 @@ backend_tests!(
     bad_requests_get_the_envelope,
     other_routes,
 );
+
+/// `IDEMPOTENCY_KEY_MODE=optional`: keyless requests are served, without
+/// protection (each one is a charge), while keyed ones stay exactly-once.
+async fn optional_key_mode_serves_keyless_requests_unprotected(backend: Backend) {
+    let options = AppOptions {
+        key_mode: payments_api::config::KeyMode::Optional,
+        ..AppOptions::default()
+    };
+    let Some(app) = spawn_app(backend, options).await else {
+        return;
+    };
+    let body = charge_body(250, "tok_visa");
+    for _ in 0..2 {
+        assert_eq!(app.post_charge("cus_1", None, &body).await.status(), 201);
+    }
+    assert_eq!(
+        app.sandbox_charges().await.len(),
+        2,
+        "keyless retries charge again"
+    );
+    assert_eq!(app.db.records().await, 0);
+    let invalid = app
+        .post_charge("cus_1", None, &charge_body(0, "tok_visa"))
+        .await;
+    assert_envelope(invalid, 400, "invalid_request").await;
+    let declined = app
+        .post_charge("cus_1", None, &charge_body(250, "tok_chargeDeclined"))
+        .await;
+    assert_eq!(declined.status(), 402);
+    assert_eq!(app.db.charges_with_status("failed").await, 1);
+    let key = new_key();
+    for _ in 0..2 {
+        assert_eq!(
+            app.post_charge("cus_1", Some(&key), &body).await.status(),
+            201
+        );
+    }
+    assert_eq!(
+        app.sandbox_charges().await.len(),
+        3,
+        "keyed requests stay exactly-once"
+    );
+    assert_eq!(app.db.charges_with_status("succeeded").await, 3);
+}
+
+backend_tests!(optional_key_mode_serves_keyless_requests_unprotected);

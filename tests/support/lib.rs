@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use payments_api::auth::{Authenticator, mint_hs256};
-use payments_api::config::JwtKey;
+use payments_api::config::{JwtKey, KeyMode};
 use payments_api::{AppState, serve};
 use payments_domain::service::{ChargeService, Policy};
 use payments_domain::store::{PoolSettings, PostgresStore, SqliteStore, Store};
@@ -215,6 +215,7 @@ pub struct AppOptions {
     pub lease: Duration,
     pub ttl: Duration,
     pub sandbox: SandboxConfig,
+    pub key_mode: KeyMode,
 }
 
 impl Default for AppOptions {
@@ -225,6 +226,7 @@ impl Default for AppOptions {
             lease: Duration::from_secs(10),
             ttl: Duration::from_secs(24 * 3600),
             sandbox: SandboxConfig::default(),
+            key_mode: KeyMode::Required,
         }
     }
 }
@@ -265,6 +267,7 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
         auth: Arc::new(
             Authenticator::new(&JwtKey::Hs256(TEST_SECRET.to_owned())).expect("authenticator"),
         ),
+        key_mode: options.key_mode,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

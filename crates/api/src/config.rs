@@ -53,6 +53,15 @@ pub enum LogFormat {
     Json,
 }
 
+/// Whether `POST /api/charges` requires an `Idempotency-Key`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum KeyMode {
+    /// Keyless requests get 400 `idempotency_key_missing`.
+    Required,
+    /// Rollout: keyless requests are served without protection and logged.
+    Optional,
+}
+
 #[derive(Clone, Args)]
 pub struct Settings {
     /// sqlite://PATH or postgres://USER@HOST/DB.
@@ -104,6 +113,15 @@ pub struct Settings {
     /// Timeout of one provider call. The lease must outlast it.
     #[arg(long, env = "GATEWAY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, global = true)]
     pub gateway_timeout: Duration,
+    /// `required`, or `optional` while clients roll out keys (keyless requests are unprotected).
+    #[arg(
+        long,
+        env = "IDEMPOTENCY_KEY_MODE",
+        value_enum,
+        default_value = "required",
+        global = true
+    )]
+    pub idempotency_key_mode: KeyMode,
     /// How long a key is remembered. At most the provider's key retention (24h).
     #[arg(long, env = "IDEMPOTENCY_TTL", default_value = "24h", value_parser = humantime::parse_duration, global = true)]
     pub idempotency_ttl: Duration,
@@ -151,6 +169,7 @@ impl fmt::Debug for Settings {
             .field("sandbox_listen_addr", &self.sandbox_listen_addr)
             .field("gateway_secret_key", &hidden(&self.gateway_secret_key))
             .field("gateway_timeout", &self.gateway_timeout)
+            .field("idempotency_key_mode", &self.idempotency_key_mode)
             .field("idempotency_ttl", &self.idempotency_ttl)
             .field("lease", &self.lease)
             .field("jwt_hs256_secret", &hidden(&self.jwt_hs256_secret))

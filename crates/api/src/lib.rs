@@ -34,12 +34,15 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::trace::{DefaultOnResponse, TraceLayer};
 
 use crate::auth::Authenticator;
+use crate::config::KeyMode;
 
-/// Shared by every handler: the domain service and the token verifier.
+/// Shared by every handler: the domain service, the token verifier and
+/// whether keys are required.
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub service: Arc<ChargeService>,
     pub auth: Arc<Authenticator>,
+    pub key_mode: KeyMode,
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");

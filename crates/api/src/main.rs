@@ -115,6 +115,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     let state = AppState {
         service: Arc::new(ChargeService::new(store, gateway, policy)),
         auth: Arc::new(auth),
+        key_mode: settings.idempotency_key_mode,
     };
     let listener = tokio::net::TcpListener::bind(settings.listen_addr)
         .await

@@ -11,6 +11,7 @@ use tracing::Instrument;
 
 use crate::AppState;
 use crate::auth::Customer;
+use crate::config::KeyMode;
 use crate::error::ApiError;
 use crate::extract::{JsonBody, KeyHeader};
 
@@ -21,12 +22,20 @@ pub async fn create_charge(
     KeyHeader(key): KeyHeader,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
-    let key = key.ok_or(ApiError::KeyMissing)?;
-    tracing::Span::current().record("idempotency_key", key.as_str());
     let service = state.service.clone();
+    if let Some(key) = &key {
+        tracing::Span::current().record("idempotency_key", key.as_str());
+    } else if state.key_mode == KeyMode::Required {
+        return Err(ApiError::KeyMissing);
+    }
     // Spawned, so a client that gives up mid-call never cancels a charge
     // half-way: the outcome is stored and its retry gets the replay.
-    let work = async move { service.create_charge(&customer, &key, &body).await };
+    let work = async move {
+        match key {
+            Some(key) => service.create_charge(&customer, &key, &body).await,
+            None => service.create_unprotected_charge(&customer, &body).await,
+        }
+    };
     let reply = tokio::spawn(work.instrument(tracing::Span::current()))
         .await
         .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))??;

@@ -22,7 +22,7 @@ use crate::idempotency::{
     StoredResponse,
 };
 use crate::provider::{Gateway, ProviderChargeRequest, ProviderOutcome};
-use crate::store::{Claim, ClaimOutcome, Finish, FinishOutcome, Store, StoreError};
+use crate::store::{ChargeOutcome, Claim, ClaimOutcome, Finish, FinishOutcome, Store, StoreError};
 use crate::time;
 
 /// Seconds a client should wait before retrying a 409 or 503.
@@ -197,43 +197,15 @@ impl ChargeService {
         &self,
         record_id: i64,
         lease_token: &str,
-        mut charge: Charge,
+        charge: Charge,
     ) -> Result<Reply, ChargeError> {
         let outcome = self
             .gateway
             .create_charge(&ProviderChargeRequest::from(&charge))
             .await;
-        let response = match outcome {
-            ProviderOutcome::Succeeded { provider_charge_id } => {
-                charge.status = ChargeStatus::Succeeded;
-                charge.gateway_charge_id = Some(provider_charge_id);
-                StoredResponse {
-                    status: 201,
-                    body: charge.to_json(),
-                    content_type: JSON.to_owned(),
-                    location: Some(charge.location()),
-                }
-            }
-            ProviderOutcome::Declined {
-                code,
-                decline_code,
-                message,
-                provider_charge_id,
-            } => {
-                charge.status = ChargeStatus::Failed;
-                charge.gateway_charge_id = provider_charge_id;
-                charge.decline_code = decline_code.clone().or(Some(code));
-                let mut envelope = ErrorEnvelope::new("card_declined", message);
-                envelope.error.decline_code = charge.decline_code.clone();
-                envelope.error.charge_id = Some(charge.id.clone());
-                StoredResponse {
-                    status: 402,
-                    body: envelope.to_json(),
-                    content_type: JSON.to_owned(),
-                    location: None,
-                }
-            }
-            ProviderOutcome::Unknown { reason } => {
+        let (outcome, response) = match settle(&charge, outcome) {
+            Ok(settled) => settled,
+            Err(reason) => {
                 tracing::warn!(record_id, charge_id = %charge.id, %reason, "provider outcome unknown; lease released");
                 self.store
                     .release(record_id, lease_token, time::now())
@@ -244,11 +216,7 @@ impl ChargeService {
         let finish = Finish {
             record_id,
             lease_token: lease_token.to_owned(),
-            now: time::now(),
-            charge_id: charge.id.clone(),
-            status: charge.status,
-            gateway_charge_id: charge.gateway_charge_id.clone(),
-            decline_code: charge.decline_code.clone(),
+            outcome,
             response,
         };
         match self.store.finish(&finish).await? {
@@ -278,4 +246,96 @@ impl ChargeService {
             }
         }
     }
+
+    /// `POST /api/charges` without a key, in `IDEMPOTENCY_KEY_MODE=optional`
+    /// (rollout): served with no protection at all. A retry of this request
+    /// is a second charge; an unknown outcome leaves the charge `unknown`
+    /// for reconciliation, since no retry can resolve it.
+    #[tracing::instrument(skip_all, fields(customer = %customer))]
+    pub async fn create_unprotected_charge(
+        &self,
+        customer: &CustomerId,
+        body: &Value,
+    ) -> Result<Reply, ChargeError> {
+        let request = ChargeRequest::from_json(body, self.policy.max_amount_cents)?;
+        let charge = Charge::pending(customer, &request, time::now());
+        tracing::warn!(charge_id = %charge.id, "charge without an Idempotency-Key: a retry would charge again");
+        self.store.insert_charge(&charge).await?;
+        let outcome = self
+            .gateway
+            .create_charge(&ProviderChargeRequest::from(&charge))
+            .await;
+        match settle(&charge, outcome) {
+            Ok((outcome, response)) => {
+                self.store.settle_charge(&outcome).await?;
+                Ok(Reply {
+                    response,
+                    replayed: false,
+                })
+            }
+            Err(reason) => {
+                tracing::error!(charge_id = %charge.id, %reason, "keyless charge outcome unknown; marked unknown for reconciliation");
+                self.store
+                    .settle_charge(&ChargeOutcome {
+                        charge_id: charge.id.clone(),
+                        status: ChargeStatus::Unknown,
+                        gateway_charge_id: None,
+                        decline_code: None,
+                        at: time::now(),
+                    })
+                    .await?;
+                Err(ChargeError::ProviderUnavailable(reason))
+            }
+        }
+    }
+}
+
+/// A final provider answer as the charge's new state and the stored
+/// response (201 with the charge, or 402 `card_declined`); `Err` with the
+/// reason when the outcome is unknown.
+fn settle(
+    charge: &Charge,
+    outcome: ProviderOutcome,
+) -> Result<(ChargeOutcome, StoredResponse), String> {
+    let mut charge = charge.clone();
+    let response = match outcome {
+        ProviderOutcome::Succeeded { provider_charge_id } => {
+            charge.status = ChargeStatus::Succeeded;
+            charge.gateway_charge_id = Some(provider_charge_id);
+            StoredResponse {
+                status: 201,
+                body: charge.to_json(),
+                content_type: JSON.to_owned(),
+                location: Some(charge.location()),
+            }
+        }
+        ProviderOutcome::Declined {
+            code,
+            decline_code,
+            message,
+            provider_charge_id,
+        } => {
+            charge.status = ChargeStatus::Failed;
+            charge.gateway_charge_id = provider_charge_id;
+            charge.decline_code = decline_code.or(Some(code));
+            let mut envelope = ErrorEnvelope::new("card_declined", message);
+            envelope.error.decline_code = charge.decline_code.clone();
+            envelope.error.charge_id = Some(charge.id.clone());
+            StoredResponse {
+                status: 402,
+                body: envelope.to_json(),
+                content_type: JSON.to_owned(),
+                location: None,
+            }
+        }
+        ProviderOutcome::Unknown { reason } => return Err(reason),
+    };
+    let outcome = ChargeOutcome {
+        charge_id: charge.id,
+        status: charge.status,
+        gateway_charge_id: charge.gateway_charge_id,
+        decline_code: charge.decline_code,
+        at: time::now(),
+    };
+    Ok((outcome, response))
 }

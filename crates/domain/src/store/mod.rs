@@ -83,16 +83,22 @@ pub enum ClaimOutcome {
     Existing(Box<IdempotencyRecord>),
 }
 
+/// What the provider said about a charge, as the `charges` row records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChargeOutcome {
+    pub charge_id: String,
+    pub status: ChargeStatus,
+    pub gateway_charge_id: Option<String>,
+    pub decline_code: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
 /// The final outcome of a charge, written with its record in one transaction.
 #[derive(Debug, Clone)]
 pub struct Finish {
     pub record_id: i64,
     pub lease_token: String,
-    pub now: DateTime<Utc>,
-    pub charge_id: String,
-    pub status: ChargeStatus,
-    pub gateway_charge_id: Option<String>,
-    pub decline_code: Option<String>,
+    pub outcome: ChargeOutcome,
     pub response: StoredResponse,
 }
 
@@ -141,6 +147,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Completes the record and updates its charge in one transaction,
     /// guarded by `state = 'in_progress' AND lease_token = mine`.
     async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError>;
+
+    /// Inserts a charge with no idempotency record: the keyless requests of
+    /// `IDEMPOTENCY_KEY_MODE=optional`, which nothing protects.
+    async fn insert_charge(&self, charge: &Charge) -> Result<(), StoreError>;
+
+    /// Records a keyless charge's outcome.
+    async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<(), StoreError>;
 
     /// A record by id.
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError>;

@@ -11,7 +11,8 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 use super::rows::{ChargeRow, RecordRow, metadata_json, record_columns};
 use super::{
-    CLAIM_ATTEMPTS, Claim, ClaimOutcome, Finish, FinishOutcome, PoolSettings, Store, StoreError,
+    CLAIM_ATTEMPTS, ChargeOutcome, Claim, ClaimOutcome, Finish, FinishOutcome, PoolSettings, Store,
+    StoreError,
 };
 use crate::charge::Charge;
 use crate::idempotency::{IdempotencyRecord, Lease, RecordState};
@@ -43,7 +44,10 @@ impl PostgresStore {
     }
 }
 
-async fn insert_charge(tx: &mut Transaction<'_, Postgres>, c: &Charge) -> Result<(), StoreError> {
+async fn insert_charge<'e>(
+    e: impl sqlx::Executor<'e, Database = Postgres>,
+    c: &Charge,
+) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO charges (id, customer_id, amount_cents, currency, card_token, description, \
          metadata, status, provider_key, gateway_charge_id, decline_code, created_at, updated_at) \
@@ -62,8 +66,29 @@ async fn insert_charge(tx: &mut Transaction<'_, Postgres>, c: &Charge) -> Result
     .bind(&c.decline_code)
     .bind(c.created_at)
     .bind(c.updated_at)
-    .execute(&mut **tx)
+    .execute(e)
     .await?;
+    Ok(())
+}
+
+async fn update_charge<'e>(
+    e: impl sqlx::Executor<'e, Database = Postgres>,
+    o: &ChargeOutcome,
+) -> Result<(), StoreError> {
+    let updated = sqlx::query(
+        "UPDATE charges SET status = $1, gateway_charge_id = $2, decline_code = $3, \
+         updated_at = $4 WHERE id = $5",
+    )
+    .bind(o.status.as_str())
+    .bind(&o.gateway_charge_id)
+    .bind(&o.decline_code)
+    .bind(o.at)
+    .bind(&o.charge_id)
+    .execute(e)
+    .await?;
+    if updated.rows_affected() != 1 {
+        return Err(StoreError::NotFound(format!("charge {}", o.charge_id)));
+    }
     Ok(())
 }
 
@@ -142,7 +167,7 @@ impl PostgresStore {
                 existing.id
             }
         };
-        insert_charge(&mut tx, &c.charge).await?;
+        insert_charge(&mut *tx, &c.charge).await?;
         tx.commit().await?;
         Ok(Some(ClaimOutcome::Claimed { record_id }))
     }
@@ -225,7 +250,7 @@ impl Store for PostgresStore {
         .bind(&f.response.body)
         .bind(&f.response.content_type)
         .bind(&f.response.location)
-        .bind(f.now)
+        .bind(f.outcome.at)
         .bind(f.record_id)
         .bind(&f.lease_token)
         .execute(&mut *tx)
@@ -234,22 +259,17 @@ impl Store for PostgresStore {
             tx.rollback().await?;
             return Ok(FinishOutcome::Lost);
         }
-        let updated = sqlx::query(
-            "UPDATE charges SET status = $1, gateway_charge_id = $2, decline_code = $3, \
-             updated_at = $4 WHERE id = $5",
-        )
-        .bind(f.status.as_str())
-        .bind(&f.gateway_charge_id)
-        .bind(&f.decline_code)
-        .bind(f.now)
-        .bind(&f.charge_id)
-        .execute(&mut *tx)
-        .await?;
-        if updated.rows_affected() != 1 {
-            return Err(StoreError::NotFound(format!("charge {}", f.charge_id)));
-        }
+        update_charge(&mut *tx, &f.outcome).await?;
         tx.commit().await?;
         Ok(FinishOutcome::Finished)
+    }
+
+    async fn insert_charge(&self, charge: &Charge) -> Result<(), StoreError> {
+        insert_charge(&self.pool, charge).await
+    }
+
+    async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<(), StoreError> {
+        update_charge(&self.pool, outcome).await
     }
 
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError> {

@@ -12,7 +12,7 @@ use sqlx::{Sqlite, SqlitePool, Transaction};
 
 use super::rows::{ChargeRow, RecordRow, Timestamp, metadata_json, record_columns};
 use super::{
-    Claim, ClaimOutcome, Finish, FinishOutcome, PoolSettings, Store, StoreError,
+    ChargeOutcome, Claim, ClaimOutcome, Finish, FinishOutcome, PoolSettings, Store, StoreError,
     is_unique_violation,
 };
 use crate::charge::Charge;
@@ -63,7 +63,10 @@ impl SqliteStore {
     }
 }
 
-async fn insert_charge(tx: &mut Transaction<'_, Sqlite>, c: &Charge) -> Result<(), StoreError> {
+async fn insert_charge<'e>(
+    e: impl sqlx::Executor<'e, Database = Sqlite>,
+    c: &Charge,
+) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO charges (id, customer_id, amount_cents, currency, card_token, description, \
          metadata, status, provider_key, gateway_charge_id, decline_code, created_at, updated_at) \
@@ -82,8 +85,29 @@ async fn insert_charge(tx: &mut Transaction<'_, Sqlite>, c: &Charge) -> Result<(
     .bind(&c.decline_code)
     .bind(ts(c.created_at))
     .bind(ts(c.updated_at))
-    .execute(&mut **tx)
+    .execute(e)
     .await?;
+    Ok(())
+}
+
+async fn update_charge<'e>(
+    e: impl sqlx::Executor<'e, Database = Sqlite>,
+    o: &ChargeOutcome,
+) -> Result<(), StoreError> {
+    let updated = sqlx::query(
+        "UPDATE charges SET status = ?, gateway_charge_id = ?, decline_code = ?, updated_at = ? \
+         WHERE id = ?",
+    )
+    .bind(o.status.as_str())
+    .bind(&o.gateway_charge_id)
+    .bind(&o.decline_code)
+    .bind(ts(o.at))
+    .bind(&o.charge_id)
+    .execute(e)
+    .await?;
+    if updated.rows_affected() != 1 {
+        return Err(StoreError::NotFound(format!("charge {}", o.charge_id)));
+    }
     Ok(())
 }
 
@@ -176,7 +200,7 @@ impl Store for SqliteStore {
             }
             Err(e) => return Err(e.into()),
         };
-        insert_charge(&mut tx, &c.charge).await?;
+        insert_charge(&mut *tx, &c.charge).await?;
         tx.commit().await?;
         Ok(ClaimOutcome::Claimed { record_id })
     }
@@ -232,7 +256,7 @@ impl Store for SqliteStore {
         .bind(&f.response.body)
         .bind(&f.response.content_type)
         .bind(&f.response.location)
-        .bind(ts(f.now))
+        .bind(ts(f.outcome.at))
         .bind(f.record_id)
         .bind(&f.lease_token)
         .execute(&mut *tx)
@@ -241,22 +265,17 @@ impl Store for SqliteStore {
             tx.rollback().await?;
             return Ok(FinishOutcome::Lost);
         }
-        let updated = sqlx::query(
-            "UPDATE charges SET status = ?, gateway_charge_id = ?, decline_code = ?, updated_at = ? \
-             WHERE id = ?",
-        )
-        .bind(f.status.as_str())
-        .bind(&f.gateway_charge_id)
-        .bind(&f.decline_code)
-        .bind(ts(f.now))
-        .bind(&f.charge_id)
-        .execute(&mut *tx)
-        .await?;
-        if updated.rows_affected() != 1 {
-            return Err(StoreError::NotFound(format!("charge {}", f.charge_id)));
-        }
+        update_charge(&mut *tx, &f.outcome).await?;
         tx.commit().await?;
         Ok(FinishOutcome::Finished)
+    }
+
+    async fn insert_charge(&self, charge: &Charge) -> Result<(), StoreError> {
+        insert_charge(&self.pool, charge).await
+    }
+
+    async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<(), StoreError> {
+        update_charge(&self.pool, outcome).await
     }
 
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError> {
