@@ -335,19 +335,8 @@ impl TestApp {
 
     /// What the sandbox really charged (status `succeeded`).
     pub async fn sandbox_charges(&self) -> Vec<Value> {
-        let all: Value = self
-            .http
-            .get(format!("{}/_sandbox/charges", self.sandbox.url()))
-            .send()
+        self.sandbox_attempts()
             .await
-            .expect("sandbox charges")
-            .json()
-            .await
-            .expect("json");
-        all["data"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
             .into_iter()
             .filter(|c| c["status"] == "succeeded")
             .collect()

@@ -103,3 +103,71 @@ impl FromRequestParts<AppState> for Customer {
         state.auth.verify(token).map(Customer)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PRIVATE: &str = include_str!("../tests/fixtures/jwt-rs256-private.pem");
+    const PUBLIC: &str = include_str!("../tests/fixtures/jwt-rs256-public.pem");
+    const SECRET: &str = "0123456789abcdef0123456789abcdef";
+
+    fn rs256_token(sub: &str, exp: u64) -> String {
+        let key = EncodingKey::from_rsa_pem(PRIVATE.as_bytes()).expect("test key");
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::RS256),
+            &Claims {
+                sub: sub.into(),
+                exp,
+            },
+            &key,
+        )
+        .expect("sign")
+    }
+
+    fn in_an_hour() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() + 3600)
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn rs256_tokens_verify_with_the_public_key() {
+        let auth = Authenticator::new(&JwtKey::Rs256(PUBLIC.to_owned())).expect("public key");
+        let customer = auth
+            .verify(&rs256_token("cus_rs", in_an_hour()))
+            .expect("valid");
+        assert_eq!(customer.as_str(), "cus_rs");
+        assert!(
+            auth.verify(&rs256_token("cus_rs", 1_000)).is_err(),
+            "expired"
+        );
+        // An HS256 token signed with the public key text is the classic
+        // algorithm-confusion forgery: refused.
+        let forged = mint_hs256(PUBLIC, "cus_rs", Duration::from_secs(60)).expect("sign");
+        assert!(auth.verify(&forged).is_err());
+        assert!(Authenticator::new(&JwtKey::Rs256("-----BEGIN nonsense".into())).is_err());
+    }
+
+    #[test]
+    fn hs256_tokens_verify_with_the_secret_only() {
+        let auth = Authenticator::new(&JwtKey::Hs256(SECRET.to_owned())).expect("secret");
+        let token = mint_hs256(SECRET, "cus_hs", Duration::from_secs(60)).expect("sign");
+        assert_eq!(auth.verify(&token).expect("valid").as_str(), "cus_hs");
+        let other = mint_hs256(
+            "another-secret-another-secret-xx",
+            "cus_hs",
+            Duration::from_secs(60),
+        )
+        .expect("sign");
+        assert!(auth.verify(&other).is_err());
+        assert!(auth.verify("not.a.jwt").is_err());
+        assert!(
+            auth.verify(&rs256_token("cus_hs", in_an_hour())).is_err(),
+            "wrong algorithm"
+        );
+        let empty_sub = mint_hs256(SECRET, "", Duration::from_secs(60)).expect("sign");
+        assert!(auth.verify(&empty_sub).is_err());
+    }
+}
