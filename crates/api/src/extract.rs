@@ -46,6 +46,27 @@ fn key_from_headers(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiEr
         .map_err(|e| ApiError::KeyInvalid(e.to_string()))
 }
 
+/// The `{id}` of `/api/charges/{id}`; an undecodable segment is a 400 in
+/// our envelope rather than axum's plain-text rejection.
+#[derive(Debug)]
+pub struct ChargeIdPath(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for ChargeIdPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Path(id)| ChargeIdPath(id))
+            .map_err(|rejection| {
+                ApiError::Invalid(InvalidRequest {
+                    param: Some("id".to_owned()),
+                    message: format!("invalid charge id: {rejection}"),
+                })
+            })
+    }
+}
+
 /// A JSON body: `Content-Type: application/json` (else 415), at most
 /// [`MAX_BODY_BYTES`] (else 413), syntactically valid JSON (else 400).
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::body::Body;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use payments_domain::service::Reply;
@@ -13,7 +13,7 @@ use crate::AppState;
 use crate::auth::Customer;
 use crate::config::KeyMode;
 use crate::error::ApiError;
-use crate::extract::{JsonBody, KeyHeader};
+use crate::extract::{ChargeIdPath, JsonBody, KeyHeader};
 
 /// `POST /api/charges`.
 pub async fn create_charge(
@@ -65,7 +65,7 @@ fn reply_response(reply: Reply) -> Response {
 pub async fn get_charge(
     State(state): State<AppState>,
     Customer(customer): Customer,
-    Path(id): Path<String>,
+    ChargeIdPath(id): ChargeIdPath,
 ) -> Result<Response, ApiError> {
     let charge = state
         .service
