@@ -351,3 +351,25 @@ backend_tests!(
     provider_errors_are_retryable,
     different_keys_are_different_charges,
 );
+
+/// A card token the provider does not know is a final refusal (nothing was
+/// charged, a retry would get the same answer): a stored 402, not a 503 loop.
+async fn unknown_card_token_is_a_final_refusal(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let key = new_key();
+    let body = charge_body(4900, "tok_doesNotExist");
+    let first = app.post_charge("cus_1", Some(&key), &body).await;
+    assert_eq!(first.status(), 402);
+    let error: Value = first.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "card_declined");
+    assert_eq!(error["error"]["decline_code"], "resource_missing");
+    let again = app.post_charge("cus_1", Some(&key), &body).await;
+    assert_eq!(again.status(), 402);
+    assert_eq!(again.headers()["idempotent-replay"], "true");
+    assert_eq!(app.db.charges_with_status("failed").await, 1);
+    assert_eq!(app.sandbox_charges().await.len(), 0);
+}
+
+backend_tests!(unknown_card_token_is_a_final_refusal);

@@ -160,26 +160,17 @@ pub fn classify(status: u16, body: &[u8]) -> ProviderOutcome {
                 reason: format!("unparseable provider charge: {e}"),
             },
         },
-        402 => {
-            let error = serde_json::from_slice::<wire::ErrorEnvelope>(body)
-                .ok()
-                .map(|e| e.error);
-            let error = error.unwrap_or(wire::Error {
-                kind: None,
-                code: None,
-                decline_code: None,
-                message: None,
-                charge: None,
-            });
-            ProviderOutcome::Declined {
-                code: error.code.unwrap_or_else(|| "card_declined".to_owned()),
-                decline_code: error.decline_code,
-                message: error
-                    .message
-                    .unwrap_or_else(|| "Your card was declined.".to_owned()),
-                provider_charge_id: error.charge,
-            }
-        }
+        402 => declined(serde_json::from_slice::<wire::ErrorEnvelope>(body).ok()),
+        // A request error (an unknown card token, an amount below the
+        // provider's minimum) proves nothing was charged, and retrying the
+        // same call gets the same answer: final, like a decline. An
+        // idempotency error is not: it is about our own earlier call.
+        400 => match serde_json::from_slice::<wire::ErrorEnvelope>(body) {
+            Ok(e) if e.error.kind.as_deref() == Some("invalid_request_error") => declined(Some(e)),
+            _ => ProviderOutcome::Unknown {
+                reason: format!("provider answered 400: {}", String::from_utf8_lossy(body)),
+            },
+        },
         _ => {
             let detail = serde_json::from_slice::<wire::ErrorEnvelope>(body)
                 .ok()
@@ -195,6 +186,21 @@ pub fn classify(status: u16, body: &[u8]) -> ProviderOutcome {
                 reason: format!("provider answered {status} {detail}"),
             }
         }
+    }
+}
+
+/// A final refusal: the provider's code, decline code and message.
+fn declined(envelope: Option<wire::ErrorEnvelope>) -> ProviderOutcome {
+    let error = envelope.map(|e| e.error);
+    let (code, decline_code, message, charge) = match error {
+        Some(e) => (e.code, e.decline_code, e.message, e.charge),
+        None => (None, None, None, None),
+    };
+    ProviderOutcome::Declined {
+        code: code.unwrap_or_else(|| "card_declined".to_owned()),
+        decline_code,
+        message: message.unwrap_or_else(|| "Your card was declined.".to_owned()),
+        provider_charge_id: charge,
     }
 }
 
@@ -243,6 +249,23 @@ mod tests {
                 "{status}"
             );
         }
+    }
+
+    #[test]
+    fn request_errors_are_final() {
+        let unknown_token = classify(
+            400,
+            br#"{"error":{"type":"invalid_request_error","code":"resource_missing","param":"source","message":"No such token: 'tok_x'"}}"#,
+        );
+        assert_eq!(
+            unknown_token,
+            ProviderOutcome::Declined {
+                code: "resource_missing".to_owned(),
+                decline_code: None,
+                message: "No such token: 'tok_x'".to_owned(),
+                provider_charge_id: None,
+            }
+        );
     }
 
     #[test]
