@@ -1,7 +1,9 @@
 //! SQLite, the embedded default. WAL with `synchronous = FULL` (a committed
 //! charge survives power loss), a busy timeout so writers queue instead of
-//! failing, and `BEGIN IMMEDIATE` for every writing transaction: it takes the
-//! write lock up front, so two claims never deadlock upgrading a read lock.
+//! failing, and every write inside `BEGIN IMMEDIATE`: it takes the write lock
+//! up front, so a writer waits in the busy handler instead of failing with
+//! `SQLITE_BUSY_SNAPSHOT` when another write commits between its read and its
+//! write, and two claims never deadlock upgrading a read lock.
 
 use std::str::FromStr;
 
@@ -212,6 +214,7 @@ impl Store for SqliteStore {
         lease: &Lease,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
+        let mut tx = self.write_tx().await?;
         let done = sqlx::query(
             "UPDATE idempotent_requests SET lease_token = ?, locked_until = ? \
              WHERE id = ? AND state = 'in_progress' AND lease_token = ? AND locked_until <= ?",
@@ -221,8 +224,9 @@ impl Store for SqliteStore {
         .bind(record_id)
         .bind(expected_token)
         .bind(ts(now))
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -232,6 +236,7 @@ impl Store for SqliteStore {
         lease_token: &str,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
+        let mut tx = self.write_tx().await?;
         let done = sqlx::query(
             "UPDATE idempotent_requests SET locked_until = ? \
              WHERE id = ? AND state = 'in_progress' AND lease_token = ?",
@@ -239,8 +244,9 @@ impl Store for SqliteStore {
         .bind(ts(now))
         .bind(record_id)
         .bind(lease_token)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -271,11 +277,15 @@ impl Store for SqliteStore {
     }
 
     async fn insert_charge(&self, charge: &Charge) -> Result<(), StoreError> {
-        insert_charge(&self.pool, charge).await
+        let mut tx = self.write_tx().await?;
+        insert_charge(&mut *tx, charge).await?;
+        Ok(tx.commit().await?)
     }
 
     async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<(), StoreError> {
-        update_charge(&self.pool, outcome).await
+        let mut tx = self.write_tx().await?;
+        update_charge(&mut *tx, outcome).await?;
+        Ok(tx.commit().await?)
     }
 
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError> {
