@@ -7,14 +7,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use payments_jobs::settings::{DatabaseArgs, GatewayArgs, JobArgs};
 
 /// The JWT secret `make run` and the README use. Refused next to a real provider.
 pub const DEV_JWT_SECRET: &str = "dev-only-secret-do-not-use-in-production";
-/// The provider secret key used against the sandbox.
-pub const SANDBOX_SECRET_KEY: &str = "sk_test_sandbox";
-/// How long the provider remembers its idempotency keys (Stripe: 24 h).
-/// Every re-drive must happen inside it.
-pub const PROVIDER_KEY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+pub use payments_jobs::settings::{LogFormat, PROVIDER_KEY_RETENTION, SANDBOX_SECRET_KEY};
 const MIN_HS256_SECRET_BYTES: usize = 32;
 
 #[derive(Debug, Parser)]
@@ -47,12 +44,6 @@ pub enum Command {
     },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
 /// Whether `POST /api/charges` requires an `Idempotency-Key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum KeyMode {
@@ -64,25 +55,12 @@ pub enum KeyMode {
 
 #[derive(Clone, Args)]
 pub struct Settings {
-    /// sqlite://PATH or postgres://USER@HOST/DB.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "sqlite://data/payments.db",
-        global = true
-    )]
-    pub database_url: String,
-    /// Connections in the database pool.
-    #[arg(
-        long,
-        env = "DATABASE_MAX_CONNECTIONS",
-        default_value_t = 10,
-        global = true
-    )]
-    pub database_max_connections: u32,
-    /// How long a request waits for a pooled connection.
-    #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, global = true)]
-    pub database_acquire_timeout: Duration,
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
+    #[command(flatten)]
+    pub jobs: JobArgs,
     /// Address to listen on.
     #[arg(
         long,
@@ -91,9 +69,6 @@ pub struct Settings {
         global = true
     )]
     pub listen_addr: SocketAddr,
-    /// The provider's base URL. Unset: an in-process sandbox; no real money moves.
-    #[arg(long, env = "GATEWAY_URL", global = true)]
-    pub gateway_url: Option<String>,
     /// Where the in-process sandbox listens when GATEWAY_URL is unset.
     #[arg(
         long,
@@ -102,17 +77,11 @@ pub struct Settings {
         global = true
     )]
     pub sandbox_listen_addr: SocketAddr,
-    /// The provider's secret key.
-    #[arg(
-        long,
-        env = "GATEWAY_SECRET_KEY",
-        hide_env_values = true,
-        global = true
-    )]
-    pub gateway_secret_key: Option<String>,
-    /// Timeout of one provider call. The lease must outlast it.
-    #[arg(long, env = "GATEWAY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, global = true)]
-    pub gateway_timeout: Duration,
+    /// Run the reaper and the pruner in this process too. Default: on with
+    /// the in-process sandbox (so `make run` is complete), off otherwise
+    /// (run `payments-jobs` instead).
+    #[arg(long, env = "WITH_JOBS", global = true, num_args = 0..=1, default_missing_value = "true")]
+    pub with_jobs: Option<bool>,
     /// `required`, or `optional` while clients roll out keys (keyless requests are unprotected).
     #[arg(
         long,
@@ -125,9 +94,6 @@ pub struct Settings {
     /// How long a key is remembered. At most the provider's key retention (24h).
     #[arg(long, env = "IDEMPOTENCY_TTL", default_value = "24h", value_parser = humantime::parse_duration, global = true)]
     pub idempotency_ttl: Duration,
-    /// How long a claimer owns an in-progress request before a retry may take over.
-    #[arg(long, env = "LEASE", default_value = "30s", value_parser = humantime::parse_duration, global = true)]
-    pub lease: Duration,
     /// HS256 secret for bearer JWTs (at least 32 bytes).
     #[arg(long, env = "JWT_HS256_SECRET", hide_env_values = true, global = true)]
     pub jwt_hs256_secret: Option<String>,
@@ -158,20 +124,14 @@ impl fmt::Debug for Settings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let hidden = |s: &Option<String>| s.as_ref().map(|_| "***");
         f.debug_struct("Settings")
-            .field(
-                "database_url",
-                &payments_domain::store::redact(&self.database_url),
-            )
-            .field("database_max_connections", &self.database_max_connections)
-            .field("database_acquire_timeout", &self.database_acquire_timeout)
+            .field("database", &self.database)
+            .field("gateway", &self.gateway)
+            .field("jobs", &self.jobs)
             .field("listen_addr", &self.listen_addr)
-            .field("gateway_url", &self.gateway_url)
             .field("sandbox_listen_addr", &self.sandbox_listen_addr)
-            .field("gateway_secret_key", &hidden(&self.gateway_secret_key))
-            .field("gateway_timeout", &self.gateway_timeout)
+            .field("with_jobs", &self.with_jobs)
             .field("idempotency_key_mode", &self.idempotency_key_mode)
             .field("idempotency_ttl", &self.idempotency_ttl)
-            .field("lease", &self.lease)
             .field("jwt_hs256_secret", &hidden(&self.jwt_hs256_secret))
             .field(
                 "jwt_rs256_public_key",
@@ -241,17 +201,8 @@ impl Settings {
 
     /// Validates the whole serving configuration.
     pub fn validate(&self) -> Result<(JwtKey, GatewayTarget), ConfigError> {
-        if self.lease <= self.gateway_timeout {
-            return Err(ConfigError(format!(
-                "LEASE ({}) must be longer than GATEWAY_TIMEOUT ({}): a shorter lease lets a \
-                 retry take over a provider call that is still running",
-                humantime::format_duration(self.lease),
-                humantime::format_duration(self.gateway_timeout)
-            )));
-        }
-        if self.gateway_timeout.is_zero() {
-            return Err(ConfigError("GATEWAY_TIMEOUT must be greater than 0".into()));
-        }
+        self.database.validate().map_err(ConfigError)?;
+        self.gateway.validate().map_err(ConfigError)?;
         if self.idempotency_ttl.is_zero() || self.idempotency_ttl > PROVIDER_KEY_RETENTION {
             return Err(ConfigError(format!(
                 "IDEMPOTENCY_TTL ({}) must be greater than 0 and at most the provider's key \
@@ -260,7 +211,7 @@ impl Settings {
                 humantime::format_duration(PROVIDER_KEY_RETENTION)
             )));
         }
-        if self.lease >= self.idempotency_ttl {
+        if self.gateway.lease >= self.idempotency_ttl {
             return Err(ConfigError(
                 "LEASE must be shorter than IDEMPOTENCY_TTL".into(),
             ));
@@ -270,69 +221,32 @@ impl Settings {
                 "MAX_AMOUNT_CENTS must be greater than 0".into(),
             ));
         }
-        if self.database_max_connections == 0 {
-            return Err(ConfigError(
-                "DATABASE_MAX_CONNECTIONS must be at least 1".into(),
-            ));
+        if self.with_jobs() {
+            self.jobs
+                .validate(self.gateway.lease)
+                .map_err(ConfigError)?;
         }
         let jwt = self.jwt_key()?;
-        let gateway = match &self.gateway_url {
+        let gateway = match self.gateway.remote().map_err(ConfigError)? {
             None => GatewayTarget::EmbeddedSandbox,
-            Some(url) => {
-                let host = url_host(url).ok_or_else(|| {
-                    ConfigError(format!("GATEWAY_URL {url:?} is not an http(s) URL"))
-                })?;
-                let secret_key = self.gateway_secret_key.clone().ok_or_else(|| {
-                    ConfigError("GATEWAY_URL is set but GATEWAY_SECRET_KEY is not".into())
-                })?;
-                if !is_loopback(&host) {
-                    // A provider that can move real money.
-                    if matches!(&jwt, JwtKey::Hs256(s) if s == DEV_JWT_SECRET) {
-                        return Err(ConfigError(
-                            "refusing to start: a real GATEWAY_URL with the development \
-                             JWT_HS256_SECRET; anyone could mint tokens"
-                                .into(),
-                        ));
-                    }
-                    if secret_key == SANDBOX_SECRET_KEY {
-                        return Err(ConfigError(
-                            "refusing to start: a real GATEWAY_URL with the sandbox's \
-                             GATEWAY_SECRET_KEY"
-                                .into(),
-                        ));
-                    }
+            Some((url, secret_key, real)) => {
+                if real && matches!(&jwt, JwtKey::Hs256(s) if s == DEV_JWT_SECRET) {
+                    return Err(ConfigError(
+                        "refusing to start: a real GATEWAY_URL with the development \
+                         JWT_HS256_SECRET; anyone could mint tokens"
+                            .into(),
+                    ));
                 }
-                GatewayTarget::Remote {
-                    url: url.clone(),
-                    secret_key,
-                }
+                GatewayTarget::Remote { url, secret_key }
             }
         };
         Ok((jwt, gateway))
     }
-}
 
-/// The host of an `http://` or `https://` URL.
-fn url_host(url: &str) -> Option<String> {
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))?;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let host_port = authority.rsplit('@').next()?;
-    let host = if let Some(v6) = host_port.strip_prefix('[') {
-        v6.split(']').next()?
-    } else {
-        host_port.split(':').next()?
-    };
-    (!host.is_empty()).then(|| host.to_ascii_lowercase())
-}
-
-/// Loopback hosts are development (the sandbox); anything else may be real.
-fn is_loopback(host: &str) -> bool {
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    /// Whether the reaper and pruner run in this process.
+    pub fn with_jobs(&self) -> bool {
+        self.with_jobs.unwrap_or(self.gateway.gateway_url.is_none())
+    }
 }
 
 #[cfg(test)]
@@ -396,22 +310,24 @@ mod tests {
     #[test]
     fn durations_are_human_readable() {
         let s = settings(&[SECRET, "--lease=1m", "--gateway-timeout=1500ms"]);
-        assert_eq!(s.lease, Duration::from_secs(60));
-        assert_eq!(s.gateway_timeout, Duration::from_millis(1500));
+        assert_eq!(s.gateway.lease, Duration::from_secs(60));
+        assert_eq!(s.gateway.gateway_timeout, Duration::from_millis(1500));
     }
 
     #[test]
-    fn finds_hosts() {
-        assert_eq!(
-            url_host("http://127.0.0.1:8080/x").as_deref(),
-            Some("127.0.0.1")
+    fn jobs_run_in_process_with_the_sandbox_only_by_default() {
+        assert!(settings(&[SECRET]).with_jobs());
+        let remote = [
+            "--gateway-url=http://127.0.0.1:1",
+            "--gateway-secret-key=sk_test_sandbox",
+        ];
+        assert!(!settings(&[SECRET, remote[0], remote[1]]).with_jobs());
+        assert!(settings(&[SECRET, remote[0], remote[1], "--with-jobs"]).with_jobs());
+        assert!(!settings(&[SECRET, "--with-jobs=false"]).with_jobs());
+        let short = settings(&[SECRET, "--abandon-after=10s"]);
+        assert!(
+            short.validate().is_err(),
+            "job settings are checked when jobs run here"
         );
-        assert_eq!(
-            url_host("https://u:p@API.stripe.com").as_deref(),
-            Some("api.stripe.com")
-        );
-        assert_eq!(url_host("http://[::1]:9/").as_deref(), Some("::1"));
-        assert_eq!(url_host("ftp://x"), None);
-        assert!(is_loopback("::1") && is_loopback("localhost") && !is_loopback("10.0.0.1"));
     }
 }

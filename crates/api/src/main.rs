@@ -5,12 +5,14 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use payments_api::auth::{self, Authenticator};
-use payments_api::config::{Cli, Command, GatewayTarget, LogFormat, SANDBOX_SECRET_KEY, Settings};
+use payments_api::config::{Cli, Command, GatewayTarget, SANDBOX_SECRET_KEY, Settings};
 use payments_api::{AppState, serve};
 use payments_domain::provider::Gateway;
 use payments_domain::service::{ChargeService, Policy};
-use payments_domain::store::{self, PoolSettings, Store};
+use payments_domain::store;
 use payments_gateway::HttpGateway;
+use payments_jobs::runner::Jobs;
+use payments_jobs::settings::init_logging;
 use payments_sandbox::SandboxConfig;
 
 #[tokio::main]
@@ -32,18 +34,6 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
 fn token(settings: &Settings, customer: &str, ttl: std::time::Duration) -> anyhow::Result<()> {
     let secret = settings
         .jwt_hs256_secret
@@ -55,28 +45,16 @@ fn token(settings: &Settings, customer: &str, ttl: std::time::Duration) -> anyho
     Ok(())
 }
 
-async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
-    let pool = PoolSettings {
-        max_connections: settings.database_max_connections,
-        acquire_timeout: settings.database_acquire_timeout,
-    };
-    let store = store::connect(&settings.database_url, &pool)
-        .await
-        .with_context(|| format!("opening {}", store::redact(&settings.database_url)))?;
-    store.migrate().await.context("applying migrations")?;
-    Ok(store)
-}
-
 async fn migrate(settings: &Settings) -> anyhow::Result<()> {
-    open_store(settings).await?;
-    tracing::info!(database = %store::redact(&settings.database_url), "migrations applied");
+    settings.database.open().await?;
+    tracing::info!(database = %store::redact(&settings.database.database_url), "migrations applied");
     Ok(())
 }
 
 async fn run(settings: Settings) -> anyhow::Result<()> {
     let (jwt, target) = settings.validate()?;
     let auth = Authenticator::new(&jwt)?;
-    let store = open_store(&settings).await?;
+    let store = settings.database.open().await?;
     let (gateway_url, secret_key) = match target {
         GatewayTarget::Remote { url, secret_key } => (url, secret_key),
         GatewayTarget::EmbeddedSandbox => {
@@ -104,16 +82,31 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         }
     };
     let gateway: Arc<dyn Gateway> = Arc::new(
-        HttpGateway::new(&gateway_url, &secret_key, settings.gateway_timeout)
+        HttpGateway::new(&gateway_url, &secret_key, settings.gateway.gateway_timeout)
             .context("building the provider client")?,
     );
     let policy = Policy {
-        lease: settings.lease,
+        lease: settings.gateway.lease,
         ttl: settings.idempotency_ttl,
         max_amount_cents: settings.max_amount_cents,
     };
+    let service = Arc::new(ChargeService::new(store, gateway, policy));
+    let (stop_jobs, jobs_stopped) = tokio::sync::oneshot::channel::<()>();
+    let jobs = settings.with_jobs().then(|| {
+        let jobs = Jobs::new(
+            service.clone(),
+            &settings.jobs,
+            settings.gateway.lease,
+            true,
+            true,
+        );
+        tracing::info!("running the reaper and the pruner in this process (--with-jobs)");
+        tokio::spawn(jobs.run_until_stopped(async move {
+            let _ = jobs_stopped.await;
+        }))
+    });
     let state = AppState {
-        service: Arc::new(ChargeService::new(store, gateway, policy)),
+        service,
         auth: Arc::new(auth),
         key_mode: settings.idempotency_key_mode,
     };
@@ -121,9 +114,14 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", settings.listen_addr))?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, database = %store::redact(&settings.database_url), gateway = %gateway_url, "serving");
+    tracing::info!(%addr, database = %store::redact(&settings.database.database_url), gateway = %gateway_url, "serving");
     println!("payments-api listening on http://{addr}");
     serve(listener, state, shutdown_signal()).await?;
+    // The jobs finish the pass in hand, then stop.
+    let _ = stop_jobs.send(());
+    if let Some(jobs) = jobs {
+        let _ = jobs.await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

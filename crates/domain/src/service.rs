@@ -60,6 +60,19 @@ pub enum ChargeError {
     Store(#[from] StoreError),
 }
 
+/// What a driver does with its lease when the provider's outcome is unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnUnknown {
+    /// End the lease now, so the client's retry takes over at once (the API).
+    ReleaseLease,
+    /// Keep it until it expires, so the next pass retries (the reaper, which
+    /// would otherwise take the same record straight back).
+    KeepLease,
+}
+
+/// The code of the stored answer of an abandoned request.
+pub const ABANDONED: &str = "request_abandoned";
+
 /// A final answer: fresh, or replayed from the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
@@ -117,8 +130,13 @@ impl ChargeService {
         match self.store.claim(&claim).await? {
             ClaimOutcome::Claimed { record_id } => {
                 tracing::info!(record_id, charge_id = %claim.charge.id, "claimed");
-                self.drive(record_id, &claim.lease.token, claim.charge)
-                    .await
+                self.drive(
+                    record_id,
+                    &claim.lease.token,
+                    claim.charge,
+                    OnUnknown::ReleaseLease,
+                )
+                .await
             }
             ClaimOutcome::Existing(record) => {
                 self.resume(*record, customer, &fingerprint, now).await
@@ -186,18 +204,21 @@ impl ChargeService {
                         StoreError::NotFound(format!("charge {}", record.charge_id))
                     })?;
                 tracing::info!(record_id = record.id, charge_id = %charge.id, "took over expired lease; re-driving");
-                self.drive(record.id, &lease.token, charge).await
+                self.drive(record.id, &lease.token, charge, OnUnknown::ReleaseLease)
+                    .await
             }
         }
     }
 
     /// Steps 3-5: call the provider with no database resource held, then
-    /// finish under the lease, or release it when the outcome is unknown.
+    /// finish under the lease; on an unknown outcome, `on_unknown` says
+    /// whether the lease ends now. Used by the API and by the reaper.
     pub async fn drive(
         &self,
         record_id: i64,
         lease_token: &str,
         charge: Charge,
+        on_unknown: OnUnknown,
     ) -> Result<Reply, ChargeError> {
         let outcome = self
             .gateway
@@ -206,10 +227,12 @@ impl ChargeService {
         let (outcome, response) = match settle(&charge, outcome) {
             Ok(settled) => settled,
             Err(reason) => {
-                tracing::warn!(record_id, charge_id = %charge.id, %reason, "provider outcome unknown; lease released");
-                self.store
-                    .release(record_id, lease_token, time::now())
-                    .await?;
+                tracing::warn!(record_id, charge_id = %charge.id, %reason, ?on_unknown, "provider outcome unknown");
+                if on_unknown == OnUnknown::ReleaseLease {
+                    self.store
+                        .release(record_id, lease_token, time::now())
+                        .await?;
+                }
                 return Err(ChargeError::ProviderUnavailable(reason));
             }
         };
@@ -219,9 +242,52 @@ impl ChargeService {
             outcome,
             response,
         };
+        self.complete(finish, &charge.id).await
+    }
+
+    /// Gives up on a request whose provider outcome stayed unknown past the
+    /// abandon threshold: the record completes as `500 request_abandoned`
+    /// (replayed to the client) and the charge becomes `unknown`, for
+    /// reconciliation against the provider's records. Under the lease, like
+    /// any finish.
+    pub async fn abandon(
+        &self,
+        record_id: i64,
+        lease_token: &str,
+        charge: &Charge,
+    ) -> Result<Reply, ChargeError> {
+        let mut envelope = ErrorEnvelope::new(
+            ABANDONED,
+            "the payment provider's outcome could not be determined; the charge is \
+             being reconciled, do not retry it with a new key",
+        );
+        envelope.error.charge_id = Some(charge.id.clone());
+        let finish = Finish {
+            record_id,
+            lease_token: lease_token.to_owned(),
+            outcome: ChargeOutcome {
+                charge_id: charge.id.clone(),
+                status: ChargeStatus::Unknown,
+                gateway_charge_id: None,
+                decline_code: None,
+                at: time::now(),
+            },
+            response: StoredResponse {
+                status: 500,
+                body: envelope.to_json(),
+                content_type: JSON.to_owned(),
+                location: None,
+            },
+        };
+        self.complete(finish, &charge.id).await
+    }
+
+    /// Step 4: the guarded finish; a loser answers with the winner's response.
+    async fn complete(&self, finish: Finish, charge_id: &str) -> Result<Reply, ChargeError> {
+        let record_id = finish.record_id;
         match self.store.finish(&finish).await? {
             FinishOutcome::Finished => {
-                tracing::info!(record_id, charge_id = %charge.id, status = finish.response.status, "finished");
+                tracing::info!(record_id, %charge_id, status = finish.response.status, "finished");
                 Ok(Reply {
                     response: finish.response,
                     replayed: false,

@@ -155,6 +155,32 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Records a keyless charge's outcome.
     async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<(), StoreError>;
 
+    /// Takes over the in-progress record whose lease expired longest ago,
+    /// giving it `lease`; `None` when there is none. Several reapers at once
+    /// never get the same record (a conditional update under the row lock,
+    /// `FOR UPDATE SKIP LOCKED` where the backend has it).
+    async fn claim_expired(
+        &self,
+        now: DateTime<Utc>,
+        lease: &Lease,
+    ) -> Result<Option<IdempotencyRecord>, StoreError>;
+
+    /// In-progress records whose lease has expired, oldest lease first,
+    /// changing nothing (the reaper's dry run).
+    async fn expired_in_progress(
+        &self,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<IdempotencyRecord>, StoreError>;
+
+    /// Deletes at most `batch` complete records past `expires_at` in one
+    /// short statement; returns how many. Never in-progress records, never
+    /// charges.
+    async fn prune(&self, now: DateTime<Utc>, batch: u32) -> Result<u64, StoreError>;
+
+    /// How many complete records are past `expires_at` (the pruner's dry run).
+    async fn count_prunable(&self, now: DateTime<Utc>) -> Result<u64, StoreError>;
+
     /// A record by id.
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError>;
 

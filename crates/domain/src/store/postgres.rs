@@ -272,6 +272,72 @@ impl Store for PostgresStore {
         update_charge(&self.pool, outcome).await
     }
 
+    async fn claim_expired(
+        &self,
+        now: DateTime<Utc>,
+        lease: &Lease,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        // SKIP LOCKED: a second reaper passes over the row the first one is
+        // taking instead of queueing behind it; the outer conditions re-check
+        // the row as it is once locked.
+        let row: Option<RecordRow<Ts>> = sqlx::query_as(concat!(
+            "UPDATE idempotent_requests SET lease_token = $1, locked_until = $2 \
+             WHERE id = (SELECT id FROM idempotent_requests \
+                         WHERE state = 'in_progress' AND locked_until <= $3 \
+                         ORDER BY locked_until LIMIT 1 FOR UPDATE SKIP LOCKED) \
+               AND state = 'in_progress' AND locked_until <= $3 \
+             RETURNING ",
+            record_columns!()
+        ))
+        .bind(&lease.token)
+        .bind(lease.until)
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(IdempotencyRecord::try_from).transpose()
+    }
+
+    async fn expired_in_progress(
+        &self,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<IdempotencyRecord>, StoreError> {
+        let rows: Vec<RecordRow<Ts>> = sqlx::query_as(concat!(
+            "SELECT ",
+            record_columns!(),
+            " FROM idempotent_requests WHERE state = 'in_progress' AND locked_until <= $1 \
+             ORDER BY locked_until LIMIT $2"
+        ))
+        .bind(now)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(IdempotencyRecord::try_from).collect()
+    }
+
+    async fn prune(&self, now: DateTime<Utc>, batch: u32) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM idempotent_requests WHERE id IN \
+             (SELECT id FROM idempotent_requests \
+              WHERE state = 'complete' AND expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(now)
+        .bind(i64::from(batch))
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn count_prunable(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM idempotent_requests WHERE state = 'complete' AND expires_at <= $1",
+        )
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u64::try_from(n).unwrap_or_default())
+    }
+
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError> {
         let row: Option<RecordRow<Ts>> = sqlx::query_as(concat!(
             "SELECT ",

@@ -288,6 +288,72 @@ impl Store for SqliteStore {
         Ok(tx.commit().await?)
     }
 
+    async fn claim_expired(
+        &self,
+        now: DateTime<Utc>,
+        lease: &Lease,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let row: Option<RecordRow<Ts>> = sqlx::query_as(concat!(
+            "UPDATE idempotent_requests SET lease_token = ?, locked_until = ? \
+             WHERE id = (SELECT id FROM idempotent_requests \
+                         WHERE state = 'in_progress' AND locked_until <= ? \
+                         ORDER BY locked_until LIMIT 1) \
+             RETURNING ",
+            record_columns!()
+        ))
+        .bind(&lease.token)
+        .bind(ts(lease.until))
+        .bind(ts(now))
+        .fetch_optional(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        row.map(IdempotencyRecord::try_from).transpose()
+    }
+
+    async fn expired_in_progress(
+        &self,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<Vec<IdempotencyRecord>, StoreError> {
+        let rows: Vec<RecordRow<Ts>> = sqlx::query_as(concat!(
+            "SELECT ",
+            record_columns!(),
+            " FROM idempotent_requests WHERE state = 'in_progress' AND locked_until <= ? \
+             ORDER BY locked_until LIMIT ?"
+        ))
+        .bind(ts(now))
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(IdempotencyRecord::try_from).collect()
+    }
+
+    async fn prune(&self, now: DateTime<Utc>, batch: u32) -> Result<u64, StoreError> {
+        let mut tx = self.write_tx().await?;
+        let done = sqlx::query(
+            "DELETE FROM idempotent_requests WHERE id IN \
+             (SELECT id FROM idempotent_requests \
+              WHERE state = 'complete' AND expires_at <= ? LIMIT ?)",
+        )
+        .bind(ts(now))
+        .bind(i64::from(batch))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn count_prunable(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
+        let n: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM idempotent_requests WHERE state = 'complete' AND expires_at <= ?",
+        )
+        .bind(ts(now))
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(u64::try_from(n).unwrap_or_default())
+    }
+
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError> {
         let row: Option<RecordRow<Ts>> = sqlx::query_as(concat!(
             "SELECT ",

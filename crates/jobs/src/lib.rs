@@ -1,0 +1,37 @@
+//! # payments-jobs
+//!
+//! The background work that keeps exactly-once true over time (DESIGN.md
+//! section 6): the reaper finishes requests nobody else will (a crashed API
+//! process, a client that never came back after a 503) with the provider's
+//! real outcome, and the pruner keeps the key table small.
+//!
+//! # Layout
+//!
+//! - [`reaper`]: takes over in-progress records whose lease expired and
+//!   re-drives the provider call with the charge's stored provider key;
+//!   abandons for reconciliation only past `--abandon-after`.
+//! - [`pruner`]: deletes complete records past their expiry in bounded
+//!   batches.
+//! - [`runner`]: `run_until_stopped`, both jobs on timers until a shutdown
+//!   signal, finishing the pass in hand.
+//! - [`settings`]: the database, provider and job flags shared by
+//!   `payments-jobs` and `payments-api --with-jobs`.
+//!
+//! Every job is safe to run on several nodes at once: records are claimed
+//! by a conditional update on the lease (with `FOR UPDATE SKIP LOCKED` on
+//! PostgreSQL), and deletes take disjoint batches.
+#![forbid(unsafe_code)]
+
+pub mod pruner;
+pub mod reaper;
+pub mod runner;
+pub mod settings;
+
+/// What one pass of a job did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// It processed this many rows.
+    Worked(u64),
+    /// There was nothing to do.
+    Idle,
+}

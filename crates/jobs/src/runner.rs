@@ -1,0 +1,121 @@
+//! Both jobs on timers until a shutdown signal. A pass that has started
+//! always finishes: the signal is only watched between passes, so a record
+//! is never left half-driven by a stopping runner.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use payments_domain::service::ChargeService;
+use payments_domain::time;
+use tokio::time::Instant;
+
+use crate::Outcome;
+use crate::pruner::Pruner;
+use crate::reaper::{Reaper, ReaperSettings};
+use crate::settings::JobArgs;
+
+/// The jobs a runner drives, and how often.
+#[derive(Debug, Clone)]
+pub struct Jobs {
+    pub reaper: Option<(Reaper, Duration)>,
+    pub pruner: Option<(Pruner, Duration)>,
+}
+
+impl Jobs {
+    /// The reaper and/or the pruner over `service`'s store, configured by
+    /// `args`, re-driving with leases of `lease`.
+    pub fn new(
+        service: Arc<ChargeService>,
+        args: &JobArgs,
+        lease: Duration,
+        reap: bool,
+        prune: bool,
+    ) -> Self {
+        let pruner = prune.then(|| {
+            (
+                Pruner::new(service.store().clone(), args.prune_batch),
+                args.prune_every,
+            )
+        });
+        let reaper = reap.then(|| {
+            let settings = ReaperSettings {
+                lease,
+                abandon_after: args.abandon_after,
+                batch: args.reap_batch,
+                concurrency: args.reap_concurrency,
+            };
+            (Reaper::new(service, settings), args.reap_every)
+        });
+        Self { reaper, pruner }
+    }
+
+    /// One pass of each job; `Err` if any failed.
+    pub async fn run_once(&self) -> Result<Outcome, String> {
+        let mut worked = 0;
+        let mut errors = Vec::new();
+        if let Some((reaper, _)) = &self.reaper {
+            match reaper.try_run_once(time::now()).await {
+                Ok(r) if r.failed > 0 => {
+                    errors.push(format!("reaper: {} records failed", r.failed))
+                }
+                Ok(r) => worked += r.total(),
+                Err(e) => errors.push(format!("reaper: {e}")),
+            }
+        }
+        if let Some((pruner, _)) = &self.pruner {
+            match pruner.try_run_once(time::now()).await {
+                Ok(r) => worked += r.deleted,
+                Err(e) => errors.push(format!("pruner: {e}")),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors.join("; "));
+        }
+        Ok(if worked > 0 {
+            Outcome::Worked(worked)
+        } else {
+            Outcome::Idle
+        })
+    }
+
+    /// Runs each job on its timer (first pass at once) until `shutdown`
+    /// resolves. Failed passes are logged and retried on the next tick.
+    pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()>) {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut next_reap = Instant::now();
+        let mut next_prune = Instant::now();
+        loop {
+            let next = match (&self.reaper, &self.pruner) {
+                (Some(_), Some(_)) => next_reap.min(next_prune),
+                (Some(_), None) => next_reap,
+                (None, Some(_)) => next_prune,
+                (None, None) => return,
+            };
+            tokio::select! {
+                () = &mut shutdown => {
+                    tracing::info!("jobs stopping");
+                    return;
+                }
+                () = tokio::time::sleep_until(next) => {}
+            }
+            let now = Instant::now();
+            if let Some((reaper, every)) = &self.reaper
+                && next_reap <= now
+            {
+                if let Err(e) = reaper.try_run_once(time::now()).await {
+                    tracing::error!(error = %e, "reap pass failed");
+                }
+                next_reap = Instant::now() + *every;
+            }
+            if let Some((pruner, every)) = &self.pruner
+                && next_prune <= now
+            {
+                if let Err(e) = pruner.try_run_once(time::now()).await {
+                    tracing::error!(error = %e, "prune pass failed");
+                }
+                next_prune = Instant::now() + *every;
+            }
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! Flags and environment variables shared by `payments-jobs` and
+//! `payments-api` (clap `env`; durations like `1500ms`, `5m`, `24h`).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use payments_domain::store::{self, PoolSettings, Store};
+
+/// How long the provider remembers its idempotency keys (Stripe: 24 h).
+/// Every re-drive must happen inside it.
+pub const PROVIDER_KEY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The database.
+#[derive(Clone, Args)]
+pub struct DatabaseArgs {
+    /// sqlite://PATH or postgres://USER@HOST/DB.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://data/payments.db",
+        global = true
+    )]
+    pub database_url: String,
+    /// Connections in the database pool.
+    #[arg(
+        long,
+        env = "DATABASE_MAX_CONNECTIONS",
+        default_value_t = 10,
+        global = true
+    )]
+    pub database_max_connections: u32,
+    /// How long a caller waits for a pooled connection.
+    #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, global = true)]
+    pub database_acquire_timeout: Duration,
+}
+
+impl fmt::Debug for DatabaseArgs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DatabaseArgs")
+            .field("database_url", &store::redact(&self.database_url))
+            .field("database_max_connections", &self.database_max_connections)
+            .field("database_acquire_timeout", &self.database_acquire_timeout)
+            .finish()
+    }
+}
+
+impl DatabaseArgs {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.database_max_connections == 0 {
+            return Err("DATABASE_MAX_CONNECTIONS must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Opens the store and applies its migrations.
+    pub async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
+        let pool = PoolSettings {
+            max_connections: self.database_max_connections,
+            acquire_timeout: self.database_acquire_timeout,
+        };
+        let store = store::connect(&self.database_url, &pool)
+            .await
+            .with_context(|| format!("opening {}", store::redact(&self.database_url)))?;
+        store.migrate().await.context("applying migrations")?;
+        Ok(store)
+    }
+}
+
+/// The payment provider, and the lease that must outlast a call to it.
+#[derive(Clone, Args)]
+pub struct GatewayArgs {
+    /// The provider's base URL (Stripe-compatible).
+    #[arg(long, env = "GATEWAY_URL", global = true)]
+    pub gateway_url: Option<String>,
+    /// The provider's secret key.
+    #[arg(
+        long,
+        env = "GATEWAY_SECRET_KEY",
+        hide_env_values = true,
+        global = true
+    )]
+    pub gateway_secret_key: Option<String>,
+    /// Timeout of one provider call. The lease must outlast it.
+    #[arg(long, env = "GATEWAY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, global = true)]
+    pub gateway_timeout: Duration,
+    /// How long a driver (API request or reaper) owns an in-progress request.
+    #[arg(long, env = "LEASE", default_value = "30s", value_parser = humantime::parse_duration, global = true)]
+    pub lease: Duration,
+}
+
+impl fmt::Debug for GatewayArgs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GatewayArgs")
+            .field("gateway_url", &self.gateway_url)
+            .field(
+                "gateway_secret_key",
+                &self.gateway_secret_key.as_ref().map(|_| "***"),
+            )
+            .field("gateway_timeout", &self.gateway_timeout)
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+/// The sandbox's secret key; refused next to a real provider.
+pub const SANDBOX_SECRET_KEY: &str = "sk_test_sandbox";
+
+impl GatewayArgs {
+    /// The lease and timeout rules.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.gateway_timeout.is_zero() {
+            return Err("GATEWAY_TIMEOUT must be greater than 0".into());
+        }
+        if self.lease <= self.gateway_timeout {
+            return Err(format!(
+                "LEASE ({}) must be longer than GATEWAY_TIMEOUT ({}): a shorter lease lets a \
+                 retry take over a provider call that is still running",
+                humantime::format_duration(self.lease),
+                humantime::format_duration(self.gateway_timeout)
+            ));
+        }
+        Ok(())
+    }
+
+    /// `(url, secret key, is a real provider)` when GATEWAY_URL is set.
+    /// A loopback URL is development (the sandbox); anything else may move
+    /// real money and must not use the sandbox's key.
+    pub fn remote(&self) -> Result<Option<(String, String, bool)>, String> {
+        let Some(url) = &self.gateway_url else {
+            return Ok(None);
+        };
+        let host =
+            url_host(url).ok_or_else(|| format!("GATEWAY_URL {url:?} is not an http(s) URL"))?;
+        let secret_key = self
+            .gateway_secret_key
+            .clone()
+            .ok_or("GATEWAY_URL is set but GATEWAY_SECRET_KEY is not")?;
+        let real = !is_loopback(&host);
+        if real && secret_key == SANDBOX_SECRET_KEY {
+            return Err(
+                "refusing to start: a real GATEWAY_URL with the sandbox's GATEWAY_SECRET_KEY"
+                    .into(),
+            );
+        }
+        Ok(Some((url.clone(), secret_key, real)))
+    }
+}
+
+/// The host of an `http://` or `https://` URL.
+pub fn url_host(url: &str) -> Option<String> {
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host_port = authority.rsplit('@').next()?;
+    let host = if let Some(v6) = host_port.strip_prefix('[') {
+        v6.split(']').next()?
+    } else {
+        host_port.split(':').next()?
+    };
+    (!host.is_empty()).then(|| host.to_ascii_lowercase())
+}
+
+/// Loopback hosts are development; anything else may be real.
+pub fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The jobs' own settings.
+#[derive(Debug, Clone, Args)]
+pub struct JobArgs {
+    /// Give up on a request whose provider outcome is still unknown this
+    /// long after it was claimed: record `500 request_abandoned`, charge
+    /// `unknown`. Longer than the lease, inside the provider's key retention.
+    #[arg(long, env = "ABANDON_AFTER", default_value = "15m", value_parser = humantime::parse_duration, global = true)]
+    pub abandon_after: Duration,
+    /// How often `run` reaps.
+    #[arg(long, env = "REAP_EVERY", default_value = "1m", value_parser = humantime::parse_duration, global = true)]
+    pub reap_every: Duration,
+    /// How often `run` prunes.
+    #[arg(long, env = "PRUNE_EVERY", default_value = "1h", value_parser = humantime::parse_duration, global = true)]
+    pub prune_every: Duration,
+    /// Records one reaper pass handles at most.
+    #[arg(long, env = "REAP_BATCH", default_value_t = 500, global = true)]
+    pub reap_batch: u32,
+    /// Provider calls one reaper makes at once.
+    #[arg(long, env = "REAP_CONCURRENCY", default_value_t = 4, global = true)]
+    pub reap_concurrency: u32,
+    /// Rows deleted per statement (and transaction) by the pruner.
+    #[arg(long, env = "PRUNE_BATCH", default_value_t = 5000, global = true)]
+    pub prune_batch: u32,
+}
+
+impl JobArgs {
+    pub fn validate(&self, lease: Duration) -> Result<(), String> {
+        if self.abandon_after <= lease {
+            return Err(format!(
+                "--abandon-after ({}) must be longer than LEASE ({}): a request must get at \
+                 least one re-drive before it is abandoned",
+                humantime::format_duration(self.abandon_after),
+                humantime::format_duration(lease)
+            ));
+        }
+        if self.abandon_after > PROVIDER_KEY_RETENTION {
+            return Err(format!(
+                "--abandon-after ({}) must be at most the provider's key retention ({}): a \
+                 re-drive after the provider forgot its key could charge twice",
+                humantime::format_duration(self.abandon_after),
+                humantime::format_duration(PROVIDER_KEY_RETENTION)
+            ));
+        }
+        if self.reap_every.is_zero() || self.prune_every.is_zero() {
+            return Err("--reap-every and --prune-every must be greater than 0".into());
+        }
+        if self.reap_batch == 0 || self.prune_batch == 0 || self.reap_concurrency == 0 {
+            return Err(
+                "--reap-batch, --reap-concurrency and --prune-batch must be at least 1".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        gateway: GatewayArgs,
+        #[command(flatten)]
+        jobs: JobArgs,
+    }
+
+    fn parse(args: &[&str]) -> Cli {
+        let mut argv = vec!["x"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).expect("parses")
+    }
+
+    #[test]
+    fn abandon_after_must_sit_between_the_lease_and_the_key_retention() {
+        let ok = parse(&[]);
+        assert!(ok.jobs.validate(ok.gateway.lease).is_ok());
+        let short = parse(&["--abandon-after=20s"]);
+        assert!(
+            short
+                .jobs
+                .validate(short.gateway.lease)
+                .expect_err("refused")
+                .contains("LEASE")
+        );
+        let long = parse(&["--abandon-after=25h"]);
+        assert!(
+            long.jobs
+                .validate(long.gateway.lease)
+                .expect_err("refused")
+                .contains("retention")
+        );
+    }
+
+    #[test]
+    fn gateway_rules() {
+        assert!(
+            parse(&["--lease=5s", "--gateway-timeout=10s"])
+                .gateway
+                .validate()
+                .is_err()
+        );
+        let real_with_sandbox_key = parse(&[
+            "--gateway-url=https://api.example.com",
+            "--gateway-secret-key=sk_test_sandbox",
+        ]);
+        assert!(real_with_sandbox_key.gateway.remote().is_err());
+        let sandbox = parse(&[
+            "--gateway-url=http://127.0.0.1:1",
+            "--gateway-secret-key=sk_test_sandbox",
+        ]);
+        assert!(matches!(sandbox.gateway.remote(), Ok(Some((_, _, false)))));
+        assert!(parse(&["--gateway-url=http://x"]).gateway.remote().is_err());
+    }
+
+    #[test]
+    fn finds_hosts() {
+        assert_eq!(
+            url_host("http://127.0.0.1:8080/x").as_deref(),
+            Some("127.0.0.1")
+        );
+        assert_eq!(
+            url_host("https://u:p@API.stripe.com").as_deref(),
+            Some("api.stripe.com")
+        );
+        assert_eq!(url_host("http://[::1]:9/").as_deref(), Some("::1"));
+        assert_eq!(url_host("ftp://x"), None);
+        assert!(is_loopback("::1") && is_loopback("localhost") && !is_loopback("10.0.0.1"));
+    }
+}
+
+/// Log output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Structured logs on stderr, `RUST_LOG` filtering (default `info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
