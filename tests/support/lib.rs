@@ -193,6 +193,74 @@ impl TestDb {
         .await
     }
 
+    /// Records for `key` in `state` with this stored status (`None`: no status).
+    pub async fn records_for_key(&self, key: &str, state: &str, status: Option<u16>) -> i64 {
+        let status = status.map(|s| s.to_string()).unwrap_or_default();
+        self.count(
+            "SELECT COUNT(*) FROM idempotent_requests WHERE idempotency_key = ? AND state = ? \
+             AND COALESCE(CAST(response_status AS TEXT), '') = ?",
+            "SELECT COUNT(*) FROM idempotent_requests WHERE idempotency_key = $1 AND state = $2 \
+             AND COALESCE(CAST(response_status AS TEXT), '') = $3",
+            &[key, state, status.as_str()],
+        )
+        .await
+    }
+
+    /// A request stuck in progress, as a crashed API process leaves it:
+    /// claimed at `claimed_at` with a lease that ended 1 s later, its
+    /// pending charge never sent or never answered. Returns (record id, charge id).
+    pub async fn stuck_request(
+        &self,
+        key: &str,
+        customer: &str,
+        body: &Value,
+        claimed_at: chrono::DateTime<chrono::Utc>,
+    ) -> (i64, String) {
+        use payments_domain::charge::{Charge, ChargeRequest, CustomerId};
+        use payments_domain::idempotency::{CHARGES_ROUTE, Lease, RequestFingerprint};
+        use payments_domain::store::{Claim, ClaimOutcome};
+        let request = ChargeRequest::from_json(body, i64::MAX).expect("valid body");
+        let charge = Charge::pending(
+            &CustomerId::parse(customer).expect("customer"),
+            &request,
+            claimed_at,
+        );
+        let claim = Claim {
+            key: key.to_owned(),
+            route: CHARGES_ROUTE.to_owned(),
+            customer_id: customer.to_owned(),
+            request_hash: RequestFingerprint::of(body).to_hex(),
+            lease: Lease::new(payments_domain::time::after(
+                claimed_at,
+                Duration::from_secs(1),
+            )),
+            expires_at: payments_domain::time::after(claimed_at, Duration::from_secs(24 * 3600)),
+            now: claimed_at,
+            charge,
+        };
+        match self.store.claim(&claim).await.expect("claim") {
+            ClaimOutcome::Claimed { record_id } => (record_id, claim.charge.id),
+            ClaimOutcome::Existing(_) => panic!("key {key} already claimed"),
+        }
+    }
+
+    /// Runs backend-specific SQL (`?` placeholders for SQLite, `$n` for
+    /// PostgreSQL) that returns no rows; returns rows affected.
+    pub async fn execute(&self, sqlite_sql: &'static str, pg_sql: &'static str) -> u64 {
+        match &self.concrete {
+            Concrete::Sqlite(s) => sqlx::query(sqlite_sql)
+                .execute(s.pool())
+                .await
+                .expect("execute")
+                .rows_affected(),
+            Concrete::Postgres(s) => sqlx::query(pg_sql)
+                .execute(s.pool())
+                .await
+                .expect("execute")
+                .rows_affected(),
+        }
+    }
+
     /// Rows in `idempotent_requests`.
     pub async fn records(&self) -> i64 {
         self.count(
@@ -234,6 +302,7 @@ impl Default for AppOptions {
 /// The real API in front of a real sandbox, both on loopback.
 pub struct TestApp {
     pub base_url: String,
+    pub service: Arc<ChargeService>,
     pub sandbox: SandboxHandle,
     pub db: TestDb,
     pub http: reqwest::Client,
@@ -262,8 +331,9 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
         ttl: options.ttl,
         max_amount_cents: 1_000_000,
     };
+    let service = Arc::new(ChargeService::new(db.store(), Arc::new(gateway), policy));
     let state = AppState {
-        service: Arc::new(ChargeService::new(db.store(), Arc::new(gateway), policy)),
+        service: service.clone(),
         auth: Arc::new(
             Authenticator::new(&JwtKey::Hs256(TEST_SECRET.to_owned())).expect("authenticator"),
         ),
@@ -279,6 +349,7 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
     }));
     Some(TestApp {
         base_url,
+        service,
         sandbox,
         db,
         http: reqwest::Client::new(),
@@ -385,7 +456,7 @@ impl TestApp {
 /// A real binary of this workspace, started as a child process and killed
 /// when dropped. `make test` builds the binaries before the tests run.
 pub struct Process {
-    child: tokio::process::Child,
+    child: Option<tokio::process::Child>,
     /// What the binary printed on its "listening on" line.
     pub url: String,
     stderr_path: PathBuf,
@@ -456,9 +527,18 @@ impl Process {
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Process {
-            child,
+            child: Some(child),
             url,
             stderr_path,
+        }
+    }
+
+    /// A handle with only the URL of a process owned elsewhere.
+    pub fn detached(url: String) -> Process {
+        Process {
+            child: None,
+            url,
+            stderr_path: PathBuf::new(),
         }
     }
 
@@ -469,14 +549,18 @@ impl Process {
 
     /// SIGKILL, as a crash would.
     pub async fn kill(&mut self) {
-        let _ = self.child.kill().await;
+        if let Some(child) = &mut self.child {
+            let _ = child.kill().await;
+        }
     }
 }
 
 impl Drop for Process {
     fn drop(&mut self) {
-        let _ = self.child.start_kill();
-        let _ = std::fs::remove_file(&self.stderr_path);
+        if let Some(child) = &mut self.child {
+            let _ = child.start_kill();
+            let _ = std::fs::remove_file(&self.stderr_path);
+        }
     }
 }
 

@@ -1,0 +1,7 @@
+//! The jobs: the reaper and the pruner against real databases and the real
+//! sandbox, and `payments-jobs` as a process.
+#![allow(clippy::unwrap_used)]
+
+mod pruner;
+mod reaper;
+mod runner;

@@ -1,0 +1,131 @@
+//! The pruner keeps the key table small without touching what matters.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use payments_domain::time;
+use payments_jobs::pruner::Pruner;
+use payments_tests::{AppOptions, Backend, backend_tests, charge_body, new_key, spawn_app};
+
+const EXPIRED: i64 = 100_000;
+
+/// 100,000 expired complete records, fresh ones, and in-progress ones past
+/// their expiry: one pass deletes exactly the expired complete ones, in
+/// batches, touches no charge, and new charges keep succeeding meanwhile.
+async fn prune_deletes_only_expired_complete_records(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let app = Arc::new(app);
+    // Expired complete records (claimed two days ago), 100 charges, and 25
+    // in-progress records past their expiry, all written in bulk.
+    app.db
+        .execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000) \
+             INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
+             state, charge_id, response_status, response_body, response_content_type, created_at, \
+             completed_at, expires_at) \
+             SELECT 'expired-' || i, 'POST /api/charges', 'cus_old', \
+             '0000000000000000000000000000000000000000000000000000000000000000', 'complete', \
+             'ch_old_' || i, 201, '{}', 'application/json', \
+             CAST(strftime('%s','now') AS INTEGER) * 1000 - 172800000, \
+             CAST(strftime('%s','now') AS INTEGER) * 1000 - 172800000, \
+             CAST(strftime('%s','now') AS INTEGER) * 1000 - 86400000 FROM n",
+            "INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
+             state, charge_id, response_status, response_body, response_content_type, created_at, \
+             completed_at, expires_at) \
+             SELECT 'expired-' || i, 'POST /api/charges', 'cus_old', repeat('0', 64), 'complete', \
+             'ch_old_' || i, 201, '{}', 'application/json', now() - interval '2 days', \
+             now() - interval '2 days', now() - interval '1 day' FROM generate_series(1, 100000) i",
+        )
+        .await;
+    app.db
+        .execute(
+            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 25) \
+             INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
+             state, lease_token, locked_until, charge_id, created_at, expires_at) \
+             SELECT 'stuck-' || i, 'POST /api/charges', 'cus_old', \
+             '0000000000000000000000000000000000000000000000000000000000000000', 'in_progress', \
+             'token', 0, 'ch_stuck_' || i, 0, 1 FROM n",
+            "INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
+             state, lease_token, locked_until, charge_id, created_at, expires_at) \
+             SELECT 'stuck-' || i, 'POST /api/charges', 'cus_old', repeat('0', 64), 'in_progress', \
+             'token', now() - interval '3 days', 'ch_stuck_' || i, now() - interval '3 days', \
+             now() - interval '2 days' FROM generate_series(1, 25) i",
+        )
+        .await;
+    for _ in 0..100 {
+        assert_eq!(
+            app.post_charge("cus_new", Some(&new_key()), &charge_body(100, "tok_visa"))
+                .await
+                .status(),
+            201
+        );
+    }
+    assert_eq!(app.db.records().await, EXPIRED + 25 + 100);
+    let charges_before = app.db.charges().await;
+
+    let pruner = Pruner::new(app.db.store(), 5_000);
+    let dry = pruner.dry_run(time::now()).await.unwrap();
+    assert_eq!(dry.would_delete, EXPIRED as u64);
+    assert_eq!(
+        app.db.records().await,
+        EXPIRED + 25 + 100,
+        "the dry run deleted nothing"
+    );
+
+    // Charges keep succeeding while the pruner runs.
+    let charging = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            for _ in 0..20 {
+                statuses.push(
+                    app.post_charge("cus_live", Some(&new_key()), &charge_body(100, "tok_visa"))
+                        .await
+                        .status()
+                        .as_u16(),
+                );
+            }
+            statuses
+        })
+    };
+    let started = Instant::now();
+    let report = pruner.try_run_once(time::now()).await.unwrap();
+    let elapsed = started.elapsed();
+    let statuses = charging.await.unwrap();
+    assert!(statuses.iter().all(|s| *s == 201), "{statuses:?}");
+    eprintln!(
+        "{backend:?}: pruned {} rows in {} batches in {:.2?} ({:.0} rows/s)",
+        report.deleted,
+        report.batches,
+        elapsed,
+        report.deleted as f64 / elapsed.as_secs_f64()
+    );
+    assert_eq!(report.deleted, EXPIRED as u64);
+    assert!(report.batches >= 20, "bounded batches of 5,000");
+    assert_eq!(
+        app.db.records().await,
+        25 + 100 + 20,
+        "fresh and in-progress records remain"
+    );
+    assert_eq!(
+        app.db
+            .count(
+                "SELECT COUNT(*) FROM idempotent_requests WHERE state = 'in_progress'",
+                "SELECT COUNT(*) FROM idempotent_requests WHERE state = 'in_progress'",
+                &[]
+            )
+            .await,
+        25
+    );
+    assert_eq!(
+        app.db.charges().await,
+        charges_before + 20,
+        "no charge was deleted"
+    );
+    // A second pass finds nothing.
+    assert_eq!(pruner.try_run_once(time::now()).await.unwrap().deleted, 0);
+}
+
+backend_tests!(prune_deletes_only_expired_complete_records);

@@ -1,0 +1,239 @@
+//! `payments-jobs` as ops run it: real processes, real crashes.
+
+use std::time::Duration;
+
+use payments_api::config::DEV_JWT_SECRET;
+use payments_tests::{
+    Backend, Process, TestDb, backend_tests, binary, charge_body, new_key, run_binary,
+};
+use serde_json::Value;
+
+async fn sandbox_json(sandbox: &Process, path: &str) -> Value {
+    reqwest::get(format!("{}{path}", sandbox.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+async fn api(db: &TestDb, sandbox: &Process) -> Process {
+    Process::start(
+        "payments-api",
+        &[],
+        &[
+            ("DATABASE_URL", &db.url),
+            ("LISTEN_ADDR", "127.0.0.1:0"),
+            ("GATEWAY_URL", &sandbox.url),
+            ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+            ("GATEWAY_TIMEOUT", "3s"),
+            ("LEASE", "4s"),
+            ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+        ],
+    )
+    .await
+}
+
+async fn reap_once(db: &TestDb, sandbox: &Process) {
+    let (ok, _, stderr) = run_binary(
+        "payments-jobs",
+        &["reap", "--once"],
+        &[
+            ("DATABASE_URL", &db.url),
+            ("GATEWAY_URL", &sandbox.url),
+            ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+            ("GATEWAY_TIMEOUT", "3s"),
+            ("LEASE", "4s"),
+        ],
+    )
+    .await;
+    assert!(ok, "reap --once failed:\n{stderr}");
+    assert!(stderr.contains("reap pass"), "{stderr}");
+}
+
+async fn post(api: &Process, key: &str) -> reqwest::Result<reqwest::Response> {
+    let token =
+        payments_api::auth::mint_hs256(DEV_JWT_SECRET, "cus_crash", Duration::from_secs(600))
+            .unwrap();
+    reqwest::Client::new()
+        .post(format!("{}/api/charges", api.url))
+        .bearer_auth(token)
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(charge_body(4900, "tok_visa"))
+        .send()
+        .await
+}
+
+/// `kill -9` of the API while the provider call is in flight, no client
+/// retry: after the lease expires, `payments-jobs reap --once` finishes the
+/// record with the provider's real outcome, and the card was charged once.
+async fn crash_mid_call_is_recovered_by_the_reaper(backend: Backend) {
+    let Some(db) = TestDb::new(backend, 2).await else {
+        return;
+    };
+    let sandbox = Process::start(
+        "payments-sandbox",
+        &["--listen", "127.0.0.1:0", "--latency-ms", "1500"],
+        &[],
+    )
+    .await;
+    let mut api = api(&db, &sandbox).await;
+    let key = new_key();
+    let request = {
+        let api_url = api.url.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            let api = Process::detached(api_url);
+            post(&api, &key).await.map(|r| r.status())
+        })
+    };
+    // Wait until the provider call is in flight, then crash.
+    let mut in_flight = false;
+    for _ in 0..100 {
+        if sandbox_json(&sandbox, "/_sandbox/stats").await["in_flight"] == 1 {
+            in_flight = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(in_flight, "the provider call never started");
+    api.kill().await;
+    assert!(request.await.unwrap().is_err(), "the client got no answer");
+    assert_eq!(db.records_for_key(&key, "in_progress", None).await, 1);
+
+    // The lease (4 s) expires; the provider finished its 1.5 s charge long before.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    reap_once(&db, &sandbox).await;
+    assert_eq!(db.records_for_key(&key, "complete", Some(201)).await, 1);
+    assert_eq!(
+        sandbox_json(&sandbox, "/_sandbox/charges").await["data"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(db.charges_with_status("succeeded").await, 1);
+    assert_eq!(db.charges().await, 1);
+}
+
+/// The provider charges and drops the connection; the client gets 503 and
+/// never comes back: the reaper finishes it with that one charge.
+async fn dropped_answer_is_recovered_by_the_reaper(backend: Backend) {
+    let Some(db) = TestDb::new(backend, 2).await else {
+        return;
+    };
+    let sandbox = Process::start(
+        "payments-sandbox",
+        &["--listen", "127.0.0.1:0", "--drop-after-charge"],
+        &[],
+    )
+    .await;
+    let api = api(&db, &sandbox).await;
+    let key = new_key();
+    assert_eq!(post(&api, &key).await.unwrap().status(), 503);
+    assert_eq!(db.records_for_key(&key, "in_progress", None).await, 1);
+    reap_once(&db, &sandbox).await;
+    assert_eq!(db.records_for_key(&key, "complete", Some(201)).await, 1);
+    assert_eq!(
+        sandbox_json(&sandbox, "/_sandbox/charges").await["data"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(db.charges_with_status("succeeded").await, 1);
+}
+
+/// `payments-jobs run` exits 0 within a few seconds of SIGTERM.
+async fn run_stops_cleanly_on_sigterm(backend: Backend) {
+    let Some(db) = TestDb::new(backend, 2).await else {
+        return;
+    };
+    let sandbox = Process::start("payments-sandbox", &["--listen", "127.0.0.1:0"], &[]).await;
+    let log = std::env::temp_dir().join(format!(
+        "payments-jobs-{}.log",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let mut child = tokio::process::Command::new(binary("payments-jobs"))
+        .arg("run")
+        .env_clear()
+        .env("RUST_LOG", "info")
+        .env("DATABASE_URL", &db.url)
+        .env("GATEWAY_URL", &sandbox.url)
+        .env("GATEWAY_SECRET_KEY", "sk_test_sandbox")
+        .env("REAP_EVERY", "200ms")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    // Wait for at least one reap pass.
+    let mut passes = false;
+    for _ in 0..200 {
+        if std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("reap pass")
+        {
+            passes = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        passes,
+        "no pass ran:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let pid = child.id().unwrap().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .expect("exited within 5 s of SIGTERM")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    let _ = std::fs::remove_file(log);
+}
+
+backend_tests!(
+    crash_mid_call_is_recovered_by_the_reaper,
+    dropped_answer_is_recovered_by_the_reaper,
+    run_stops_cleanly_on_sigterm,
+);
+
+/// Refused settings, named in the message.
+#[tokio::test]
+async fn bad_job_settings_are_refused() {
+    let base = [
+        ("DATABASE_URL", "sqlite::memory:"),
+        ("GATEWAY_URL", "http://127.0.0.1:9"),
+        ("GATEWAY_SECRET_KEY", "k"),
+    ];
+    for (args, needle) in [
+        (&["reap", "--once", "--abandon-after=10s"][..], "LEASE"),
+        (&["reap", "--once", "--abandon-after=48h"][..], "retention"),
+    ] {
+        let (ok, _, stderr) = run_binary("payments-jobs", args, &base).await;
+        assert!(!ok && stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    let (ok, _, stderr) = run_binary(
+        "payments-jobs",
+        &["reap", "--once"],
+        &[("DATABASE_URL", "sqlite::memory:")],
+    )
+    .await;
+    assert!(!ok && stderr.contains("GATEWAY_URL"), "{stderr}");
+    // The pruner alone needs no provider.
+    let (ok, _, stderr) = run_binary(
+        "payments-jobs",
+        &["prune", "--once"],
+        &[("DATABASE_URL", "sqlite::memory:")],
+    )
+    .await;
+    assert!(ok, "{stderr}");
+}
