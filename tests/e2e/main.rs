@@ -6,16 +6,8 @@ use payments_api::config::DEV_JWT_SECRET;
 use payments_tests::{Backend, Process, TestDb, backend_tests, charge_body, run_binary};
 use serde_json::Value;
 
-async fn post(url: &str, token: &str, key: &str, body: &str) -> reqwest::Response {
-    reqwest::Client::new()
-        .post(format!("{url}/api/charges"))
-        .bearer_auth(token)
-        .header("content-type", "application/json")
-        .header("idempotency-key", key)
-        .body(body.to_owned())
-        .send()
-        .await
-        .unwrap()
+async fn post(api: &Process, token: &str, key: &str, body: &str) -> reqwest::Response {
+    api.post_charge(token, key, body).await.unwrap()
 }
 
 async fn mint(customer: &str) -> String {
@@ -58,14 +50,14 @@ async fn readme_session_against_the_real_binaries(backend: Backend) {
     .await;
     let token = mint("cus_readme").await;
     let key = uuid::Uuid::new_v4().to_string();
-    let first = post(&api.url, &token, &key, &charge_body(4900, "tok_visa")).await;
+    let first = post(&api, &token, &key, &charge_body(4900, "tok_visa")).await;
     assert_eq!(first.status(), 201);
     let first_body = first.text().await.unwrap();
-    let retry = post(&api.url, &token, &key, &charge_body(4900, "tok_visa")).await;
+    let retry = post(&api, &token, &key, &charge_body(4900, "tok_visa")).await;
     assert_eq!(retry.status(), 201);
     assert_eq!(retry.headers()["idempotent-replay"], "true");
     assert_eq!(retry.text().await.unwrap(), first_body);
-    let reused = post(&api.url, &token, &key, &charge_body(5000, "tok_visa")).await;
+    let reused = post(&api, &token, &key, &charge_body(5000, "tok_visa")).await;
     assert_eq!(reused.status(), 422);
     let charges: Value = reqwest::get(format!("{}/_sandbox/charges", sandbox.url))
         .await
@@ -100,16 +92,22 @@ async fn embedded_sandbox_mode_serves_and_warns() {
     )
     .await;
     assert!(api.log().contains("NO REAL MONEY MOVES"), "{}", api.log());
+    // With the sandbox the jobs run in-process: the first passes run at start.
+    assert!(
+        api.wait_for_log(&["reap pass", "prune pass"]).await,
+        "the reaper and pruner run in-process:\n{}",
+        api.log()
+    );
     let token = mint("cus_embedded").await;
     let key = uuid::Uuid::new_v4().to_string();
     assert_eq!(
-        post(&api.url, &token, &key, &charge_body(100, "tok_visa"))
+        post(&api, &token, &key, &charge_body(100, "tok_visa"))
             .await
             .status(),
         201
     );
     let declined = post(
-        &api.url,
+        &api,
         &token,
         &uuid::Uuid::new_v4().to_string(),
         &charge_body(100, "tok_chargeDeclined"),

@@ -3,9 +3,7 @@
 use std::time::Duration;
 
 use payments_api::config::DEV_JWT_SECRET;
-use payments_tests::{
-    Backend, Process, TestDb, backend_tests, binary, charge_body, new_key, run_binary,
-};
+use payments_tests::{Backend, Process, TestDb, backend_tests, charge_body, new_key, run_binary};
 use serde_json::Value;
 
 async fn sandbox_json(sandbox: &Process, path: &str) -> Value {
@@ -55,13 +53,7 @@ async fn post(api: &Process, key: &str) -> reqwest::Result<reqwest::Response> {
     let token =
         payments_api::auth::mint_hs256(DEV_JWT_SECRET, "cus_crash", Duration::from_secs(600))
             .unwrap();
-    reqwest::Client::new()
-        .post(format!("{}/api/charges", api.url))
-        .bearer_auth(token)
-        .header("content-type", "application/json")
-        .header("idempotency-key", key)
-        .body(charge_body(4900, "tok_visa"))
-        .send()
+    api.post_charge(&token, key, &charge_body(4900, "tok_visa"))
         .await
 }
 
@@ -151,53 +143,23 @@ async fn run_stops_cleanly_on_sigterm(backend: Backend) {
         return;
     };
     let sandbox = Process::start("payments-sandbox", &["--listen", "127.0.0.1:0"], &[]).await;
-    let log = std::env::temp_dir().join(format!(
-        "payments-jobs-{}.log",
-        uuid::Uuid::new_v4().simple()
-    ));
-    let mut child = tokio::process::Command::new(binary("payments-jobs"))
-        .arg("run")
-        .env_clear()
-        .env("RUST_LOG", "info")
-        .env("DATABASE_URL", &db.url)
-        .env("GATEWAY_URL", &sandbox.url)
-        .env("GATEWAY_SECRET_KEY", "sk_test_sandbox")
-        .env("REAP_EVERY", "200ms")
-        .stderr(std::fs::File::create(&log).unwrap())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    // Wait for at least one reap pass.
-    let mut passes = false;
-    for _ in 0..200 {
-        if std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains("reap pass")
-        {
-            passes = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let (mut jobs, _stdout) = Process::spawn(
+        "payments-jobs",
+        &["run"],
+        &[
+            ("DATABASE_URL", &db.url),
+            ("GATEWAY_URL", &sandbox.url),
+            ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+            ("REAP_EVERY", "200ms"),
+        ],
+    );
     assert!(
-        passes,
+        jobs.wait_for_log(&["reap pass"]).await,
         "no pass ran:\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
+        jobs.log()
     );
-    let pid = child.id().unwrap().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
-        .await
-        .expect("exited within 5 s of SIGTERM")
-        .unwrap();
+    let status = jobs.terminate(Duration::from_secs(5)).await;
     assert!(status.success(), "{status}");
-    let _ = std::fs::remove_file(log);
 }
 
 backend_tests!(

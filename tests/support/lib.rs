@@ -486,10 +486,13 @@ pub fn binary(name: &str) -> PathBuf {
 }
 
 impl Process {
-    /// Starts `name` with `args` and `env`, and waits for the line
-    /// `<name> listening on <url>` on its stdout.
-    pub async fn start(name: &str, args: &[&str], env: &[(&str, &str)]) -> Process {
-        use tokio::io::AsyncBufReadExt;
+    /// Starts `name` with `args` and `env` (stdout drained, stderr to a log
+    /// file), without waiting for anything.
+    pub fn spawn(
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> (Process, tokio::process::ChildStdout) {
         let stderr_path =
             std::env::temp_dir().join(format!("{name}-{}.log", uuid::Uuid::new_v4().simple()));
         let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
@@ -507,6 +510,19 @@ impl Process {
         }
         let mut child = command.spawn().expect("spawn");
         let stdout = child.stdout.take().expect("stdout");
+        let process = Process {
+            child: Some(child),
+            url: String::new(),
+            stderr_path,
+        };
+        (process, stdout)
+    }
+
+    /// Starts `name` and waits for the line `<name> listening on <url>` on
+    /// its stdout.
+    pub async fn start(name: &str, args: &[&str], env: &[(&str, &str)]) -> Process {
+        use tokio::io::AsyncBufReadExt;
+        let (mut process, stdout) = Process::spawn(name, args, env);
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let prefix = format!("{name} listening on ");
         let url = tokio::time::timeout(Duration::from_secs(30), async {
@@ -521,16 +537,55 @@ impl Process {
         .ok()
         .flatten();
         let Some(url) = url else {
-            let log = std::fs::read_to_string(&stderr_path).unwrap_or_default();
-            panic!("{name} did not start:\n{log}");
+            panic!("{name} did not start:\n{}", process.log());
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Process {
-            child: Some(child),
-            url,
-            stderr_path,
+        process.url = url;
+        process
+    }
+
+    /// Waits up to 10 s for every one of `needles` to appear in the log.
+    pub async fn wait_for_log(&self, needles: &[&str]) -> bool {
+        for _ in 0..500 {
+            let log = self.log();
+            if needles.iter().all(|n| log.contains(n)) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        false
+    }
+
+    /// Sends SIGTERM and waits up to `within` for the exit status.
+    pub async fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
+        let child = self.child.as_mut().expect("an owned process");
+        let pid = child.id().expect("running").to_string();
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        tokio::time::timeout(within, child.wait())
+            .await
+            .expect("exited in time")
+            .expect("exit status")
+    }
+
+    /// `POST /api/charges` to this API process.
+    pub async fn post_charge(
+        &self,
+        token: &str,
+        key: &str,
+        body: &str,
+    ) -> reqwest::Result<reqwest::Response> {
+        reqwest::Client::new()
+            .post(format!("{}/api/charges", self.url))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(body.to_owned())
+            .send()
+            .await
     }
 
     /// A handle with only the URL of a process owned elsewhere.

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use payments_jobs::settings::{DatabaseArgs, GatewayArgs, JobArgs};
+use payments_jobs::settings::{DatabaseArgs, GatewayArgs, JobArgs, LogArgs};
 
 /// The JWT secret `make run` and the README use. Refused next to a real provider.
 pub const DEV_JWT_SECRET: &str = "dev-only-secret-do-not-use-in-production";
@@ -108,15 +108,8 @@ pub struct Settings {
         global = true
     )]
     pub max_amount_cents: i64,
-    /// Log format.
-    #[arg(
-        long,
-        env = "LOG_FORMAT",
-        value_enum,
-        default_value = "text",
-        global = true
-    )]
-    pub log_format: LogFormat,
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 /// Secrets stay out of `Debug` output.
@@ -138,7 +131,7 @@ impl fmt::Debug for Settings {
                 &self.jwt_rs256_public_key.as_ref().map(|_| "(set)"),
             )
             .field("max_amount_cents", &self.max_amount_cents)
-            .field("log_format", &self.log_format)
+            .field("log", &self.log)
             .finish()
     }
 }

@@ -18,7 +18,7 @@ use payments_sandbox::SandboxConfig;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.settings.log_format);
+    init_logging(cli.settings.log.log_format);
     let result = match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => run(cli.settings).await,
         Command::Migrate => migrate(&cli.settings).await,

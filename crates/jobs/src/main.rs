@@ -11,7 +11,7 @@ use payments_domain::service::{ChargeService, Policy};
 use payments_gateway::HttpGateway;
 use payments_jobs::runner::Jobs;
 use payments_jobs::settings::{
-    DatabaseArgs, GatewayArgs, JobArgs, LogFormat, PROVIDER_KEY_RETENTION, init_logging,
+    DatabaseArgs, GatewayArgs, JobArgs, LogArgs, PROVIDER_KEY_RETENTION, init_logging,
 };
 
 #[derive(Debug, Parser)]
@@ -29,15 +29,8 @@ struct Cli {
     /// Report what a pass would do; change nothing (implies --once).
     #[arg(long, global = true)]
     dry_run: bool,
-    /// Log format.
-    #[arg(
-        long,
-        env = "LOG_FORMAT",
-        value_enum,
-        default_value = "text",
-        global = true
-    )]
-    log_format: LogFormat,
+    #[command(flatten)]
+    log: LogArgs,
     #[command(flatten)]
     database: DatabaseArgs,
     #[command(flatten)]
@@ -59,7 +52,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    init_logging(cli.log.log_format);
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -311,6 +311,20 @@ pub enum LogFormat {
     Json,
 }
 
+/// The log format flag.
+#[derive(Debug, Clone, Args)]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(
+        long,
+        env = "LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    pub log_format: LogFormat,
+}
+
 /// Structured logs on stderr, `RUST_LOG` filtering (default `info`).
 pub fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
