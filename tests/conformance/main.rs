@@ -428,6 +428,7 @@ async fn charges_round_trip(backend: Backend) {
 }
 
 backend_tests!(
+    serializable;
     concurrent_claims_have_one_winner,
     concurrent_finishers_have_one_winner,
     takeover_only_after_expiry_and_only_once,

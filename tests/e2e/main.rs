@@ -167,3 +167,73 @@ async fn bad_configuration_is_refused_at_start() {
         );
     }
 }
+
+/// Two API processes on one database, concurrent same-key requests sent
+/// alternately to both: the database arbitrates, one charge.
+async fn two_api_processes_share_one_database(backend: Backend) {
+    let Some(db) = TestDb::new(backend, 1).await else {
+        return;
+    };
+    let sandbox = Process::start(
+        "payments-sandbox",
+        &["--listen", "127.0.0.1:0", "--latency-ms", "300"],
+        &[],
+    )
+    .await;
+    let env = [
+        ("DATABASE_URL", db.url.as_str()),
+        ("LISTEN_ADDR", "127.0.0.1:0"),
+        ("GATEWAY_URL", sandbox.url.as_str()),
+        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+    ];
+    let apis = std::sync::Arc::new([
+        Process::start("payments-api", &[], &env).await,
+        Process::start("payments-api", &[], &env).await,
+    ]);
+    let token = mint("cus_two").await;
+    let key = uuid::Uuid::new_v4().to_string();
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(20));
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let (apis, token, key, barrier) =
+                (apis.clone(), token.clone(), key.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                post(&apis[i % 2], &token, &key, &charge_body(4900, "tok_visa"))
+                    .await
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 201 || *s == 409),
+        "{statuses:?}"
+    );
+    assert!(statuses.contains(&201));
+    let charges: Value = reqwest::get(format!("{}/_sandbox/charges", sandbox.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        charges["data"].as_array().unwrap().len(),
+        1,
+        "one charge at the provider"
+    );
+    assert_eq!(db.charges().await, 1, "one charges row");
+    // Both processes replay the same answer afterwards.
+    for api in apis.iter() {
+        let replay = post(api, &token, &key, &charge_body(4900, "tok_visa")).await;
+        assert_eq!(replay.status(), 201);
+        assert_eq!(replay.headers()["idempotent-replay"], "true");
+    }
+}
+
+backend_tests!(two_api_processes_share_one_database);

@@ -9,6 +9,17 @@ use payments_tests::{AppOptions, Backend, backend_tests, charge_body, new_key, s
 
 const EXPIRED: i64 = 100_000;
 
+/// The digits 0-9 as a derived table: MySQL and MariaDB share no row
+/// generator (no generate_series, differing recursion limits), but both
+/// can cross-join this.
+macro_rules! digits {
+    () => {
+        "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL \
+         SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 UNION ALL \
+         SELECT 8 UNION ALL SELECT 9)"
+    };
+}
+
 /// 100,000 expired complete records, fresh ones, and in-progress ones past
 /// their expiry: one pass deletes exactly the expired complete ones, in
 /// batches, touches no charge, and new charges keep succeeding meanwhile.
@@ -37,6 +48,17 @@ async fn prune_deletes_only_expired_complete_records(backend: Backend) {
              SELECT 'expired-' || i, 'POST /api/charges', 'cus_old', repeat('0', 64), 'complete', \
              'ch_old_' || i, 201, '{}', 'application/json', now() - interval '2 days', \
              now() - interval '2 days', now() - interval '1 day' FROM generate_series(1, 100000) i",
+            concat!(
+                "INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
+                 state, charge_id, response_status, response_body, response_content_type, created_at, \
+                 completed_at, expires_at) \
+                 SELECT CONCAT('expired-', n), 'POST /api/charges', 'cus_old', REPEAT('0', 64), \
+                 'complete', CONCAT('ch_old_', n), 201, '{}', 'application/json', \
+                 NOW(6) - INTERVAL 2 DAY, NOW(6) - INTERVAL 2 DAY, NOW(6) - INTERVAL 1 DAY \
+                 FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 1 AS n FROM ",
+                digits!(), " a, ", digits!(), " b, ", digits!(), " c, ", digits!(), " e, ", digits!(),
+                " f) nums"
+            ),
         )
         .await;
     app.db
@@ -52,6 +74,15 @@ async fn prune_deletes_only_expired_complete_records(backend: Backend) {
              SELECT 'stuck-' || i, 'POST /api/charges', 'cus_old', repeat('0', 64), 'in_progress', \
              'token', now() - interval '3 days', 'ch_stuck_' || i, now() - interval '3 days', \
              now() - interval '2 days' FROM generate_series(1, 25) i",
+            concat!(
+                "INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
+                 state, lease_token, locked_until, charge_id, created_at, expires_at) \
+                 SELECT CONCAT('stuck-', n), 'POST /api/charges', 'cus_old', REPEAT('0', 64), \
+                 'in_progress', 'token', NOW(6) - INTERVAL 3 DAY, CONCAT('ch_stuck_', n), \
+                 NOW(6) - INTERVAL 3 DAY, NOW(6) - INTERVAL 2 DAY \
+                 FROM (SELECT a.d + 10 * b.d + 1 AS n FROM ",
+                digits!(), " a, ", digits!(), " b) nums WHERE n <= 25"
+            ),
         )
         .await;
     for _ in 0..100 {

@@ -9,6 +9,7 @@
 //! - [`backend_tests!`]: runs one async test body once per backend.
 #![allow(clippy::unwrap_used)]
 
+pub mod mysql;
 pub mod postgres;
 
 use std::path::PathBuf;
@@ -19,7 +20,7 @@ use payments_api::auth::{Authenticator, mint_hs256};
 use payments_api::config::{JwtKey, KeyMode};
 use payments_api::{AppState, serve};
 use payments_domain::service::{ChargeService, Policy};
-use payments_domain::store::{PoolSettings, PostgresStore, SqliteStore, Store};
+use payments_domain::store::{MySqlStore, PoolSettings, PostgresStore, SqliteStore, Store};
 use payments_gateway::HttpGateway;
 use payments_sandbox::{SandboxConfig, SandboxHandle};
 use serde_json::Value;
@@ -29,30 +30,50 @@ use serde_json::Value;
 pub enum Backend {
     Sqlite,
     Postgres,
+    /// PostgreSQL with `default_transaction_isolation = serializable`, as a
+    /// distributed SQL engine (CockroachDB, YugabyteDB) runs every transaction.
+    PostgresSerializable,
+    /// MySQL or MariaDB (InnoDB).
+    Mysql,
 }
 
-/// Runs `$body` (an `async fn(Backend)`) as one test per backend:
-/// `name::sqlite` and `name::postgres`.
+/// Runs `$name` (an `async fn(Backend)`) as one test per backend:
+/// `name::sqlite`, `name::postgres` and `name::mysql`; with `serializable;`
+/// first, also `name::postgres_serializable`.
 #[macro_export]
 macro_rules! backend_tests {
-    ($($name:ident),* $(,)?) => {$(
+    (serializable; $($name:ident),* $(,)?) => {$(
         mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn sqlite() {
-                super::$name($crate::Backend::Sqlite).await;
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                super::$name($crate::Backend::Postgres).await;
-            }
+            $crate::backend_test!($name, sqlite, Sqlite);
+            $crate::backend_test!($name, postgres, Postgres);
+            $crate::backend_test!($name, postgres_serializable, PostgresSerializable);
+            $crate::backend_test!($name, mysql, Mysql);
         }
     )*};
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            $crate::backend_test!($name, sqlite, Sqlite);
+            $crate::backend_test!($name, postgres, Postgres);
+            $crate::backend_test!($name, mysql, Mysql);
+        }
+    )*};
+}
+
+/// One test of [`backend_tests!`].
+#[macro_export]
+macro_rules! backend_test {
+    ($name:ident, $test:ident, $backend:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn $test() {
+            super::$name($crate::Backend::$backend).await;
+        }
+    };
 }
 
 enum Guard {
     Sqlite(PathBuf),
     Postgres(#[allow(dead_code)] postgres::TestDatabase),
+    Mysql(#[allow(dead_code)] mysql::TestDatabase),
 }
 
 impl Drop for Guard {
@@ -70,6 +91,7 @@ impl Drop for Guard {
 enum Concrete {
     Sqlite(SqliteStore),
     Postgres(PostgresStore),
+    Mysql(MySqlStore),
 }
 
 /// One test's own database, migrated, with its `Store`.
@@ -113,7 +135,7 @@ impl TestDb {
                     Arc::new(store),
                 )
             }
-            Backend::Postgres => {
+            Backend::Postgres | Backend::PostgresSerializable => {
                 let db = match postgres::create_database().await {
                     Ok(db) => db,
                     Err(skip) => {
@@ -121,14 +143,50 @@ impl TestDb {
                         return None;
                     }
                 };
+                if backend == Backend::PostgresSerializable {
+                    use sqlx::Connection;
+                    let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+                    let sql = format!(
+                        "ALTER DATABASE \"{}\" SET default_transaction_isolation = 'serializable'",
+                        db.name
+                    );
+                    sqlx::query(sqlx::AssertSqlSafe(sql))
+                        .execute(&mut conn)
+                        .await
+                        .expect("make the database serializable");
+                }
                 let url = db.url.clone();
                 let store = PostgresStore::connect(&url, &pool)
                     .await
                     .expect("open postgres");
+                if backend == Backend::PostgresSerializable {
+                    let level: String = sqlx::query_scalar("SHOW transaction_isolation")
+                        .fetch_one(store.pool())
+                        .await
+                        .expect("isolation");
+                    assert_eq!(level, "serializable", "every transaction runs serializable");
+                }
                 (
                     url,
                     Guard::Postgres(db),
                     Concrete::Postgres(store.clone()),
+                    Arc::new(store),
+                )
+            }
+            Backend::Mysql => {
+                let db = match mysql::create_database().await {
+                    Ok(db) => db,
+                    Err(skip) => {
+                        mysql::skip_or_panic(&skip);
+                        return None;
+                    }
+                };
+                let url = db.url.clone();
+                let store = MySqlStore::connect(&url, &pool).await.expect("open mysql");
+                (
+                    url,
+                    Guard::Mysql(db),
+                    Concrete::Mysql(store.clone()),
                     Arc::new(store),
                 )
             }
@@ -147,17 +205,19 @@ impl TestDb {
         self.store.clone()
     }
 
-    /// Runs a `SELECT COUNT(*) ...` written with `?` placeholders for
-    /// SQLite and `$n` for PostgreSQL, binding `args` as text.
-    pub async fn count(
-        &self,
-        sqlite_sql: &'static str,
-        pg_sql: &'static str,
-        args: &[&str],
-    ) -> i64 {
+    /// Runs a `SELECT COUNT(*) ...` written with `?` placeholders (SQLite,
+    /// MySQL) and with `$n` (PostgreSQL), binding `args` as text.
+    pub async fn count(&self, q_sql: &'static str, pg_sql: &'static str, args: &[&str]) -> i64 {
         match &self.concrete {
+            Concrete::Mysql(s) => {
+                let mut q = sqlx::query_scalar::<_, i64>(q_sql);
+                for a in args {
+                    q = q.bind(*a);
+                }
+                q.fetch_one(s.pool()).await.expect("count")
+            }
             Concrete::Sqlite(s) => {
-                let mut q = sqlx::query_scalar::<_, i64>(sqlite_sql);
+                let mut q = sqlx::query_scalar::<_, i64>(q_sql);
                 for a in args {
                     q = q.bind(*a);
                 }
@@ -198,7 +258,7 @@ impl TestDb {
         let status = status.map(|s| s.to_string()).unwrap_or_default();
         self.count(
             "SELECT COUNT(*) FROM idempotent_requests WHERE idempotency_key = ? AND state = ? \
-             AND COALESCE(CAST(response_status AS TEXT), '') = ?",
+             AND COALESCE(CAST(response_status AS CHAR), '') = ?",
             "SELECT COUNT(*) FROM idempotent_requests WHERE idempotency_key = $1 AND state = $2 \
              AND COALESCE(CAST(response_status AS TEXT), '') = $3",
             &[key, state, status.as_str()],
@@ -244,10 +304,19 @@ impl TestDb {
         }
     }
 
-    /// Runs backend-specific SQL (`?` placeholders for SQLite, `$n` for
-    /// PostgreSQL) that returns no rows; returns rows affected.
-    pub async fn execute(&self, sqlite_sql: &'static str, pg_sql: &'static str) -> u64 {
+    /// Runs backend-specific SQL that returns no rows; returns rows affected.
+    pub async fn execute(
+        &self,
+        sqlite_sql: &'static str,
+        pg_sql: &'static str,
+        mysql_sql: &'static str,
+    ) -> u64 {
         match &self.concrete {
+            Concrete::Mysql(s) => sqlx::query(mysql_sql)
+                .execute(s.pool())
+                .await
+                .expect("execute")
+                .rows_affected(),
             Concrete::Sqlite(s) => sqlx::query(sqlite_sql)
                 .execute(s.pool())
                 .await

@@ -8,6 +8,7 @@
 //! Every method takes `now` from the caller, so expiry and lease decisions are
 //! made with one clock per request and tests can move time without sleeping.
 
+mod mysql;
 mod postgres;
 mod rows;
 mod sqlite;
@@ -21,6 +22,7 @@ use chrono::{DateTime, Utc};
 use crate::charge::{Charge, ChargeStatus};
 use crate::idempotency::{IdempotencyRecord, Lease, StoredResponse};
 
+pub use mysql::MySqlStore;
 pub use postgres::PostgresStore;
 pub use sqlite::SqliteStore;
 
@@ -33,6 +35,10 @@ pub enum StoreError {
     /// A row the caller relies on is missing (e.g. the charge of a record).
     #[error("not found: {0}")]
     NotFound(String),
+    /// A serialization failure or deadlock: the transaction was rolled back
+    /// and may succeed if run again (see [`retrying`]).
+    #[error("transaction conflict, retry: {0}")]
+    Retryable(String),
     /// The database is unreachable, misconfigured or failed.
     #[error("database error: {0}")]
     Other(String),
@@ -42,6 +48,8 @@ impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         if is_unique_violation(&e) {
             StoreError::Conflict(e.to_string())
+        } else if is_retryable(&e) {
+            StoreError::Retryable(e.to_string())
         } else {
             StoreError::Other(e.to_string())
         }
@@ -58,6 +66,40 @@ impl From<sqlx::migrate::MigrateError> for StoreError {
 /// 23505, SQLite 2067/1555, MySQL error number 1062), never by message text.
 pub fn is_unique_violation(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.is_unique_violation())
+}
+
+/// A transaction the database rolled back to keep its isolation promise,
+/// which will likely succeed when run again: SQLSTATE 40001 (PostgreSQL's
+/// serialization failure under SERIALIZABLE, MySQL's deadlock 1213, and
+/// what CockroachDB and YugabyteDB send for any conflict) and 40P01
+/// (PostgreSQL's deadlock).
+pub fn is_retryable(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
+}
+
+/// How often a transaction that failed with a retryable conflict is run.
+const RETRY_ATTEMPTS: u32 = 10;
+
+/// Runs `op` until it does not fail with [`StoreError::Retryable`], at most
+/// [`RETRY_ATTEMPTS`] times, with a short jittered backoff so racers spread.
+pub(crate) async fn retrying<T, F, Fut>(mut op: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut attempt = 1;
+    loop {
+        match op().await {
+            Err(StoreError::Retryable(reason)) if attempt < RETRY_ATTEMPTS => {
+                let backoff_ms =
+                    (1u64 << attempt.min(6)) + u64::from(uuid::Uuid::new_v4().as_bytes()[0] % 8);
+                tracing::debug!(attempt, %reason, backoff_ms, "retrying a conflicted transaction");
+                tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// A request to claim a key: the record to insert and the pending charge
@@ -204,16 +246,18 @@ impl Default for PoolSettings {
     }
 }
 
-/// Opens the backend named by the URL's scheme: `sqlite:` or `postgres://`
-/// (`postgresql://`). Does not migrate.
+/// Opens the backend named by the URL's scheme: `sqlite:`, `postgres://`
+/// (`postgresql://`) or `mysql://` (`mariadb://`). Does not migrate.
 pub async fn connect(url: &str, pool: &PoolSettings) -> Result<Arc<dyn Store>, StoreError> {
     if url.starts_with("sqlite:") {
         Ok(Arc::new(SqliteStore::connect(url, pool).await?))
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(Arc::new(PostgresStore::connect(url, pool).await?))
+    } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+        Ok(Arc::new(MySqlStore::connect(url, pool).await?))
     } else {
         Err(StoreError::Other(format!(
-            "unsupported DATABASE_URL scheme in {:?}: use sqlite: or postgres://",
+            "unsupported DATABASE_URL scheme in {:?}: use sqlite:, postgres:// or mysql://",
             redact(url)
         )))
     }

@@ -12,7 +12,7 @@ use sqlx::{PgPool, Postgres, Transaction};
 use super::rows::{ChargeRow, RecordRow, metadata_json, record_columns};
 use super::{
     CLAIM_ATTEMPTS, ChargeOutcome, Claim, ClaimOutcome, Finish, FinishOutcome, PoolSettings, Store,
-    StoreError,
+    StoreError, retrying,
 };
 use crate::charge::Charge;
 use crate::idempotency::{IdempotencyRecord, Lease, RecordState};
@@ -171,74 +171,8 @@ impl PostgresStore {
         tx.commit().await?;
         Ok(Some(ClaimOutcome::Claimed { record_id }))
     }
-}
 
-#[async_trait]
-impl Store for PostgresStore {
-    async fn migrate(&self) -> Result<(), StoreError> {
-        Ok(MIGRATOR.run(&self.pool).await?)
-    }
-
-    async fn ready(&self) -> Result<(), StoreError> {
-        let applied: Vec<i64> =
-            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
-                .fetch_all(&self.pool)
-                .await?;
-        super::check_migrations(&MIGRATOR, &applied)
-    }
-
-    async fn claim(&self, c: &Claim) -> Result<ClaimOutcome, StoreError> {
-        for _ in 0..CLAIM_ATTEMPTS {
-            if let Some(outcome) = self.try_claim(c).await? {
-                return Ok(outcome);
-            }
-        }
-        Err(StoreError::Other(format!(
-            "claim of key {:?} did not settle after {CLAIM_ATTEMPTS} attempts",
-            c.key
-        )))
-    }
-
-    async fn take_over(
-        &self,
-        record_id: i64,
-        expected_token: &str,
-        lease: &Lease,
-        now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE idempotent_requests SET lease_token = $1, locked_until = $2 \
-             WHERE id = $3 AND state = 'in_progress' AND lease_token = $4 AND locked_until <= $5",
-        )
-        .bind(&lease.token)
-        .bind(lease.until)
-        .bind(record_id)
-        .bind(expected_token)
-        .bind(now)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release(
-        &self,
-        record_id: i64,
-        lease_token: &str,
-        now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE idempotent_requests SET locked_until = $1 \
-             WHERE id = $2 AND state = 'in_progress' AND lease_token = $3",
-        )
-        .bind(now)
-        .bind(record_id)
-        .bind(lease_token)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn finish(&self, f: &Finish) -> Result<FinishOutcome, StoreError> {
+    async fn try_finish(&self, f: &Finish) -> Result<FinishOutcome, StoreError> {
         let mut tx = self.pool.begin().await?;
         let completed = sqlx::query(
             "UPDATE idempotent_requests SET state = 'complete', response_status = $1, \
@@ -263,13 +197,94 @@ impl Store for PostgresStore {
         tx.commit().await?;
         Ok(FinishOutcome::Finished)
     }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        Ok(MIGRATOR.run(&self.pool).await?)
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        let applied: Vec<i64> =
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+                .fetch_all(&self.pool)
+                .await?;
+        super::check_migrations(&MIGRATOR, &applied)
+    }
+
+    async fn claim(&self, c: &Claim) -> Result<ClaimOutcome, StoreError> {
+        // Under SERIALIZABLE a racing claimer fails with 40001 instead of
+        // seeing the winner's row: run it again and it will.
+        retrying(|| async {
+            for _ in 0..CLAIM_ATTEMPTS {
+                if let Some(outcome) = self.try_claim(c).await? {
+                    return Ok(outcome);
+                }
+            }
+            Err(StoreError::Other(format!(
+                "claim of key {:?} did not settle after {CLAIM_ATTEMPTS} attempts",
+                c.key
+            )))
+        })
+        .await
+    }
+
+    async fn take_over(
+        &self,
+        record_id: i64,
+        expected_token: &str,
+        lease: &Lease,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        retrying(|| async {
+            let done = sqlx::query(
+                "UPDATE idempotent_requests SET lease_token = $1, locked_until = $2 \
+                 WHERE id = $3 AND state = 'in_progress' AND lease_token = $4 AND locked_until <= $5",
+            )
+            .bind(&lease.token)
+            .bind(lease.until)
+            .bind(record_id)
+            .bind(expected_token)
+            .bind(now)
+            .execute(&self.pool)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
+    }
+
+    async fn release(
+        &self,
+        record_id: i64,
+        lease_token: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        retrying(|| async {
+            let done = sqlx::query(
+                "UPDATE idempotent_requests SET locked_until = $1 \
+                 WHERE id = $2 AND state = 'in_progress' AND lease_token = $3",
+            )
+            .bind(now)
+            .bind(record_id)
+            .bind(lease_token)
+            .execute(&self.pool)
+            .await?;
+            Ok(done.rows_affected() == 1)
+        })
+        .await
+    }
+
+    async fn finish(&self, f: &Finish) -> Result<FinishOutcome, StoreError> {
+        retrying(|| self.try_finish(f)).await
+    }
 
     async fn insert_charge(&self, charge: &Charge) -> Result<(), StoreError> {
         insert_charge(&self.pool, charge).await
     }
 
     async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<(), StoreError> {
-        update_charge(&self.pool, outcome).await
+        retrying(|| update_charge(&self.pool, outcome)).await
     }
 
     async fn claim_expired(
@@ -280,21 +295,24 @@ impl Store for PostgresStore {
         // SKIP LOCKED: a second reaper passes over the row the first one is
         // taking instead of queueing behind it; the outer conditions re-check
         // the row as it is once locked.
-        let row: Option<RecordRow<Ts>> = sqlx::query_as(concat!(
-            "UPDATE idempotent_requests SET lease_token = $1, locked_until = $2 \
-             WHERE id = (SELECT id FROM idempotent_requests \
-                         WHERE state = 'in_progress' AND locked_until <= $3 \
-                         ORDER BY locked_until LIMIT 1 FOR UPDATE SKIP LOCKED) \
-               AND state = 'in_progress' AND locked_until <= $3 \
-             RETURNING ",
-            record_columns!()
-        ))
-        .bind(&lease.token)
-        .bind(lease.until)
-        .bind(now)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(IdempotencyRecord::try_from).transpose()
+        retrying(|| async {
+            let row: Option<RecordRow<Ts>> = sqlx::query_as(concat!(
+                "UPDATE idempotent_requests SET lease_token = $1, locked_until = $2 \
+                 WHERE id = (SELECT id FROM idempotent_requests \
+                             WHERE state = 'in_progress' AND locked_until <= $3 \
+                             ORDER BY locked_until LIMIT 1 FOR UPDATE SKIP LOCKED) \
+                   AND state = 'in_progress' AND locked_until <= $3 \
+                 RETURNING ",
+                record_columns!()
+            ))
+            .bind(&lease.token)
+            .bind(lease.until)
+            .bind(now)
+            .fetch_optional(&self.pool)
+            .await?;
+            row.map(IdempotencyRecord::try_from).transpose()
+        })
+        .await
     }
 
     async fn expired_in_progress(
@@ -316,16 +334,19 @@ impl Store for PostgresStore {
     }
 
     async fn prune(&self, now: DateTime<Utc>, batch: u32) -> Result<u64, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM idempotent_requests WHERE id IN \
-             (SELECT id FROM idempotent_requests \
-              WHERE state = 'complete' AND expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        )
-        .bind(now)
-        .bind(i64::from(batch))
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected())
+        retrying(|| async {
+            let done = sqlx::query(
+                "DELETE FROM idempotent_requests WHERE id IN \
+                 (SELECT id FROM idempotent_requests \
+                  WHERE state = 'complete' AND expires_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)",
+            )
+            .bind(now)
+            .bind(i64::from(batch))
+            .execute(&self.pool)
+            .await?;
+            Ok(done.rows_affected())
+        })
+        .await
     }
 
     async fn count_prunable(&self, now: DateTime<Utc>) -> Result<u64, StoreError> {
