@@ -5,4 +5,5 @@
 
 mod idempotency;
 mod incident;
+mod observability;
 mod validation;

@@ -407,6 +407,7 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
             Authenticator::new(&JwtKey::Hs256(TEST_SECRET.to_owned())).expect("authenticator"),
         ),
         key_mode: options.key_mode,
+        client_guide_url: "docs/client-guide.md".into(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

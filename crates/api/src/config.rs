@@ -91,6 +91,14 @@ pub struct Settings {
         global = true
     )]
     pub idempotency_key_mode: KeyMode,
+    /// Where clients learn to send keys; linked from keyless answers.
+    #[arg(
+        long,
+        env = "CLIENT_GUIDE_URL",
+        default_value = "docs/client-guide.md",
+        global = true
+    )]
+    pub client_guide_url: String,
     /// How long a key is remembered. At most the provider's key retention (24h).
     #[arg(long, env = "IDEMPOTENCY_TTL", default_value = "24h", value_parser = humantime::parse_duration, global = true)]
     pub idempotency_ttl: Duration,
@@ -124,6 +132,7 @@ impl fmt::Debug for Settings {
             .field("sandbox_listen_addr", &self.sandbox_listen_addr)
             .field("with_jobs", &self.with_jobs)
             .field("idempotency_key_mode", &self.idempotency_key_mode)
+            .field("client_guide_url", &self.client_guide_url)
             .field("idempotency_ttl", &self.idempotency_ttl)
             .field("jwt_hs256_secret", &hidden(&self.jwt_hs256_secret))
             .field(

@@ -12,8 +12,11 @@ use payments_domain::service::{ChargeError, RETRY_AFTER_SECS};
 pub enum ApiError {
     #[error("a valid bearer token is required")]
     Unauthorized,
-    #[error("the Idempotency-Key header is required")]
-    KeyMissing,
+    /// Carries the client guide's URL for the message.
+    #[error(
+        "the Idempotency-Key header is required: generate one key per payment and reuse it on every retry; see {0}"
+    )]
+    KeyMissing(String),
     #[error("{0}")]
     KeyInvalid(String),
     #[error("{}", .0.message)]
@@ -45,7 +48,7 @@ impl ApiError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
-            Self::KeyMissing => (StatusCode::BAD_REQUEST, "idempotency_key_missing"),
+            Self::KeyMissing(_) => (StatusCode::BAD_REQUEST, "idempotency_key_missing"),
             Self::KeyInvalid(_) => (StatusCode::BAD_REQUEST, "idempotency_key_invalid"),
             Self::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
             Self::UnsupportedMediaType => {
@@ -85,6 +88,12 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
         match &self {
+            Self::InProgress => {
+                metrics::counter!("payments_idempotency_conflicts_total").increment(1)
+            }
+            Self::KeyReused => {
+                metrics::counter!("payments_idempotency_key_reused_total").increment(1)
+            }
             Self::Internal(detail) => tracing::error!(%detail, "internal error"),
             Self::NotReady(detail) => tracing::warn!(%detail, "not ready"),
             _ => {}

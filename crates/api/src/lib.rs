@@ -10,6 +10,7 @@
 //!   rejections in our error envelope.
 //! - [`routes`]: thin handlers.
 //! - [`error`]: `ApiError`, the one error type, and its envelope.
+//! - [`telemetry`]: Prometheus metrics and `GET /metrics`.
 //! - [`router`] and [`serve`]: wiring, middleware, graceful shutdown; tests
 //!   bind port 0 and call them directly.
 #![forbid(unsafe_code)]
@@ -19,6 +20,7 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod routes;
+pub mod telemetry;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -43,6 +45,8 @@ pub struct AppState {
     pub service: Arc<ChargeService>,
     pub auth: Arc<Authenticator>,
     pub key_mode: KeyMode,
+    /// Linked from keyless answers (400 in `required` mode, a `Warning` header in `optional`).
+    pub client_guide_url: Arc<str>,
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -51,6 +55,9 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// `X-Request-Id` or generated, echoed back, and on every log line of the
 /// request), and panics turned into a 500 envelope.
 pub fn router(state: AppState) -> Router {
+    if let Err(e) = telemetry::handle() {
+        tracing::warn!(error = %e, "metrics recorder unavailable; /metrics will answer 500");
+    }
     let trace = TraceLayer::new_for_http()
         .on_response(DefaultOnResponse::new().level(tracing::Level::INFO))
         .make_span_with(|request: &Request<_>| {
@@ -72,9 +79,11 @@ pub fn router(state: AppState) -> Router {
         .route("/api/charges/{id}", get(routes::get_charge))
         .route("/healthz", get(routes::healthz))
         .route("/readyz", get(routes::readyz))
+        .route("/metrics", get(telemetry::metrics))
         .fallback(routes::not_found)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn(telemetry::track))
         .layer(DefaultBodyLimit::max(extract::MAX_BODY_BYTES))
         .layer(CatchPanicLayer::custom(panic_response))
         .layer(trace)

@@ -109,6 +109,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         service,
         auth: Arc::new(auth),
         key_mode: settings.idempotency_key_mode,
+        client_guide_url: settings.client_guide_url.as_str().into(),
     };
     let listener = tokio::net::TcpListener::bind(settings.listen_addr)
         .await

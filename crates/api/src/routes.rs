@@ -23,10 +23,19 @@ pub async fn create_charge(
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
     let service = state.service.clone();
+    let keyless = key.is_none();
     if let Some(key) = &key {
         tracing::Span::current().record("idempotency_key", key.as_str());
-    } else if state.key_mode == KeyMode::Required {
-        return Err(ApiError::KeyMissing);
+    } else {
+        let mode = match state.key_mode {
+            KeyMode::Required => "required",
+            KeyMode::Optional => "optional",
+        };
+        metrics::counter!("payments_keyless_requests_total", "mode" => mode).increment(1);
+        tracing::warn!(customer = %customer, mode, "request without an Idempotency-Key");
+        if state.key_mode == KeyMode::Required {
+            return Err(ApiError::KeyMissing(state.client_guide_url.to_string()));
+        }
     }
     // Spawned, so a client that gives up mid-call never cancels a charge
     // half-way: the outcome is stored and its retry gets the replay.
@@ -39,7 +48,19 @@ pub async fn create_charge(
     let reply = tokio::spawn(work.instrument(tracing::Span::current()))
         .await
         .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))??;
-    Ok(reply_response(reply))
+    let mut response = reply_response(reply);
+    if keyless {
+        // Rollout mode: tell the client, in a header its logs will show,
+        // that this request was unprotected and keys become mandatory.
+        let warning = format!(
+            "299 - \"Idempotency-Key will be required; see {}\"",
+            state.client_guide_url
+        );
+        if let Ok(v) = HeaderValue::from_str(&warning) {
+            response.headers_mut().insert(header::WARNING, v);
+        }
+    }
+    Ok(response)
 }
 
 /// A stored answer, byte for byte, with its content type and location.
@@ -56,6 +77,7 @@ fn reply_response(reply: Reply) -> Response {
         headers.insert(header::LOCATION, v);
     }
     if reply.replayed {
+        metrics::counter!("payments_idempotent_replays_total").increment(1);
         headers.insert("idempotent-replay", HeaderValue::from_static("true"));
     }
     response

@@ -199,6 +199,7 @@ impl ChargeService {
                     // Another retry or the reaper took it first.
                     return Err(ChargeError::InProgress);
                 }
+                metrics::counter!("payments_lease_takeovers_total").increment(1);
                 let charge =
                     self.store.charge(&record.charge_id).await?.ok_or_else(|| {
                         StoreError::NotFound(format!("charge {}", record.charge_id))

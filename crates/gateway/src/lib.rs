@@ -128,14 +128,19 @@ impl Gateway for HttpGateway {
                 reason: format!("provider unreachable: {e}"),
             },
         };
+        let label = match &outcome {
+            ProviderOutcome::Succeeded { .. } => "succeeded",
+            ProviderOutcome::Declined { .. } => "declined",
+            ProviderOutcome::Unknown { .. } => "unknown",
+        };
+        let elapsed = started.elapsed();
+        metrics::histogram!("payments_provider_request_duration_seconds", "outcome" => label)
+            .record(elapsed.as_secs_f64());
+        metrics::counter!("payments_provider_outcomes_total", "outcome" => label).increment(1);
         tracing::info!(
             provider_key = %request.idempotency_key,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            outcome = match &outcome {
-                ProviderOutcome::Succeeded { .. } => "succeeded",
-                ProviderOutcome::Declined { .. } => "declined",
-                ProviderOutcome::Unknown { .. } => "unknown",
-            },
+            elapsed_ms = elapsed.as_millis() as u64,
+            outcome = label,
             "provider call"
         );
         outcome

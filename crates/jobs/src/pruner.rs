@@ -53,6 +53,7 @@ impl Pruner {
         let mut report = PruneReport::default();
         loop {
             let deleted = self.store.prune(now, self.batch).await?;
+            metrics::counter!("payments_pruned_records_total").increment(deleted);
             report.deleted += deleted;
             report.batches += 1;
             if deleted < u64::from(self.batch) {

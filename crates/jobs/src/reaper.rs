@@ -130,12 +130,26 @@ impl Reaper {
             let Some(record) = self.store().claim_expired(now, &lease).await? else {
                 break;
             };
-            match self.handle(&record, &lease, now).await {
-                Handled::Reaped => report.reaped += 1,
-                Handled::Abandoned => report.abandoned += 1,
-                Handled::Left => report.left += 1,
-                Handled::Failed => report.failed += 1,
-            }
+            let handled = self.handle(&record, &lease, now).await;
+            let result = match handled {
+                Handled::Reaped => {
+                    report.reaped += 1;
+                    "reaped"
+                }
+                Handled::Abandoned => {
+                    report.abandoned += 1;
+                    "abandoned"
+                }
+                Handled::Left => {
+                    report.left += 1;
+                    "left"
+                }
+                Handled::Failed => {
+                    report.failed += 1;
+                    "failed"
+                }
+            };
+            metrics::counter!("payments_reaper_records_total", "result" => result).increment(1);
         }
         Ok(report)
     }

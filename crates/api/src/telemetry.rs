@@ -1,0 +1,78 @@
+//! Prometheus metrics: the process-wide recorder, `GET /metrics`, and the
+//! middleware that counts every request by route (the matched pattern, so a
+//! charge id never becomes a label), method and status.
+//!
+//! | metric | labels | recorded in |
+//! |---|---|---|
+//! | `payments_http_requests_total` | route, method, status | here |
+//! | `payments_http_request_duration_seconds` | route, method | here |
+//! | `payments_idempotent_replays_total` | | routes |
+//! | `payments_idempotency_conflicts_total` (409) | | error |
+//! | `payments_idempotency_key_reused_total` (422) | | error |
+//! | `payments_keyless_requests_total` | mode | routes |
+//! | `payments_provider_request_duration_seconds` | outcome | payments-gateway |
+//! | `payments_provider_outcomes_total` | outcome | payments-gateway |
+//! | `payments_lease_takeovers_total` | | payments-domain |
+//! | `payments_reaper_records_total` | result | payments-jobs |
+//! | `payments_pruned_records_total` | | payments-jobs |
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::error::ApiError;
+
+/// Latency buckets, in seconds: from a replay (~1 ms) to a slow provider (30 s).
+const BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
+];
+
+static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+
+/// The process-wide recorder, installed on first use. Metrics recorded
+/// before it is installed are dropped, so `router()` installs it.
+pub fn handle() -> Result<&'static PrometheusHandle, &'static str> {
+    HANDLE
+        .get_or_init(|| {
+            PrometheusBuilder::new()
+                .set_buckets(BUCKETS)
+                .map_err(|e| e.to_string())?
+                .install_recorder()
+                .map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(String::as_str)
+}
+
+/// `GET /metrics`: Prometheus text format.
+pub async fn metrics() -> Result<Response, ApiError> {
+    let handle = handle().map_err(|e| ApiError::Internal(format!("metrics recorder: {e}")))?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle.render(),
+    )
+        .into_response())
+}
+
+/// Counts and times every request.
+pub async fn track(request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let method = request.method().to_string();
+    let started = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16().to_string();
+    metrics::counter!("payments_http_requests_total", "route" => route.clone(), "method" => method.clone(), "status" => status)
+        .increment(1);
+    metrics::histogram!("payments_http_request_duration_seconds", "route" => route, "method" => method)
+        .record(started.elapsed().as_secs_f64());
+    response
+}

@@ -1,0 +1,166 @@
+//! Metrics and the rollout mode, as ops and client teams see them.
+
+use std::sync::Arc;
+
+use payments_api::config::KeyMode;
+use payments_sandbox::SandboxConfig;
+use payments_tests::{
+    AppOptions, Backend, TestApp, backend_tests, charge_body, new_key, spawn_app,
+};
+use serde_json::Value;
+
+/// The sum of every sample of `name` (all label sets) in `/metrics`.
+async fn metric(app: &TestApp, name: &str) -> f64 {
+    let response = app
+        .http
+        .get(format!("{}/metrics", app.base_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let text = response.text().await.unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// After a replay, a 409, a 422 and a keyless request, each counter went up.
+/// (Counters are process-wide and other tests run alongside: deltas are
+/// at least what this test caused.)
+async fn metrics_count_replays_conflicts_and_keyless_requests(backend: Backend) {
+    let options = AppOptions {
+        sandbox: SandboxConfig {
+            latency_ms: 400,
+            ..SandboxConfig::default()
+        },
+        ..AppOptions::default()
+    };
+    let Some(app) = spawn_app(backend, options).await else {
+        return;
+    };
+    let app = Arc::new(app);
+    let names = [
+        "payments_idempotent_replays_total",
+        "payments_idempotency_conflicts_total",
+        "payments_idempotency_key_reused_total",
+        "payments_keyless_requests_total",
+        "payments_http_requests_total",
+        "payments_provider_outcomes_total",
+    ];
+    let mut before = Vec::new();
+    for n in names {
+        before.push(metric(&app, n).await);
+    }
+    let key = new_key();
+    let first = {
+        let (app, key) = (app.clone(), key.clone());
+        tokio::spawn(async move {
+            app.post_charge("cus_m", Some(&key), &charge_body(100, "tok_visa"))
+                .await
+                .status()
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    assert_eq!(
+        app.post_charge("cus_m", Some(&key), &charge_body(100, "tok_visa"))
+            .await
+            .status(),
+        409
+    );
+    assert_eq!(first.await.unwrap(), 201);
+    assert_eq!(
+        app.post_charge("cus_m", Some(&key), &charge_body(100, "tok_visa"))
+            .await
+            .status(),
+        201
+    );
+    assert_eq!(
+        app.post_charge("cus_m", Some(&key), &charge_body(101, "tok_visa"))
+            .await
+            .status(),
+        422
+    );
+    assert_eq!(
+        app.post_charge("cus_m", None, &charge_body(100, "tok_visa"))
+            .await
+            .status(),
+        400
+    );
+    for (n, was) in names.iter().zip(before) {
+        let now = metric(&app, n).await;
+        assert!(now >= was + 1.0, "{n} went from {was} to {now}");
+    }
+    let text = app
+        .http
+        .get(format!("{}/metrics", app.base_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(r#"route="/api/charges/{id}""#) || text.contains(r#"route="/api/charges""#),
+        "requests are labelled by route pattern"
+    );
+    assert!(
+        text.contains("payments_provider_request_duration_seconds_bucket"),
+        "provider latency histogram"
+    );
+}
+
+/// `optional`: a keyless request is served, and its answer warns that keys
+/// will be required, linking the client guide. `required`: 400 with the link.
+async fn rollout_mode_warns_then_requires(backend: Backend) {
+    let optional = AppOptions {
+        key_mode: KeyMode::Optional,
+        ..AppOptions::default()
+    };
+    let Some(app) = spawn_app(backend, optional).await else {
+        return;
+    };
+    let served = app
+        .post_charge("cus_r", None, &charge_body(100, "tok_visa"))
+        .await;
+    assert_eq!(served.status(), 201);
+    let warning = served.headers()["warning"].to_str().unwrap().to_owned();
+    assert!(warning.starts_with("299 - \""), "{warning}");
+    assert!(
+        warning.contains("Idempotency-Key will be required") && warning.contains("client-guide"),
+        "{warning}"
+    );
+    let keyed = app
+        .post_charge("cus_r", Some(&new_key()), &charge_body(100, "tok_visa"))
+        .await;
+    assert!(keyed.headers().get("warning").is_none());
+
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let refused = app
+        .post_charge("cus_r", None, &charge_body(100, "tok_visa"))
+        .await;
+    assert_eq!(refused.status(), 400);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "idempotency_key_missing");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("client-guide")
+    );
+    assert_eq!(app.db.charges().await, 0);
+}
+
+backend_tests!(
+    metrics_count_replays_conflicts_and_keyless_requests,
+    rollout_mode_warns_then_requires,
+);
