@@ -1,0 +1,188 @@
+//! The wire types of `POST /api/charges` and `GET /api/charges/{id}`.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// The body of `POST /api/charges`. The server refuses unknown fields, so
+/// this is exactly the documented set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChargeRequest {
+    /// Minor units (pence, cents); positive and at most the server's maximum.
+    pub amount_cents: i64,
+    /// ISO 4217, e.g. `GBP`.
+    pub currency: String,
+    /// A provider card token (`tok_visa` in the sandbox).
+    pub card_token: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// String keys to string values.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+impl ChargeRequest {
+    pub fn new(
+        amount_cents: i64,
+        currency: impl Into<String>,
+        card_token: impl Into<String>,
+    ) -> Self {
+        Self {
+            amount_cents,
+            currency: currency.into(),
+            card_token: card_token.into(),
+            description: None,
+            metadata: None,
+        }
+    }
+
+    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+        self.description = Some(description.into());
+        self
+    }
+
+    /// Adds one metadata entry.
+    pub fn with_metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata
+            .get_or_insert_with(BTreeMap::new)
+            .insert(key.into(), value.into());
+        self
+    }
+}
+
+/// Where a charge stands on the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChargeStatus {
+    /// Claimed; the provider's answer is not recorded yet.
+    Pending,
+    Succeeded,
+    /// Declined by the provider.
+    Failed,
+    /// The server gave up on the provider and reconciles by hand.
+    Unknown,
+    /// A status this client does not know yet.
+    #[serde(other)]
+    Unrecognised,
+}
+
+/// A charge, as `201 Created` and `GET /api/charges/{id}` return it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Charge {
+    pub id: String,
+    pub customer_id: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub status: ChargeStatus,
+    pub description: Option<String>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// The provider's id for the charge, once it answered.
+    pub gateway_charge_id: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The inside of the error envelope `{"error":{...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    /// Stable, e.g. `card_declined`, `invalid_request`, `idempotency_key_reused`.
+    pub code: String,
+    /// For humans; may change.
+    #[serde(default)]
+    pub message: String,
+    /// The offending field of a 400 `invalid_request`, e.g. `currency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param: Option<String>,
+    /// Why the provider declined a 402, e.g. `insufficient_funds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decline_code: Option<String>,
+    /// The declined charge, when the server names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub charge_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Envelope {
+    error: ApiError,
+}
+
+impl ApiError {
+    /// The envelope in `body`, if it is one.
+    pub fn from_envelope(body: &[u8]) -> Option<Self> {
+        serde_json::from_slice::<Envelope>(body)
+            .ok()
+            .map(|e| e.error)
+    }
+
+    /// The envelope in `body`, or a stand-in naming the status when the
+    /// answer is not ours (a proxy's HTML page, say).
+    pub(crate) fn from_response(status: u16, body: &[u8]) -> Self {
+        Self::from_envelope(body).unwrap_or_else(|| Self {
+            code: format!("http_{status}"),
+            message: snippet(body),
+            param: None,
+            decline_code: None,
+            charge_id: None,
+        })
+    }
+}
+
+/// The start of a body, for error messages.
+pub(crate) fn snippet(body: &[u8]) -> String {
+    const MAX: usize = 200;
+    let text = String::from_utf8_lossy(body);
+    let mut out: String = text.chars().take(MAX).collect();
+    if text.chars().count() > MAX {
+        out.push_str("...");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_serialises_only_what_is_set() -> Result<(), serde_json::Error> {
+        let plain = serde_json::to_string(&ChargeRequest::new(4900, "GBP", "tok_visa"))?;
+        assert_eq!(
+            plain,
+            r#"{"amount_cents":4900,"currency":"GBP","card_token":"tok_visa"}"#
+        );
+        let full = ChargeRequest::new(100, "GBP", "tok_visa")
+            .with_description("tea")
+            .with_metadata("order", "42");
+        assert_eq!(
+            serde_json::to_string(&full)?,
+            r#"{"amount_cents":100,"currency":"GBP","card_token":"tok_visa","description":"tea","metadata":{"order":"42"}}"#
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn charge_parses_the_server_shape() -> Result<(), serde_json::Error> {
+        let charge: Charge = serde_json::from_str(
+            r#"{"id":"ch_1","customer_id":"cus_a","amount_cents":4900,"currency":"GBP",
+                "status":"succeeded","description":null,"metadata":{"k":"v"},
+                "gateway_charge_id":"ch_gw","created_at":"2024-05-01T12:00:00.123Z"}"#,
+        )?;
+        assert_eq!(charge.status, ChargeStatus::Succeeded);
+        assert_eq!(charge.metadata.get("k").map(String::as_str), Some("v"));
+        Ok(())
+    }
+
+    #[test]
+    fn envelope_or_stand_in() {
+        let declined = ApiError::from_envelope(
+            br#"{"error":{"code":"card_declined","message":"no","decline_code":"insufficient_funds"}}"#,
+        );
+        assert_eq!(
+            declined.and_then(|e| e.decline_code).as_deref(),
+            Some("insufficient_funds")
+        );
+        let html = ApiError::from_response(502, b"<html>bad gateway</html>");
+        assert_eq!(html.code, "http_502");
+        assert!(html.message.contains("bad gateway"));
+    }
+}

@@ -1,0 +1,363 @@
+//! The HTTP checks. Each sends raw single requests (no retry loop) so it
+//! sees every status the server gives, and judges them against the contract.
+
+use crate::client::{Answer, Client, Exchange, exchange};
+use crate::error::error_chain;
+use crate::key::IdempotencyKey;
+use crate::model::{ApiError, ChargeRequest};
+
+use super::Config;
+use super::report::{Check, CheckResult};
+
+/// One smoke run: its id, its client and its settings.
+#[derive(Debug)]
+pub(crate) struct Run {
+    pub id: String,
+    pub client: Client,
+    pub config: Config,
+}
+
+impl Run {
+    /// A charge body tagged with this run and `check`.
+    fn request(&self, check: Check) -> ChargeRequest {
+        ChargeRequest::new(
+            self.config.amount_cents,
+            self.config.currency.clone(),
+            self.config.card_token.clone(),
+        )
+        .with_description(format!("payments-smoke {check}"))
+        .with_metadata("smoke_run", self.id.clone())
+        .with_metadata("smoke_check", check.name())
+    }
+
+    /// One `POST /api/charges`, answered or described as a failure.
+    async fn post(
+        &self,
+        key: Option<&IdempotencyKey>,
+        request: &ChargeRequest,
+    ) -> Result<Exchange, String> {
+        let body = serde_json::to_vec(request).map_err(|e| e.to_string())?;
+        exchange(self.client.post_charge(key, body, self.config.timeout))
+            .await
+            .map_err(|e| error_chain(&e))
+    }
+}
+
+/// A check's verdict and the charges its answers named.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    pub result: CheckResult,
+    pub charge_ids: Vec<String>,
+}
+
+/// `sequential_replay` also hands its completed key to `key_reuse_other_body`.
+#[derive(Debug)]
+pub(crate) struct SequentialChecked {
+    pub result: CheckResult,
+    pub charge_ids: Vec<String>,
+    pub completed: Option<(IdempotencyKey, ChargeRequest)>,
+}
+
+/// Two concurrent requests with one key: exactly one of them makes the
+/// charge; the other is 409 (and its retry replays the charge) or a replay.
+/// A server that charges every request answers 201 + 201, neither a replay,
+/// with two charge ids: the original incident.
+pub(crate) async fn concurrent_same_key(run: &Run) -> Checked {
+    let check = Check::ConcurrentSameKey;
+    let key = IdempotencyKey::generate();
+    let request = run.request(check);
+    let (a, b) = tokio::join!(
+        run.post(Some(&key), &request),
+        run.post(Some(&key), &request)
+    );
+    let (a, b) = match (a, b) {
+        (Ok(a), Ok(b)) => (a, b),
+        (Err(e), _) | (_, Err(e)) => {
+            return Checked {
+                result: CheckResult::fail(check, format!("a request failed: {e}")),
+                charge_ids: Vec::new(),
+            };
+        }
+    };
+    let mut charge_ids: Vec<String> = [&a, &b].into_iter().filter_map(charge_id).collect();
+    charge_ids.dedup();
+    let pair = format!("{} + {}", describe(&a), describe(&b));
+    // `first` made the charge, if either did.
+    let (first, second) = if is_fresh_charge(&b) && !is_fresh_charge(&a) {
+        (b, a)
+    } else {
+        (a, b)
+    };
+    let result = match (is_fresh_charge(&first), charge_id(&first)) {
+        (true, Some(id)) => judge_second(run, &key, &request, &pair, &id, &second).await,
+        _ => CheckResult::fail(
+            check,
+            format!("{pair}: expected one 201 that makes the charge"),
+        ),
+    };
+    Checked { result, charge_ids }
+}
+
+async fn judge_second(
+    run: &Run,
+    key: &IdempotencyKey,
+    request: &ChargeRequest,
+    pair: &str,
+    id: &str,
+    second: &Exchange,
+) -> CheckResult {
+    let check = Check::ConcurrentSameKey;
+    let fail = |why: String| CheckResult::fail(check, format!("{pair}: {why}"));
+    match second.status {
+        201 => match charge_id(second) {
+            Some(other) if other != id => fail(format!(
+                "two charges for one key ({id} and {other}){}: the server is not idempotent",
+                if second.replayed {
+                    ""
+                } else {
+                    ", neither a replay"
+                }
+            )),
+            Some(_) if !second.replayed => {
+                fail("the second 201 lacks Idempotent-Replay: true".to_owned())
+            }
+            Some(_) => CheckResult::pass(
+                check,
+                format!("{pair}: one charge, the second answer a replay of it"),
+            ),
+            None => fail("the second 201 names no charge".to_owned()),
+        },
+        409 => {
+            let code = ApiError::from_response(409, &second.body).code;
+            if code != "request_in_progress" {
+                return fail(format!(
+                    "409 with code {code}, expected request_in_progress"
+                ));
+            }
+            // The loser was told to wait: its retry with the same key must
+            // get the winner's stored answer.
+            match run.client.charge_with_key(key, request).await {
+                Ok(outcome) => match &outcome.answer {
+                    Answer::Charged(charge) if charge.id == id && outcome.replayed => {
+                        CheckResult::pass(
+                            check,
+                            format!(
+                                "{pair}; the retry with the same key replayed {id} \
+                                 (after {} attempt(s))",
+                                outcome.attempts
+                            ),
+                        )
+                    }
+                    Answer::Charged(charge) if charge.id != id => fail(format!(
+                        "the 409's retry got another charge, {}: charged twice",
+                        charge.id
+                    )),
+                    Answer::Charged(_) => fail(
+                        "the 409's retry got the charge without Idempotent-Replay: true".to_owned(),
+                    ),
+                    Answer::Declined(e) => {
+                        fail(format!("the 409's retry was declined: {}", e.code))
+                    }
+                },
+                Err(e) => fail(format!("the 409's retry failed: {e}")),
+            }
+        }
+        _ => fail("expected 201 + 409, or 201 + a replayed 201".to_owned()),
+    }
+}
+
+/// A completed key, retried sequentially: the stored 201 again, byte for
+/// byte, marked as a replay.
+pub(crate) async fn sequential_replay(run: &Run) -> SequentialChecked {
+    let check = Check::SequentialReplay;
+    let key = IdempotencyKey::generate();
+    let request = run.request(check);
+    let outcome = |result, charge_ids, completed| SequentialChecked {
+        result,
+        charge_ids,
+        completed,
+    };
+    let first = match run.post(Some(&key), &request).await {
+        Ok(first) => first,
+        Err(e) => {
+            let result = CheckResult::fail(check, format!("the first request failed: {e}"));
+            return outcome(result, Vec::new(), None);
+        }
+    };
+    let Some(first_id) = charge_id(&first).filter(|_| is_fresh_charge(&first)) else {
+        let result = CheckResult::fail(
+            check,
+            format!(
+                "the first request answered {}, expected 201",
+                describe(&first)
+            ),
+        );
+        return outcome(result, Vec::new(), None);
+    };
+    let mut charge_ids = vec![first_id.clone()];
+    let completed = Some((key.clone(), request.clone()));
+    let second = match run.post(Some(&key), &request).await {
+        Ok(second) => second,
+        Err(e) => {
+            let result = CheckResult::fail(check, format!("the retry failed: {e}"));
+            return outcome(result, charge_ids, completed);
+        }
+    };
+    if let Some(id) = charge_id(&second).filter(|id| *id != first_id) {
+        charge_ids.push(id);
+    }
+    let mut problems = Vec::new();
+    if second.status != 201 {
+        problems.push(format!("the retry answered {}", describe(&second)));
+    } else {
+        if !second.replayed {
+            problems.push("no Idempotent-Replay: true".to_owned());
+        }
+        if second.body != first.body {
+            problems.push(match charge_id(&second) {
+                Some(id) if id != first_id => {
+                    format!("another charge ({first_id} then {id}): charged twice")
+                }
+                _ => "the body differs from the first answer".to_owned(),
+            });
+        }
+    }
+    let result = if problems.is_empty() {
+        CheckResult::pass(
+            check,
+            format!("201 then 201 replay of {first_id}, byte-identical body"),
+        )
+    } else {
+        CheckResult::fail(check, problems.join("; "))
+    };
+    outcome(result, charge_ids, completed)
+}
+
+/// The completed key of `sequential_replay` (or a fresh one, completed
+/// here) with another amount: 422, never the first answer, never a charge.
+pub(crate) async fn key_reuse_other_body(
+    run: &Run,
+    completed: Option<(IdempotencyKey, ChargeRequest)>,
+) -> CheckResult {
+    let check = Check::KeyReuseOtherBody;
+    let (key, request) = match completed {
+        Some(done) => done,
+        None => {
+            let key = IdempotencyKey::generate();
+            let request = run.request(check);
+            match run.post(Some(&key), &request).await {
+                Ok(first) if is_fresh_charge(&first) => {}
+                Ok(first) => {
+                    return CheckResult::fail(
+                        check,
+                        format!("could not complete a first charge: {}", describe(&first)),
+                    );
+                }
+                Err(e) => {
+                    return CheckResult::fail(check, format!("the first request failed: {e}"));
+                }
+            }
+            (key, request)
+        }
+    };
+    let other = ChargeRequest {
+        amount_cents: request.amount_cents + 1,
+        ..request
+    };
+    match run.post(Some(&key), &other).await {
+        Err(e) => CheckResult::fail(check, format!("the request failed: {e}")),
+        Ok(answer) => {
+            let code = ApiError::from_response(answer.status, &answer.body).code;
+            match answer.status {
+                422 if code == "idempotency_key_reused" => {
+                    CheckResult::pass(check, "422 idempotency_key_reused")
+                }
+                201 if answer.replayed => CheckResult::fail(
+                    check,
+                    "201 replay: the first request's answer for a different amount, so the \
+                     caller would believe a charge happened that did not",
+                ),
+                201 => CheckResult::fail(
+                    check,
+                    format!(
+                        "{}: the server charged another amount under a used key",
+                        describe(&answer)
+                    ),
+                ),
+                _ => CheckResult::fail(
+                    check,
+                    format!("{}, expected 422 idempotency_key_reused", describe(&answer)),
+                ),
+            }
+        }
+    }
+}
+
+/// No key: 400 `idempotency_key_missing`, or a 201 from a server in the
+/// `optional` rollout mode (a pass with a note, unless keys are required).
+pub(crate) async fn missing_key(run: &Run) -> CheckResult {
+    let check = Check::MissingKey;
+    let request = run.request(check);
+    match run.post(None, &request).await {
+        Err(e) => CheckResult::fail(check, format!("the request failed: {e}")),
+        Ok(answer) => {
+            let code = ApiError::from_response(answer.status, &answer.body).code;
+            match answer.status {
+                400 if code == "idempotency_key_missing" => {
+                    CheckResult::pass(check, "400 idempotency_key_missing: keys are required")
+                }
+                201 if run.config.require_key => CheckResult::fail(
+                    check,
+                    "201 without a key: the server is in `optional` rollout mode and charged \
+                     without protection (--require-key)",
+                ),
+                201 => CheckResult::pass(
+                    check,
+                    "201 without a key: the server is in `optional` rollout mode",
+                )
+                .with_note(
+                    "keyless charges are served without protection; set \
+                     IDEMPOTENCY_KEY_MODE=required and smoke with --require-key once no \
+                     client sends requests without a key",
+                ),
+                _ => CheckResult::fail(
+                    check,
+                    format!(
+                        "{}, expected 400 idempotency_key_missing",
+                        describe(&answer)
+                    ),
+                ),
+            }
+        }
+    }
+}
+
+/// A 201 that is not a replay: this request made the charge.
+fn is_fresh_charge(exchange: &Exchange) -> bool {
+    exchange.status == 201 && !exchange.replayed
+}
+
+/// The `id` of a 201's charge. Read loosely (any JSON object with an `id`)
+/// so a server with a different charge shape is still judged on idempotency.
+fn charge_id(exchange: &Exchange) -> Option<String> {
+    if exchange.status != 201 {
+        return None;
+    }
+    let body: serde_json::Value = serde_json::from_slice(&exchange.body).ok()?;
+    body.get("id")?.as_str().map(str::to_owned)
+}
+
+/// `201 (ch_1)`, `201 replay (ch_1)`, `409 request_in_progress`.
+fn describe(exchange: &Exchange) -> String {
+    match exchange.status {
+        201 => format!(
+            "201{} ({})",
+            if exchange.replayed { " replay" } else { "" },
+            charge_id(exchange).unwrap_or_else(|| "no charge id".to_owned())
+        ),
+        status => format!(
+            "{status} {}",
+            ApiError::from_response(status, &exchange.body).code
+        ),
+    }
+}

@@ -1,0 +1,192 @@
+//! `payments-smoke`: a post-deploy check that proves idempotency from the
+//! outside, against a running server.
+//!
+//! Safe to run repeatedly against staging: every run uses fresh keys, small
+//! amounts on a sandbox test card (`tok_visa`, 100 minor units by default),
+//! and tags each charge with `metadata.smoke_run = <run id>` and
+//! `metadata.smoke_check = <check name>`, so its charges can be found.
+//!
+//! The checks, in order (see [`Check`]):
+//! 1. `concurrent_same_key`: two concurrent requests with one key make one
+//!    charge (201 + 409, or 201 + a replayed 201 of the same charge).
+//! 2. `sequential_replay`: a retry of a completed key is 201 with
+//!    `Idempotent-Replay: true` and the first body byte for byte.
+//! 3. `key_reuse_other_body`: that key with another amount is 422
+//!    `idempotency_key_reused`.
+//! 4. `missing_key`: no key is 400 `idempotency_key_missing` (a 201 means the
+//!    server is in `optional` rollout mode: a pass with a note, or a failure
+//!    with [`Config::require_key`]).
+//! 5. `one_row_per_key` (with [`Config::database_url`]): exactly one
+//!    `charges` row for each keyed operation.
+//!
+//! [`run`] is the whole smoke; the binary only parses flags and prints the
+//! [`Report`].
+
+mod checks;
+mod database;
+mod report;
+
+use std::fmt;
+use std::time::Duration;
+
+pub use report::{Check, CheckResult, EXIT_ERROR, EXIT_FAILED, EXIT_PASSED, Report, Skipped};
+
+use crate::client::Client;
+use crate::error::ClientError;
+use database::Database;
+
+/// What to smoke-test and how.
+#[derive(Clone)]
+pub struct Config {
+    pub base_url: String,
+    /// A bearer token for a test customer.
+    pub token: String,
+    /// The server's database (`sqlite:`, `postgres://`, `mysql://`), for
+    /// `one_row_per_key`; `None` skips that check.
+    pub database_url: Option<String>,
+    /// Fail `missing_key` when the server serves keyless requests.
+    pub require_key: bool,
+    /// One request's timeout.
+    pub timeout: Duration,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub card_token: String,
+}
+
+impl Config {
+    /// 100 GBP minor units on `tok_visa`, 30 s per request, no database.
+    pub fn new(base_url: impl Into<String>, token: impl Into<String>) -> Self {
+        Self {
+            base_url: base_url.into(),
+            token: token.into(),
+            database_url: None,
+            require_key: false,
+            timeout: Duration::from_secs(30),
+            amount_cents: 100,
+            currency: "GBP".to_owned(),
+            card_token: "tok_visa".to_owned(),
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The token and the database URL (with its password) stay out of logs.
+        f.debug_struct("Config")
+            .field("base_url", &self.base_url)
+            .field("token", &"<redacted>")
+            .field(
+                "database_url",
+                &self
+                    .database_url
+                    .as_ref()
+                    .map(|u| format!("{}:<redacted>", u.split(':').next().unwrap_or_default())),
+            )
+            .field("require_key", &self.require_key)
+            .field("timeout", &self.timeout)
+            .field("amount_cents", &self.amount_cents)
+            .field("currency", &self.currency)
+            .field("card_token", &self.card_token)
+            .finish()
+    }
+}
+
+/// Why the smoke could not run at all (exit status [`EXIT_ERROR`]), as
+/// opposed to a check that ran and failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SmokeError {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("cannot reach the server at {url}: {detail}")]
+    Unreachable { url: String, detail: String },
+    #[error("the server at {url} refused the token (401 unauthorized)")]
+    Unauthorized { url: String },
+    #[error("unsupported database URL scheme {0:?}: use sqlite:, postgres:// or mysql://")]
+    UnsupportedDatabase(String),
+    #[error("cannot use the database: {0}")]
+    Database(#[source] sqlx::Error),
+}
+
+/// Runs every check once and reports. `Err` only when the smoke could not
+/// run: a bad URL, an unreachable server or database, a refused token.
+pub async fn run(config: &Config) -> Result<Report, SmokeError> {
+    let client = Client::builder(&config.base_url, &config.token)
+        .attempt_timeout(config.timeout)
+        .deadline(config.timeout.max(Duration::from_secs(30)))
+        .max_attempts(10)
+        .backoff(Duration::from_millis(100), Duration::from_secs(2))
+        .build()?;
+    let run_id = format!("smoke-{}", uuid::Uuid::new_v4().simple());
+
+    // Before any charge: the database opens and its `charges` table answers.
+    let mut database = match &config.database_url {
+        Some(url) => {
+            let mut db = Database::connect(url).await?;
+            db.rows_of_run(&run_id)
+                .await
+                .map_err(SmokeError::Database)?;
+            Some(db)
+        }
+        None => None,
+    };
+    preflight(&client).await?;
+
+    let run = checks::Run {
+        id: run_id.clone(),
+        client,
+        config: config.clone(),
+    };
+    let mut results = Vec::new();
+    let concurrent = checks::concurrent_same_key(&run).await;
+    results.push(concurrent.result);
+    let sequential = checks::sequential_replay(&run).await;
+    results.push(sequential.result);
+    results.push(checks::key_reuse_other_body(&run, sequential.completed).await);
+    results.push(checks::missing_key(&run).await);
+
+    let mut skipped = Vec::new();
+    match &mut database {
+        Some(db) => {
+            let expected = vec![
+                (Check::ConcurrentSameKey, concurrent.charge_ids),
+                (Check::SequentialReplay, sequential.charge_ids),
+            ];
+            results.push(match db.rows_of_run(&run_id).await {
+                Ok(rows) => {
+                    let (passed, detail) = database::one_row_per_key(&rows, &expected);
+                    if passed {
+                        CheckResult::pass(Check::OneRowPerKey, detail)
+                    } else {
+                        CheckResult::fail(Check::OneRowPerKey, detail)
+                    }
+                }
+                Err(e) => CheckResult::fail(Check::OneRowPerKey, format!("query failed: {e}")),
+            });
+        }
+        None => skipped.push(Skipped {
+            name: Check::OneRowPerKey,
+            reason: "no --database-url given".to_owned(),
+        }),
+    }
+    Ok(Report::new(
+        run_id,
+        run.client.base_url().to_owned(),
+        results,
+        skipped,
+    ))
+}
+
+/// The server answers and accepts the token, before anything is charged:
+/// a lookup of a charge that does not exist (404 expected; anything but
+/// 401 or a transport failure lets the checks run and judge).
+async fn preflight(client: &Client) -> Result<(), SmokeError> {
+    let url = client.base_url().to_owned();
+    match client.get_charge("ch_smoke_preflight").await {
+        Err(ClientError::Transport(e)) => Err(SmokeError::Unreachable {
+            url,
+            detail: crate::error::error_chain(&e),
+        }),
+        Err(ClientError::Rejected { status: 401, .. }) => Err(SmokeError::Unauthorized { url }),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,276 @@
+//! `payments-smoke` against the real API (it must pass) and against a
+//! deliberately non-idempotent stand-in (it must fail), as a library call
+//! and as the real binary.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::http::{StatusCode, header};
+use axum::routing::post;
+use payments_api::config::KeyMode;
+use payments_client::smoke::{self, Check, Config};
+use payments_sandbox::SandboxConfig;
+use payments_tests::{AppOptions, Backend, TestApp, spawn_app};
+
+const ALL_CHECKS: [Check; 5] = [
+    Check::ConcurrentSameKey,
+    Check::SequentialReplay,
+    Check::KeyReuseOtherBody,
+    Check::MissingKey,
+    Check::OneRowPerKey,
+];
+
+async fn sqlite_app(options: AppOptions) -> TestApp {
+    spawn_app(Backend::Sqlite, options)
+        .await
+        .expect("SQLite is always available")
+}
+
+fn config_for(app: &TestApp) -> Config {
+    let mut config = Config::new(&app.base_url, app.token("cus_smoke"));
+    config.database_url = Some(app.db.url.clone());
+    config.timeout = Duration::from_secs(10);
+    config
+}
+
+/// A server that charges every request: each `POST /api/charges` makes a
+/// new charge and answers 201, whatever its key. Never 409, 422 or a replay.
+async fn non_idempotent_server() -> (String, Arc<AtomicU64>) {
+    let charges = Arc::new(AtomicU64::new(0));
+    let counter = charges.clone();
+    let app = Router::new().route(
+        "/api/charges",
+        post(move |body: Bytes| {
+            let counter = counter.clone();
+            async move {
+                // A little work, so concurrent requests overlap.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+                let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let charge = serde_json::json!({
+                    "id": format!("ch_standin_{n}"),
+                    "customer_id": "cus_smoke",
+                    "amount_cents": request["amount_cents"],
+                    "currency": request["currency"],
+                    "status": "succeeded",
+                    "description": request["description"],
+                    "metadata": request["metadata"],
+                    "gateway_charge_id": format!("gw_{n}"),
+                    "created_at": "2024-05-01T12:00:00.000Z",
+                });
+                (
+                    StatusCode::CREATED,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    charge.to_string(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, charges)
+}
+
+/// Runs the real `payments-smoke` binary: (exit code, stdout, stderr).
+async fn smoke_binary(args: &[&str]) -> (i32, String, String) {
+    let output = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_payments-smoke"))
+            .args(args)
+            .env_clear()
+            .output(),
+    )
+    .await
+    .expect("payments-smoke finished in time")
+    .expect("run payments-smoke");
+    (
+        output.status.code().expect("exited"),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn passes_against_the_real_server() {
+    let app = sqlite_app(AppOptions::default()).await;
+
+    let report = smoke::run(&config_for(&app)).await.unwrap();
+    println!("{}", report.to_text());
+
+    assert!(report.passed, "{}", report.to_text());
+    let names: Vec<Check> = report.checks.iter().map(|c| c.name).collect();
+    assert_eq!(names, ALL_CHECKS);
+    assert!(report.skipped.is_empty());
+    let db = report.check(Check::OneRowPerKey).unwrap();
+    assert!(
+        db.detail.contains("concurrent_same_key: 1 row(s)"),
+        "{}",
+        db.detail
+    );
+    // One charge per keyed operation; the keyless request was refused.
+    assert_eq!(app.db.charges().await, 2);
+    assert_eq!(app.sandbox_charges().await.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn passes_through_the_409_path_with_a_slow_provider() {
+    let app = sqlite_app(AppOptions {
+        sandbox: SandboxConfig {
+            latency_ms: 400,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+
+    let report = smoke::run(&config_for(&app)).await.unwrap();
+
+    assert!(report.passed, "{}", report.to_text());
+    let concurrent = report.check(Check::ConcurrentSameKey).unwrap();
+    assert!(
+        concurrent.detail.contains("409 request_in_progress")
+            && concurrent.detail.contains("replayed"),
+        "the second request arrives while the first holds the key: {}",
+        concurrent.detail
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn optional_key_mode_passes_with_a_note_unless_keys_are_required() {
+    let app = sqlite_app(AppOptions {
+        key_mode: KeyMode::Optional,
+        ..Default::default()
+    })
+    .await;
+    let mut config = Config::new(&app.base_url, app.token("cus_smoke"));
+
+    let lenient = smoke::run(&config).await.unwrap();
+    println!("{}", lenient.to_text());
+    assert!(lenient.passed, "{}", lenient.to_text());
+    let missing = lenient.check(Check::MissingKey).unwrap();
+    assert!(missing.detail.contains("optional"), "{}", missing.detail);
+    assert!(missing.note.is_some());
+    assert_eq!(lenient.skipped[0].name, Check::OneRowPerKey);
+
+    config.require_key = true;
+    let strict = smoke::run(&config).await.unwrap();
+    assert!(!strict.passed);
+    let failed: Vec<Check> = strict.failed().map(|c| c.name).collect();
+    assert_eq!(failed, [Check::MissingKey]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fails_against_a_server_that_charges_every_request() {
+    let (url, charges) = non_idempotent_server().await;
+
+    let report = smoke::run(&Config::new(&url, "any-token")).await.unwrap();
+    println!("{}", report.to_text());
+
+    assert!(!report.passed, "{}", report.to_text());
+    let concurrent = report.check(Check::ConcurrentSameKey).unwrap();
+    assert!(!concurrent.passed);
+    assert!(
+        concurrent.detail.contains("two charges for one key"),
+        "{}",
+        concurrent.detail
+    );
+    let sequential = report.check(Check::SequentialReplay).unwrap();
+    assert!(!sequential.passed);
+    assert!(
+        sequential.detail.contains("charged twice"),
+        "{}",
+        sequential.detail
+    );
+    assert!(!report.check(Check::KeyReuseOtherBody).unwrap().passed);
+    // Two concurrent + two sequential + one reuse + one keyless.
+    assert_eq!(charges.load(Ordering::SeqCst), 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_binary_exits_0_1_or_2_and_speaks_json() {
+    // A correct server, with the database check: exit 0 and a JSON report.
+    let app = sqlite_app(AppOptions::default()).await;
+    let token = app.token("cus_smoke");
+    let (code, stdout, stderr) = smoke_binary(&[
+        "--base-url",
+        &app.base_url,
+        "--token",
+        &token,
+        "--database-url",
+        &app.db.url,
+        "--json",
+    ])
+    .await;
+    assert_eq!(code, 0, "stdout: {stdout}\nstderr: {stderr}");
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(json["passed"], true);
+    let checks = json["checks"].as_array().unwrap();
+    let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ALL_CHECKS.map(Check::name));
+    assert!(
+        checks
+            .iter()
+            .all(|c| c["passed"] == true && c["detail"].is_string())
+    );
+
+    // A server that charges every request: exit 1, the failures named.
+    let (url, _) = non_idempotent_server().await;
+    let (code, stdout, _) = smoke_binary(&["--base-url", &url, "--token", "t"]).await;
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("FAIL  concurrent_same_key"), "{stdout}");
+    assert!(stdout.contains("FAIL  sequential_replay"), "{stdout}");
+    assert!(stdout.contains("FAILED: "), "{stdout}");
+
+    // Nothing listening: exit 2, nothing charged.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let (code, stdout, stderr) =
+        smoke_binary(&["--base-url", &closed_url, "--token", "t", "--json"]).await;
+    assert_eq!(code, 2, "stderr: {stderr}");
+    assert!(stderr.contains("cannot reach"), "{stderr}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&stdout).unwrap()["passed"],
+        false
+    );
+
+    // A refused token, and a database that does not exist: exit 2.
+    let (code, _, stderr) = smoke_binary(&["--base-url", &app.base_url, "--token", "bad"]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("401"), "{stderr}");
+    let missing_db = format!(
+        "sqlite://{}/no-such-dir/x.db",
+        std::env::temp_dir().display()
+    );
+    let (code, _, stderr) = smoke_binary(&[
+        "--base-url",
+        &app.base_url,
+        "--token",
+        &token,
+        "--database-url",
+        &missing_db,
+    ])
+    .await;
+    assert_eq!(code, 2, "{stderr}");
+
+    // Bad usage: exit 2.
+    let (code, _, _) = smoke_binary(&["--base-url", &app.base_url]).await;
+    assert_eq!(code, 2);
+}
+
+/// The database check on every backend (PostgreSQL's `metadata` is JSONB).
+async fn one_row_per_key_on(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let report = smoke::run(&config_for(&app)).await.unwrap();
+    assert!(report.passed, "{backend:?}: {}", report.to_text());
+    assert!(report.check(Check::OneRowPerKey).unwrap().passed);
+}
+
+payments_tests::backend_tests!(one_row_per_key_on);
