@@ -16,47 +16,17 @@
 //! | `payments_reaper_records_total` | result | payments-jobs |
 //! | `payments_pruned_records_total` | | payments-jobs |
 
-use std::sync::OnceLock;
 use std::time::Instant;
 
 use axum::extract::{MatchedPath, Request};
-use axum::http::header;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use axum::response::Response;
 
-use crate::error::ApiError;
-
-/// Latency buckets, in seconds: from a replay (~1 ms) to a slow provider (30 s).
-const BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,
-];
-
-static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
-
-/// The process-wide recorder, installed on first use. Metrics recorded
-/// before it is installed are dropped, so `router()` installs it.
-pub fn handle() -> Result<&'static PrometheusHandle, &'static str> {
-    HANDLE
-        .get_or_init(|| {
-            PrometheusBuilder::new()
-                .set_buckets(BUCKETS)
-                .map_err(|e| e.to_string())?
-                .install_recorder()
-                .map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(String::as_str)
-}
+pub use payments_jobs::telemetry::handle;
 
 /// `GET /metrics`: Prometheus text format.
-pub async fn metrics() -> Result<Response, ApiError> {
-    let handle = handle().map_err(|e| ApiError::Internal(format!("metrics recorder: {e}")))?;
-    Ok((
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        handle.render(),
-    )
-        .into_response())
+pub async fn metrics() -> Response {
+    payments_jobs::telemetry::render()
 }
 
 /// Counts and times every request.

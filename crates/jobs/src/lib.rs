@@ -14,6 +14,7 @@
 //!   batches.
 //! - [`runner`]: `run_until_stopped`, both jobs on timers until a shutdown
 //!   signal, finishing the pass in hand.
+//! - [`telemetry`]: the Prometheus recorder, and `--metrics-addr`.
 //! - [`settings`]: the database, provider and job flags shared by
 //!   `payments-jobs` and `payments-api --with-jobs`.
 //!
@@ -26,6 +27,7 @@ pub mod pruner;
 pub mod reaper;
 pub mod runner;
 pub mod settings;
+pub mod telemetry;
 
 /// What one pass of a job did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

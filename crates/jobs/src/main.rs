@@ -13,6 +13,7 @@ use payments_jobs::runner::Jobs;
 use payments_jobs::settings::{
     DatabaseArgs, GatewayArgs, JobArgs, LogArgs, PROVIDER_KEY_RETENTION, init_logging,
 };
+use payments_jobs::telemetry;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -29,6 +30,10 @@ struct Cli {
     /// Report what a pass would do; change nothing (implies --once).
     #[arg(long, global = true)]
     dry_run: bool,
+    /// Serve Prometheus metrics (reaped, abandoned, pruned, provider calls)
+    /// on this address at /metrics while `run` runs.
+    #[arg(long, env = "METRICS_ADDR", global = true)]
+    metrics_addr: Option<std::net::SocketAddr>,
     #[command(flatten)]
     log: LogArgs,
     #[command(flatten)]
@@ -53,6 +58,10 @@ enum Command {
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log.log_format);
+    // Installed first, so every pass is counted.
+    if let Err(e) = telemetry::handle() {
+        tracing::warn!(error = %e, "metrics recorder unavailable");
+    }
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
