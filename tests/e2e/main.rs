@@ -237,3 +237,53 @@ async fn two_api_processes_share_one_database(backend: Backend) {
 }
 
 backend_tests!(two_api_processes_share_one_database);
+
+/// SIGTERM drains: a charge in flight when the signal arrives completes
+/// with its 201, then the process exits 0.
+#[tokio::test]
+async fn sigterm_drains_in_flight_requests() {
+    let Some(db) = TestDb::new(Backend::Sqlite, 1).await else {
+        return;
+    };
+    let sandbox = Process::start(
+        "payments-sandbox",
+        &["--listen", "127.0.0.1:0", "--latency-ms", "1000"],
+        &[],
+    )
+    .await;
+    let mut api = Process::start(
+        "payments-api",
+        &[],
+        &[
+            ("DATABASE_URL", &db.url),
+            ("LISTEN_ADDR", "127.0.0.1:0"),
+            ("GATEWAY_URL", &sandbox.url),
+            ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+            ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+        ],
+    )
+    .await;
+    let token = mint("cus_drain").await;
+    let in_flight = {
+        let (url, token) = (api.url.clone(), token.clone());
+        tokio::spawn(async move {
+            Process::detached(url)
+                .post_charge(
+                    &token,
+                    &uuid::Uuid::new_v4().to_string(),
+                    &charge_body(100, "tok_visa"),
+                )
+                .await
+                .map(|r| r.status().as_u16())
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let status = api.terminate(std::time::Duration::from_secs(10)).await;
+    assert_eq!(
+        in_flight.await.unwrap().unwrap(),
+        201,
+        "the in-flight charge completed"
+    );
+    assert!(status.success(), "{status}");
+    assert_eq!(db.charges_with_status("succeeded").await, 1);
+}
