@@ -102,6 +102,29 @@ where
     }
 }
 
+/// Runs one backend's claim attempt until it settles: again when the row it
+/// saw changed under it (`Ok(None)`, at most [`CLAIM_ATTEMPTS`] times), and
+/// from scratch on a retryable conflict (under SERIALIZABLE a racing claimer
+/// fails with 40001 instead of seeing the winner's row; run again, it does).
+pub(crate) async fn settle_claim<F, Fut>(key: &str, attempt: F) -> Result<ClaimOutcome, StoreError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<ClaimOutcome>, StoreError>>,
+{
+    let attempt = &attempt;
+    retrying(move || async move {
+        for _ in 0..CLAIM_ATTEMPTS {
+            if let Some(outcome) = attempt().await? {
+                return Ok(outcome);
+            }
+        }
+        Err(StoreError::Other(format!(
+            "claim of key {key:?} did not settle after {CLAIM_ATTEMPTS} attempts"
+        )))
+    })
+    .await
+}
+
 /// A request to claim a key: the record to insert and the pending charge
 /// that goes in the same transaction.
 #[derive(Debug, Clone)]

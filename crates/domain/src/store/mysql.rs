@@ -17,8 +17,8 @@ use sqlx::{Executor, MySql, MySqlPool, Transaction};
 
 use super::rows::{ChargeRow, RecordRow, metadata_json, record_columns};
 use super::{
-    CLAIM_ATTEMPTS, ChargeOutcome, Claim, ClaimOutcome, Finish, FinishOutcome, PoolSettings, Store,
-    StoreError, is_unique_violation, retrying,
+    ChargeOutcome, Claim, ClaimOutcome, Finish, FinishOutcome, PoolSettings, Store, StoreError,
+    is_unique_violation, retrying, settle_claim,
 };
 use crate::charge::Charge;
 use crate::idempotency::{IdempotencyRecord, Lease, RecordState};
@@ -279,18 +279,7 @@ impl Store for MySqlStore {
     }
 
     async fn claim(&self, c: &Claim) -> Result<ClaimOutcome, StoreError> {
-        retrying(|| async {
-            for _ in 0..CLAIM_ATTEMPTS {
-                if let Some(outcome) = self.try_claim(c).await? {
-                    return Ok(outcome);
-                }
-            }
-            Err(StoreError::Other(format!(
-                "claim of key {:?} did not settle after {CLAIM_ATTEMPTS} attempts",
-                c.key
-            )))
-        })
-        .await
+        settle_claim(&c.key, || self.try_claim(c)).await
     }
 
     async fn take_over(

@@ -11,8 +11,8 @@ use sqlx::{PgPool, Postgres, Transaction};
 
 use super::rows::{ChargeRow, RecordRow, metadata_json, record_columns};
 use super::{
-    CLAIM_ATTEMPTS, ChargeOutcome, Claim, ClaimOutcome, Finish, FinishOutcome, PoolSettings, Store,
-    StoreError, retrying,
+    ChargeOutcome, Claim, ClaimOutcome, Finish, FinishOutcome, PoolSettings, Store, StoreError,
+    retrying, settle_claim,
 };
 use crate::charge::Charge;
 use crate::idempotency::{IdempotencyRecord, Lease, RecordState};
@@ -214,20 +214,7 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, c: &Claim) -> Result<ClaimOutcome, StoreError> {
-        // Under SERIALIZABLE a racing claimer fails with 40001 instead of
-        // seeing the winner's row: run it again and it will.
-        retrying(|| async {
-            for _ in 0..CLAIM_ATTEMPTS {
-                if let Some(outcome) = self.try_claim(c).await? {
-                    return Ok(outcome);
-                }
-            }
-            Err(StoreError::Other(format!(
-                "claim of key {:?} did not settle after {CLAIM_ATTEMPTS} attempts",
-                c.key
-            )))
-        })
-        .await
+        settle_claim(&c.key, || self.try_claim(c)).await
     }
 
     async fn take_over(
