@@ -55,8 +55,10 @@
 #![forbid(unsafe_code)]
 
 pub mod client;
+mod database;
 pub mod error;
 pub mod key;
+pub mod load;
 pub mod model;
 pub mod retry;
 pub mod smoke;

@@ -1,27 +1,11 @@
 //! The `one_row_per_key` check's view of the database behind the server: the
 //! `charges` rows whose metadata carries this run's id.
 //!
-//! `metadata` is TEXT on SQLite and MySQL but JSONB on PostgreSQL, so every
-//! dialect casts it to text before `LIKE`; the match is then confirmed by
-//! parsing the JSON, so the `LIKE` is only a filter.
-
-use std::collections::BTreeMap;
-use std::str::FromStr;
-
-use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{ConnectOptions, Connection, MySqlConnection, PgConnection, SqliteConnection};
+//! The rows are found by [`crate::database`].
 
 use super::SmokeError;
 use super::report::Check;
-
-/// One connection (the smoke needs no pool), read only in practice: the
-/// smoke only ever SELECTs.
-#[derive(Debug)]
-pub(crate) enum Database {
-    Sqlite(SqliteConnection),
-    Postgres(PgConnection),
-    MySql(MySqlConnection),
-}
+use crate::database::{Database, OpenError};
 
 /// A `charges` row made by this run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,79 +15,28 @@ pub(crate) struct SmokeRow {
     pub check: String,
 }
 
-impl Database {
-    /// Opens `url` by its scheme: `sqlite:`, `postgres://` / `postgresql://`,
-    /// `mysql://` / `mariadb://`.
-    pub(crate) async fn connect(url: &str) -> Result<Self, SmokeError> {
-        let scheme = url.split(':').next().unwrap_or_default();
-        let db = match scheme {
-            "sqlite" => {
-                // Never create a file: a typo should fail, not find no rows.
-                let options = SqliteConnectOptions::from_str(url)
-                    .map_err(SmokeError::Database)?
-                    .create_if_missing(false);
-                Self::Sqlite(options.connect().await.map_err(SmokeError::Database)?)
-            }
-            "postgres" | "postgresql" => Self::Postgres(
-                PgConnection::connect(url)
-                    .await
-                    .map_err(SmokeError::Database)?,
-            ),
-            "mysql" | "mariadb" => Self::MySql(
-                MySqlConnection::connect(url)
-                    .await
-                    .map_err(SmokeError::Database)?,
-            ),
-            _ => return Err(SmokeError::UnsupportedDatabase(scheme.to_owned())),
-        };
-        Ok(db)
-    }
+/// Opens the database behind the server.
+pub(crate) async fn connect(url: &str) -> Result<Database, SmokeError> {
+    Database::connect(url).await.map_err(|e| match e {
+        OpenError::Unsupported(scheme) => SmokeError::UnsupportedDatabase(scheme),
+        OpenError::Sqlx(e) => SmokeError::Database(e),
+    })
+}
 
-    /// The rows whose `metadata.smoke_run` is `run_id`.
-    pub(crate) async fn rows_of_run(&mut self, run_id: &str) -> Result<Vec<SmokeRow>, sqlx::Error> {
-        let pattern = format!("%{run_id}%");
-        let rows: Vec<(String, String)> = match self {
-            Self::Sqlite(conn) => {
-                sqlx::query_as(
-                    "SELECT id, CAST(metadata AS TEXT) FROM charges \
-                     WHERE CAST(metadata AS TEXT) LIKE ?",
-                )
-                .bind(pattern)
-                .fetch_all(conn)
-                .await?
-            }
-            Self::Postgres(conn) => {
-                sqlx::query_as(
-                    "SELECT id, CAST(metadata AS TEXT) FROM charges \
-                     WHERE CAST(metadata AS TEXT) LIKE $1",
-                )
-                .bind(pattern)
-                .fetch_all(conn)
-                .await?
-            }
-            Self::MySql(conn) => {
-                sqlx::query_as(
-                    "SELECT id, CAST(metadata AS CHAR) FROM charges \
-                     WHERE CAST(metadata AS CHAR) LIKE ?",
-                )
-                .bind(pattern)
-                .fetch_all(conn)
-                .await?
-            }
-        };
-        Ok(rows
-            .into_iter()
-            .filter_map(|(id, metadata)| {
-                let metadata: BTreeMap<String, serde_json::Value> =
-                    serde_json::from_str(&metadata).ok()?;
-                if metadata.get("smoke_run")?.as_str()? != run_id {
-                    return None;
-                }
-                let check = metadata.get("smoke_check")?.as_str()?.to_owned();
-                Some(SmokeRow { id, check })
-            })
-            .collect())
-    }
+/// The rows whose `metadata.smoke_run` is `run_id`, with their check.
+pub(crate) async fn rows_of_run(
+    db: &mut Database,
+    run_id: &str,
+) -> Result<Vec<SmokeRow>, sqlx::Error> {
+    Ok(db
+        .tagged("smoke_run", run_id)
+        .await?
+        .into_iter()
+        .filter_map(|row| {
+            let check = row.metadata.get("smoke_check")?.as_str()?.to_owned();
+            Some(SmokeRow { id: row.id, check })
+        })
+        .collect())
 }
 
 /// The verdict: exactly one row for each operation in `expected` (a check

@@ -33,7 +33,6 @@ pub use report::{Check, CheckResult, EXIT_ERROR, EXIT_FAILED, EXIT_PASSED, Repor
 
 use crate::client::Client;
 use crate::error::ClientError;
-use database::Database;
 
 /// What to smoke-test and how.
 #[derive(Clone)]
@@ -121,8 +120,8 @@ pub async fn run(config: &Config) -> Result<Report, SmokeError> {
     // Before any charge: the database opens and its `charges` table answers.
     let mut database = match &config.database_url {
         Some(url) => {
-            let mut db = Database::connect(url).await?;
-            db.rows_of_run(&run_id)
+            let mut db = database::connect(url).await?;
+            database::rows_of_run(&mut db, &run_id)
                 .await
                 .map_err(SmokeError::Database)?;
             Some(db)
@@ -151,7 +150,7 @@ pub async fn run(config: &Config) -> Result<Report, SmokeError> {
                 (Check::ConcurrentSameKey, concurrent.charge_ids),
                 (Check::SequentialReplay, sequential.charge_ids),
             ];
-            results.push(match db.rows_of_run(&run_id).await {
+            results.push(match database::rows_of_run(db, &run_id).await {
                 Ok(rows) => {
                     let (passed, detail) = database::one_row_per_key(&rows, &expected);
                     if passed {

@@ -1,0 +1,486 @@
+//! `payments-load`: a load generator for a running payments API on this
+//! machine, which measures and, above all, counts: at the end of every run
+//! the charges the provider (the sandbox) made and the `charges` rows the
+//! database holds must equal the operations that got a final 201.
+//!
+//! # Layout
+//! - this module: [`Config`], [`Scenario`], [`run`] (checks, the scenario,
+//!   then the accounting) and [`LoadError`].
+//! - `target`: loopback only; any other host is refused before a request.
+//! - `operation`: one logical charge (key and body fixed before the first
+//!   attempt), single attempts timed into a stream, the correct retry loop,
+//!   and what the answers named ([`Report::operations`]).
+//! - `stream`: per-stream HDR histogram (µs), statuses, transport errors.
+//! - `scenarios`: `new`, `replay`, `storm`, `slow`.
+//! - `sandbox`, `database`: the two counts.
+//! - `report`: [`Report`], as a table or JSON, and the exit statuses.
+//!
+//! # Bounds
+//! Every run is bounded by its work (`requests`, `keys`, `in_flight`) and by
+//! [`Config::duration`], a cap on the whole run, setup included: after it
+//! no operation, attempt, retry or probe starts, and attempts still in
+//! flight get [`Config::drain`] to finish before they are cancelled. An
+//! operation left without a final answer makes the run incorrect: its
+//! charge cannot be reconciled.
+//!
+//! # What "charged during this run" means
+//! At the sandbox: the successful charges it lists at the end that it did
+//! not list at the start (or all of them after `POST /_sandbox/reset`, only
+//! with [`Config::reset_sandbox`]); the sandbox must not serve anyone else
+//! meanwhile. In the database: the `succeeded` rows whose `metadata.load_run`
+//! is this run's id, which every request carries.
+
+mod database;
+mod operation;
+mod report;
+mod sandbox;
+mod scenarios;
+mod stream;
+mod target;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::time::Instant;
+
+pub use report::{
+    Charges, EXIT_CORRECT, EXIT_ERROR, EXIT_INCORRECT, Operations, Report, StoppedBy,
+};
+pub use stream::{Latency, StreamReport};
+
+use crate::client::Client;
+use crate::error::{ClientError, error_chain};
+use crate::retry::RetryPolicy;
+use operation::{OpRecord, Run, Violations};
+use sandbox::Sandbox;
+
+/// What to run. Counts are at least 1 ([`run`] refuses 0).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scenario {
+    /// `requests` operations, each a fresh key, `concurrency` at a time.
+    New { requests: u64, concurrency: u64 },
+    /// `keys` charges made first, then `requests` re-sends of their exact
+    /// keys and bodies, round-robin, `concurrency` at a time. Every answer
+    /// must be the stored 201 with `Idempotent-Replay: true`.
+    Replay {
+        keys: u64,
+        requests: u64,
+        concurrency: u64,
+    },
+    /// For each of `keys` keys, `per_key` requests with that key and body
+    /// released at once (`concurrency` keys at a time); only 201 and 409 are
+    /// allowed, and a retry after the storm must end 201.
+    Storm {
+        keys: u64,
+        per_key: u64,
+        concurrency: u64,
+    },
+    /// The sandbox's latency set to `provider_latency`, `in_flight` charges
+    /// started at once, each a correct retry loop until 201, while
+    /// `probe_concurrency` probes re-send `probe_keys` completed keys and
+    /// `GET` their charges, pausing `probe_interval` between rounds. Needs
+    /// [`Config::sandbox_url`]; the latency is set back to 0 at the end.
+    Slow {
+        in_flight: u64,
+        provider_latency: Duration,
+        probe_concurrency: u64,
+        probe_keys: u64,
+        probe_interval: Duration,
+    },
+}
+
+impl Scenario {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::New { .. } => "new",
+            Self::Replay { .. } => "replay",
+            Self::Storm { .. } => "storm",
+            Self::Slow { .. } => "slow",
+        }
+    }
+
+    fn settings(&self) -> serde_json::Value {
+        match self {
+            Self::New {
+                requests,
+                concurrency,
+            } => json!({"requests": requests, "concurrency": concurrency}),
+            Self::Replay {
+                keys,
+                requests,
+                concurrency,
+            } => json!({"keys": keys, "requests": requests, "concurrency": concurrency}),
+            Self::Storm {
+                keys,
+                per_key,
+                concurrency,
+            } => json!({"keys": keys, "per_key": per_key, "concurrency": concurrency}),
+            Self::Slow {
+                in_flight,
+                provider_latency,
+                probe_concurrency,
+                probe_keys,
+                probe_interval,
+            } => json!({
+                "in_flight": in_flight,
+                "provider_latency_ms": provider_latency.as_millis() as u64,
+                "probe_concurrency": probe_concurrency,
+                "probe_keys": probe_keys,
+                "probe_interval_ms": probe_interval.as_millis() as u64,
+            }),
+        }
+    }
+
+    fn validate(&self) -> Result<(), LoadError> {
+        let counts: &[(&str, u64)] = match self {
+            Self::New {
+                requests,
+                concurrency,
+            } => &[("requests", *requests), ("concurrency", *concurrency)],
+            Self::Replay {
+                keys,
+                requests,
+                concurrency,
+            } => &[
+                ("keys", *keys),
+                ("requests", *requests),
+                ("concurrency", *concurrency),
+            ],
+            Self::Storm {
+                keys,
+                per_key,
+                concurrency,
+            } => &[
+                ("keys", *keys),
+                ("per-key", *per_key),
+                ("concurrency", *concurrency),
+            ],
+            Self::Slow {
+                in_flight,
+                probe_concurrency,
+                probe_keys,
+                ..
+            } => &[
+                ("in-flight", *in_flight),
+                ("probe-concurrency", *probe_concurrency),
+                ("probe-keys", *probe_keys),
+            ],
+        };
+        match counts.iter().find(|(_, n)| *n == 0) {
+            Some((name, _)) => Err(LoadError::Usage(format!("--{name} must be at least 1"))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A run's settings.
+#[derive(Clone)]
+pub struct Config {
+    /// The API; loopback only.
+    pub base_url: String,
+    /// A bearer token for a test customer.
+    pub token: String,
+    /// The sandbox provider behind the API, to count its charges and (for
+    /// `slow`) set its latency; loopback only.
+    pub sandbox_url: Option<String>,
+    /// The API's database (`sqlite:`, `postgres://`, `mysql://`), to count
+    /// this run's `charges` rows.
+    pub database_url: Option<String>,
+    pub scenario: Scenario,
+    /// A hard cap on the whole run, setup included. Default 60 s.
+    pub duration: Duration,
+    /// How long attempts in flight at the cap may finish. Default 5 s.
+    pub drain: Duration,
+    /// One attempt's timeout (retried with the same key). Default 30 s.
+    pub timeout: Duration,
+    /// `POST /_sandbox/reset` before the run. Default false.
+    pub reset_sandbox: bool,
+    /// Every charge's amount, GBP minor units, on `tok_visa`. Default 100.
+    pub amount_cents: i64,
+}
+
+impl Config {
+    pub fn new(base_url: impl Into<String>, token: impl Into<String>, scenario: Scenario) -> Self {
+        Self {
+            base_url: base_url.into(),
+            token: token.into(),
+            sandbox_url: None,
+            database_url: None,
+            scenario,
+            duration: Duration::from_secs(60),
+            drain: Duration::from_secs(5),
+            timeout: Duration::from_secs(30),
+            reset_sandbox: false,
+            amount_cents: 100,
+        }
+    }
+}
+
+impl fmt::Debug for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The token and the database URL (with its password) stay out of logs.
+        f.debug_struct("Config")
+            .field("base_url", &self.base_url)
+            .field("token", &"<redacted>")
+            .field("sandbox_url", &self.sandbox_url)
+            .field(
+                "database_url",
+                &self
+                    .database_url
+                    .as_ref()
+                    .map(|u| format!("{}:<redacted>", u.split(':').next().unwrap_or_default())),
+            )
+            .field("scenario", &self.scenario)
+            .field("duration", &self.duration)
+            .field("drain", &self.drain)
+            .field("timeout", &self.timeout)
+            .field("reset_sandbox", &self.reset_sandbox)
+            .field("amount_cents", &self.amount_cents)
+            .finish()
+    }
+}
+
+/// Why a run could not start or finish (exit status [`EXIT_ERROR`]), as
+/// opposed to a run that ended incorrect.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{flag} {url:?} refused: {reason} (payments-load only targets this machine)")]
+    NotLoopback {
+        flag: &'static str,
+        url: String,
+        reason: String,
+    },
+    #[error("{0}")]
+    Usage(String),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("cannot reach the server at {url}: {detail}")]
+    Unreachable { url: String, detail: String },
+    #[error("the server at {url} refused the token (401 unauthorized)")]
+    Unauthorized { url: String },
+    #[error("the sandbox: {0}")]
+    Sandbox(String),
+    #[error("cannot use the database: {0}")]
+    Database(String),
+    #[error("unsupported database URL scheme {0:?}: use sqlite:, postgres:// or mysql://")]
+    UnsupportedDatabase(String),
+    #[error("could not encode a request: {0}")]
+    Encode(#[from] serde_json::Error),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// Runs `config.scenario` and counts. `Err` only when the run could not
+/// start (a refused URL, an unreachable server, sandbox or database, a
+/// refused token) or lost the sandbox mid-run; anything the server did wrong
+/// is in the [`Report`].
+pub async fn run(config: &Config) -> Result<Report, LoadError> {
+    config.scenario.validate()?;
+    target::require_loopback("--base-url", &config.base_url)?;
+    let sandbox = match &config.sandbox_url {
+        Some(url) => Some(Sandbox::new(
+            target::require_loopback("--sandbox-url", url)?,
+            config.timeout,
+        )?),
+        None => None,
+    };
+    if sandbox.is_none() {
+        if let Scenario::Slow { .. } = config.scenario {
+            return Err(LoadError::Usage(
+                "the slow scenario sets the provider's latency: it needs --sandbox-url".into(),
+            ));
+        }
+        if config.reset_sandbox {
+            return Err(LoadError::Usage(
+                "--reset-sandbox needs --sandbox-url".into(),
+            ));
+        }
+    }
+    let client = Client::builder(&config.base_url, &config.token)
+        .attempt_timeout(config.timeout)
+        .build()?;
+    let run_id = format!("load-{}", uuid::Uuid::new_v4().simple());
+
+    // Everything is reachable before anything is charged.
+    preflight(&client).await?;
+    let mut database = match &config.database_url {
+        Some(url) => {
+            let mut db = database::connect(url).await?;
+            database::rows_of_run(&mut db, &run_id)
+                .await
+                .map_err(|e| LoadError::Database(e.to_string()))?;
+            Some(db)
+        }
+        None => None,
+    };
+    let before = match &sandbox {
+        Some(sandbox) if config.reset_sandbox => {
+            sandbox.reset().await?;
+            Some(BTreeSet::new())
+        }
+        Some(sandbox) => Some(sandbox.succeeded_ids().await?),
+        None => None,
+    };
+
+    let started = Instant::now();
+    let run = Arc::new(Run {
+        id: run_id.clone(),
+        client,
+        deadline: started + config.duration,
+        drain: config.drain,
+        timeout: config.timeout,
+        retry: RetryPolicy {
+            // Only the deadline ends a retry loop.
+            max_attempts: u32::MAX,
+            deadline: config.duration,
+            backoff_base: Duration::from_millis(100),
+            backoff_cap: Duration::from_secs(5),
+        },
+        amount_cents: config.amount_cents,
+        violations: Violations::default(),
+    });
+    let outcome = match config.scenario {
+        Scenario::New {
+            requests,
+            concurrency,
+        } => scenarios::new_charges(&run, requests, concurrency).await?,
+        Scenario::Replay {
+            keys,
+            requests,
+            concurrency,
+        } => scenarios::replay(&run, keys, requests, concurrency).await?,
+        Scenario::Storm {
+            keys,
+            per_key,
+            concurrency,
+        } => scenarios::storm(&run, keys, per_key, concurrency).await?,
+        Scenario::Slow {
+            in_flight,
+            provider_latency,
+            probe_concurrency,
+            probe_keys,
+            probe_interval,
+        } => {
+            let settings = scenarios::Slow {
+                in_flight,
+                provider_latency,
+                probe_concurrency,
+                probe_keys,
+                probe_interval,
+            };
+            // Checked above: `slow` has a sandbox.
+            let Some(sandbox) = &sandbox else {
+                return Err(LoadError::Internal("slow without a sandbox".into()));
+            };
+            scenarios::slow(&run, sandbox, settings).await?
+        }
+    };
+    let elapsed = started.elapsed();
+
+    let operations = operations(&outcome.ops);
+    let named_charges: BTreeSet<&str> = outcome
+        .ops
+        .iter()
+        .flat_map(|op| op.charge_ids.iter().map(String::as_str))
+        .collect();
+    let named_provider: BTreeSet<&str> = outcome
+        .ops
+        .iter()
+        .flat_map(|op| op.gateway_ids.iter().map(String::as_str))
+        .collect();
+    let mut charges = Charges {
+        answered: operations.charged,
+        sandbox_reset: config.reset_sandbox,
+        ..Charges::default()
+    };
+    if let (Some(sandbox), Some(before)) = (&sandbox, &before) {
+        match sandbox.charged_since(before).await {
+            Ok(count) => {
+                charges.provider = Some(count.ids.len() as u64);
+                charges.provider_unmatched = Some(
+                    count
+                        .ids
+                        .iter()
+                        .filter(|id| !named_provider.contains(id.as_str()))
+                        .count() as u64,
+                );
+                charges.provider_keys_charged_twice = Some(count.keys_charged_twice.len() as u64);
+            }
+            Err(e) => run
+                .violations
+                .push(format!("could not count the provider's charges: {e}")),
+        }
+    }
+    if let Some(db) = &mut database {
+        match database::rows_of_run(db, &run_id).await {
+            Ok(rows) => {
+                charges.database = Some(rows.succeeded.len() as u64);
+                charges.database_unmatched = Some(
+                    rows.succeeded
+                        .iter()
+                        .filter(|id| !named_charges.contains(id.as_str()))
+                        .count() as u64,
+                );
+                charges.database_other = rows.other;
+            }
+            Err(e) => run
+                .violations
+                .push(format!("could not count the database's charges: {e}")),
+        }
+    }
+    let (violations, violations_total) = run.violations.take();
+    let report = Report {
+        run_id,
+        scenario: config.scenario.name(),
+        base_url: config.base_url.clone(),
+        settings: config.scenario.settings(),
+        elapsed_secs: (elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
+        stopped_by: if outcome.completed {
+            StoppedBy::Completed
+        } else {
+            StoppedBy::Duration
+        },
+        streams: outcome.streams.iter().map(|s| s.report()).collect(),
+        operations,
+        charges,
+        correct: false,
+        violations,
+        violations_total,
+    };
+    Ok(report.judge())
+}
+
+fn operations(ops: &[OpRecord]) -> Operations {
+    let mut counted = Operations {
+        started: ops.len() as u64,
+        ..Operations::default()
+    };
+    for op in ops {
+        if op.charged() {
+            counted.charged += 1;
+        } else if op.unfinished() {
+            counted.unfinished += 1;
+        } else {
+            counted.not_charged += 1;
+        }
+        counted.charged_twice += u64::from(op.charged_twice());
+    }
+    counted
+}
+
+/// The server answers and accepts the token, before anything is charged: a
+/// lookup of a charge that does not exist (404 expected).
+async fn preflight(client: &Client) -> Result<(), LoadError> {
+    let url = client.base_url().to_owned();
+    match client.get_charge("ch_load_preflight").await {
+        Err(ClientError::Transport(e)) => Err(LoadError::Unreachable {
+            url,
+            detail: error_chain(&e),
+        }),
+        Err(ClientError::Rejected { status: 401, .. }) => Err(LoadError::Unauthorized { url }),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,413 @@
+//! The four scenarios. Each returns its streams and one [`OpRecord`] per
+//! logical charge (setup charges included); [`super::run`] does the
+//! accounting.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Barrier, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use super::LoadError;
+use super::operation::{Looked, OpRecord, Operation, Run, Seen};
+use super::sandbox::Sandbox;
+use super::stream::{Stream, TransportError};
+use crate::model::ChargeStatus;
+
+/// What a scenario hands back for the report.
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub streams: Vec<Arc<Stream>>,
+    pub ops: Vec<OpRecord>,
+    /// All the planned work ran before the deadline.
+    pub completed: bool,
+}
+
+/// A charge made in setup, to be re-sent: its operation, the stored answer
+/// and the charge id it named.
+#[derive(Debug, Clone)]
+struct Completed {
+    op: Operation,
+    body: Vec<u8>,
+    charge_id: String,
+}
+
+fn stream(name: &'static str, allowed: &'static [u16]) -> Result<Arc<Stream>, LoadError> {
+    Ok(Arc::new(
+        Stream::new(name, allowed).map_err(|e| LoadError::Internal(e.to_string()))?,
+    ))
+}
+
+/// Waits for every task; a task that panicked is an internal error.
+async fn join_all<T: 'static>(mut tasks: JoinSet<T>) -> Result<Vec<T>, LoadError> {
+    let mut results = Vec::with_capacity(tasks.len());
+    while let Some(joined) = tasks.join_next().await {
+        results.push(joined.map_err(|e| LoadError::Internal(format!("a task failed: {e}")))?);
+    }
+    Ok(results)
+}
+
+/// Up to `count` operations labelled `label`, each driven to a final answer
+/// by the retry loop, on `concurrency` workers. Returns them in index order,
+/// and whether all `count` started.
+async fn drive_many(
+    run: &Arc<Run>,
+    label: &'static str,
+    count: u64,
+    concurrency: u64,
+    stream: &Arc<Stream>,
+) -> Result<(Vec<(Operation, OpRecord)>, bool), LoadError> {
+    let next = Arc::new(AtomicU64::new(0));
+    let mut workers = JoinSet::new();
+    for _ in 0..concurrency.min(count) {
+        let (run, next, stream) = (run.clone(), next.clone(), stream.clone());
+        workers.spawn(async move {
+            let mut done = Vec::new();
+            while run.open() {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    break;
+                }
+                let op = run.operation(label, i)?;
+                let record = run.drive(&op, &stream).await;
+                done.push((i, op, record));
+            }
+            Ok::<_, LoadError>(done)
+        });
+    }
+    let mut all = Vec::new();
+    for done in join_all(workers).await? {
+        all.extend(done?);
+    }
+    all.sort_by_key(|(i, _, _)| *i);
+    let completed = all.len() as u64 >= count;
+    Ok((
+        all.into_iter().map(|(_, op, r)| (op, r)).collect(),
+        completed,
+    ))
+}
+
+/// The setup charges that ended 201, ready to be re-sent.
+fn completed(run: &Run, created: &[(Operation, OpRecord)], wanted: u64) -> Vec<Completed> {
+    let done: Vec<Completed> = created
+        .iter()
+        .filter(|(_, record)| record.charged())
+        .filter_map(|(op, record)| {
+            Some(Completed {
+                op: op.clone(),
+                body: record.final_body.clone(),
+                charge_id: record.charge_ids.first()?.clone(),
+            })
+        })
+        .collect();
+    if (done.len() as u64) < wanted {
+        run.violations.push(format!(
+            "setup: only {} of {wanted} charges to re-send ended 201",
+            done.len()
+        ));
+    }
+    done
+}
+
+/// Checks a re-sent completed key: 201, `Idempotent-Replay: true`, and the
+/// stored body byte for byte.
+fn check_replay(run: &Run, target: &Completed, seen: &Seen, stream: &str) {
+    let Seen::Answer(answer) = seen else { return };
+    if answer.status != 201 {
+        // Counted (and judged) as a disallowed status of the stream.
+        return;
+    }
+    if !answer.replayed {
+        run.violations.push(format!(
+            "{stream}: key {}: a 201 without Idempotent-Replay: true (charged again?)",
+            target.op.key
+        ));
+    } else if answer.body != target.body {
+        run.violations.push(format!(
+            "{stream}: key {}: the replay differs from the stored answer",
+            target.op.key
+        ));
+    }
+}
+
+/// `new`: every operation a fresh key, `concurrency` at a time.
+pub(crate) async fn new_charges(
+    run: &Arc<Run>,
+    requests: u64,
+    concurrency: u64,
+) -> Result<Outcome, LoadError> {
+    let charge = stream("charge", &[201, 409])?;
+    let (ops, completed) = drive_many(run, "new", requests, concurrency, &charge).await?;
+    Ok(Outcome {
+        streams: vec![charge],
+        ops: ops.into_iter().map(|(_, r)| r).collect(),
+        completed,
+    })
+}
+
+/// `replay`: `keys` charges made first, then `requests` re-sends of them,
+/// round-robin, `concurrency` at a time; every answer must be the stored one.
+pub(crate) async fn replay(
+    run: &Arc<Run>,
+    keys: u64,
+    requests: u64,
+    concurrency: u64,
+) -> Result<Outcome, LoadError> {
+    let setup = stream("setup", &[201, 409])?;
+    let replays = stream("replay", &[201])?;
+    let (created, setup_done) = drive_many(run, "replay", keys, concurrency, &setup).await?;
+    let targets = Arc::new(completed(run, &created, keys));
+    let ops = created.into_iter().map(|(_, r)| r).collect();
+    if targets.is_empty() {
+        return Ok(Outcome {
+            streams: vec![setup, replays],
+            ops,
+            completed: false,
+        });
+    }
+    let next = Arc::new(AtomicU64::new(0));
+    let mut workers = JoinSet::new();
+    for _ in 0..concurrency.min(requests) {
+        let (run, next, targets, replays) =
+            (run.clone(), next.clone(), targets.clone(), replays.clone());
+        workers.spawn(async move {
+            while run.open() {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= requests {
+                    break;
+                }
+                let target = &targets[(i % targets.len() as u64) as usize];
+                let seen = run.send(&target.op, &replays).await;
+                check_replay(&run, target, &seen, "replay");
+            }
+        });
+    }
+    join_all(workers).await?;
+    let sent = next.load(Ordering::Relaxed).min(requests);
+    Ok(Outcome {
+        streams: vec![setup, replays],
+        ops,
+        completed: setup_done && sent >= requests,
+    })
+}
+
+/// `storm`: for each key, `per_key` requests with the same key and body
+/// released at once, `concurrency` keys at a time; then one correct retry of
+/// the key, which must end 201.
+pub(crate) async fn storm(
+    run: &Arc<Run>,
+    keys: u64,
+    per_key: u64,
+    concurrency: u64,
+) -> Result<Outcome, LoadError> {
+    let storm = stream("storm", &[201, 409])?;
+    let last = stream("final", &[201, 409])?;
+    let next = Arc::new(AtomicU64::new(0));
+    let mut workers = JoinSet::new();
+    for _ in 0..concurrency.min(keys) {
+        let (run, next, storm, last) = (run.clone(), next.clone(), storm.clone(), last.clone());
+        workers.spawn(async move {
+            let mut records = Vec::new();
+            while run.open() {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= keys {
+                    break;
+                }
+                let op = Arc::new(run.operation("storm", i)?);
+                records.push(storm_one(&run, &op, per_key, &storm, &last).await?);
+            }
+            Ok::<_, LoadError>(records)
+        });
+    }
+    let mut ops = Vec::new();
+    for records in join_all(workers).await? {
+        ops.extend(records?);
+    }
+    let completed = ops.len() as u64 >= keys;
+    Ok(Outcome {
+        streams: vec![storm, last],
+        ops,
+        completed,
+    })
+}
+
+async fn storm_one(
+    run: &Arc<Run>,
+    op: &Arc<Operation>,
+    per_key: u64,
+    storm: &Arc<Stream>,
+    last: &Arc<Stream>,
+) -> Result<OpRecord, LoadError> {
+    let together = Arc::new(Barrier::new(usize::try_from(per_key).unwrap_or(usize::MAX)));
+    let mut requests = JoinSet::new();
+    for _ in 0..per_key {
+        let (run, op, storm, together) = (run.clone(), op.clone(), storm.clone(), together.clone());
+        requests.spawn(async move {
+            // Every request is ready before any is sent.
+            together.wait().await;
+            run.send(&op, &storm).await
+        });
+    }
+    let mut record = OpRecord::new(&op.key);
+    for seen in join_all(requests).await? {
+        if let Seen::Answer(answer) = seen {
+            record.observe(&answer, &run.violations);
+        }
+    }
+    // After the storm the key must be complete: the retry gets 201 (a
+    // replay), or 409 then 201 while the winner finishes.
+    let after = run.drive(op, last).await;
+    if let Some(status) = after.final_status.filter(|s| *s != 201) {
+        run.violations.push(format!(
+            "storm: key {}: the retry after the storm ended {status}, not 201",
+            op.key
+        ));
+    }
+    record.final_status = after.final_status;
+    record.final_body = after.final_body.clone();
+    record.absorb(after);
+    Ok(record)
+}
+
+/// `slow`'s settings.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Slow {
+    pub in_flight: u64,
+    pub provider_latency: Duration,
+    pub probe_concurrency: u64,
+    pub probe_keys: u64,
+    pub probe_interval: Duration,
+}
+
+/// `slow`: `probe_keys` completed charges made first; then the sandbox's
+/// latency is raised and `in_flight` charges start at once, each a correct
+/// retry loop until 201, while probes re-send the completed keys and `GET`
+/// their charges; the latency goes back to 0 at the end, whatever happened.
+pub(crate) async fn slow(
+    run: &Arc<Run>,
+    sandbox: &Sandbox,
+    settings: Slow,
+) -> Result<Outcome, LoadError> {
+    let setup = stream("setup", &[201, 409])?;
+    let (created, setup_done) = drive_many(
+        run,
+        "probe",
+        settings.probe_keys,
+        settings.probe_keys,
+        &setup,
+    )
+    .await?;
+    let targets = Arc::new(completed(run, &created, settings.probe_keys));
+    let mut ops: Vec<OpRecord> = created.into_iter().map(|(_, r)| r).collect();
+
+    sandbox.set_latency(settings.provider_latency).await?;
+    let phase = in_flight(run, settings, targets).await;
+    let restored = sandbox.set_latency(Duration::ZERO).await;
+    let (mut streams, charges, all_done) = phase?;
+    if let Err(e) = restored {
+        run.violations
+            .push(format!("could not set the sandbox latency back to 0: {e}"));
+    }
+    streams.insert(0, setup);
+    ops.extend(charges);
+    Ok(Outcome {
+        streams,
+        ops,
+        completed: setup_done && all_done,
+    })
+}
+
+type Phase = (Vec<Arc<Stream>>, Vec<OpRecord>, bool);
+
+async fn in_flight(
+    run: &Arc<Run>,
+    settings: Slow,
+    targets: Arc<Vec<Completed>>,
+) -> Result<Phase, LoadError> {
+    // 503 `gateway_unavailable` is the contract's answer while the provider
+    // is slower than the server's gateway timeout; the loop retries it.
+    let charge = stream("charge", &[201, 409, 503])?;
+    let operation = stream("operation", &[201])?;
+    let probe_replay = stream("probe_replay", &[201])?;
+    let probe_get = stream("probe_get", &[200])?;
+
+    let (stop, stopped) = watch::channel(false);
+    let mut probes = JoinSet::new();
+    if !targets.is_empty() {
+        let next = Arc::new(AtomicU64::new(0));
+        for _ in 0..settings.probe_concurrency {
+            let (run, next, targets) = (run.clone(), next.clone(), targets.clone());
+            let (replay, get, mut stopped) =
+                (probe_replay.clone(), probe_get.clone(), stopped.clone());
+            let interval = settings.probe_interval;
+            probes.spawn(async move {
+                while run.open() && !*stopped.borrow() {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let target = &targets[(i % targets.len() as u64) as usize];
+                    let seen = run.send(&target.op, &replay).await;
+                    check_replay(&run, target, &seen, "probe_replay");
+                    probe_get_one(&run, target, &get).await;
+                    if !interval.is_zero() {
+                        // Wakes early when the charges are done.
+                        let _ = tokio::time::timeout(interval, stopped.changed()).await;
+                    }
+                }
+            });
+        }
+    }
+
+    let together = Arc::new(Barrier::new(
+        usize::try_from(settings.in_flight).unwrap_or(usize::MAX),
+    ));
+    let mut charges = JoinSet::new();
+    for i in 0..settings.in_flight {
+        let op = run.operation("slow", i)?;
+        let (run, charge, operation, together) = (
+            run.clone(),
+            charge.clone(),
+            operation.clone(),
+            together.clone(),
+        );
+        charges.spawn(async move {
+            // All charges are in flight at once.
+            together.wait().await;
+            let started = Instant::now();
+            let record = run.drive(&op, &charge).await;
+            match record.final_status {
+                Some(status) => operation.answered(started, status, false),
+                None => operation.failed(started, TransportError::Cancelled),
+            }
+            record
+        });
+    }
+    let records = join_all(charges).await;
+    // Stop the probes whatever happened to the charges.
+    let _ = stop.send(true);
+    join_all(probes).await?;
+    let records = records?;
+    let all_done = !records.iter().any(OpRecord::unfinished);
+    Ok((
+        vec![charge, operation, probe_replay, probe_get],
+        records,
+        all_done,
+    ))
+}
+
+async fn probe_get_one(run: &Run, target: &Completed, stream: &Stream) {
+    match run.get(&target.charge_id, stream).await {
+        Looked::Found(charge)
+            if charge.id == target.charge_id && charge.status == ChargeStatus::Succeeded => {}
+        Looked::Found(charge) => run.violations.push(format!(
+            "probe_get: {} answered charge {} in status {:?}",
+            target.charge_id, charge.id, charge.status
+        )),
+        Looked::Answered(200) => run.violations.push(format!(
+            "probe_get: {}: a 200 whose body is not a charge",
+            target.charge_id
+        )),
+        // Other statuses are judged as the stream's; no answer is counted.
+        Looked::Answered(_) | Looked::NoAnswer(_) => {}
+    }
+}

@@ -1,0 +1,401 @@
+//! `payments-load` at small scale against the real API, sandbox and SQLite:
+//! every scenario must end correct, with the charges counted at the sandbox
+//! and in the database equal to the operations answered 201. Counts and
+//! statuses only: benchmarks are not tests, so nothing here asserts a time.
+#![allow(clippy::unwrap_used)]
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::routing::post;
+use payments_client::load::{self, Config, EXIT_CORRECT, EXIT_ERROR, Report, Scenario, StoppedBy};
+use payments_sandbox::SandboxConfig;
+use payments_tests::{AppOptions, Backend, TestApp, spawn_app};
+
+async fn sqlite_app(options: AppOptions) -> TestApp {
+    spawn_app(Backend::Sqlite, options)
+        .await
+        .expect("SQLite is always available")
+}
+
+fn config_for(app: &TestApp, scenario: Scenario) -> Config {
+    let mut config = Config::new(&app.base_url, app.token("cus_load"), scenario);
+    config.sandbox_url = Some(app.sandbox.url());
+    config.database_url = Some(app.db.url.clone());
+    config.timeout = Duration::from_secs(10);
+    config.duration = Duration::from_secs(60);
+    config
+}
+
+fn statuses(report: &Report, stream: &str) -> Vec<(u16, u64)> {
+    let stream = report
+        .stream(stream)
+        .unwrap_or_else(|| panic!("no stream {stream}"));
+    stream.statuses.iter().map(|(s, n)| (*s, *n)).collect()
+}
+
+fn assert_correct(report: &Report) {
+    println!("{}", report.to_text());
+    assert!(report.correct, "{}", report.to_text());
+    assert_eq!(report.violations_total, 0);
+    assert_eq!(report.exit_code(), EXIT_CORRECT);
+    assert_eq!(report.operations.unfinished, 0);
+    assert_eq!(report.operations.charged_twice, 0);
+    for stream in &report.streams {
+        assert!(
+            stream.statuses.keys().all(|s| *s < 500),
+            "{}: a 5xx: {:?}",
+            stream.name,
+            stream.statuses
+        );
+    }
+}
+
+/// The charges the sandbox and the database really hold, counted by the
+/// test itself rather than by the load generator.
+async fn real_counts(app: &TestApp) -> (usize, i64) {
+    (
+        app.sandbox_charges().await.len(),
+        app.db.charges_with_status("succeeded").await,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn new_charges_once_per_request() {
+    let app = sqlite_app(AppOptions::default()).await;
+    let scenario = Scenario::New {
+        requests: 50,
+        concurrency: 8,
+    };
+
+    let report = load::run(&config_for(&app, scenario)).await.unwrap();
+
+    assert_correct(&report);
+    assert_eq!(report.operations.started, 50);
+    assert_eq!(report.operations.charged, 50);
+    assert_eq!(report.charges.provider, Some(50));
+    assert_eq!(report.charges.database, Some(50));
+    assert_eq!(report.charges.provider_unmatched, Some(0));
+    assert_eq!(report.charges.database_unmatched, Some(0));
+    let charge = report.stream("charge").unwrap();
+    assert_eq!(charge.statuses.get(&201), Some(&50));
+    assert!(charge.latency_us.is_some());
+    assert_eq!(real_counts(&app).await, (50, 50));
+}
+
+/// The database count reads `metadata` as text on every backend (JSONB on
+/// PostgreSQL, TEXT on SQLite and MySQL).
+async fn database_count(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return; // Skipped (and said so) by the support crate.
+    };
+    let scenario = Scenario::New {
+        requests: 10,
+        concurrency: 4,
+    };
+
+    let report = load::run(&config_for(&app, scenario)).await.unwrap();
+
+    assert_correct(&report);
+    assert_eq!(report.charges.database, Some(10));
+    assert_eq!(report.charges.database_unmatched, Some(0));
+    assert!(report.charges.database_other.is_empty());
+}
+
+payments_tests::backend_tests!(database_count);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_duration_caps_a_run_and_its_charges_still_add_up() {
+    let app = sqlite_app(AppOptions::default()).await;
+    let scenario = Scenario::New {
+        requests: 1_000_000,
+        concurrency: 4,
+    };
+    let mut config = config_for(&app, scenario);
+    config.duration = Duration::from_secs(1);
+
+    let report = load::run(&config).await.unwrap();
+
+    assert_correct(&report);
+    assert_eq!(report.stopped_by, StoppedBy::Duration);
+    let started = report.operations.started;
+    assert!(started > 0 && started < 1_000_000, "{started}");
+    assert_eq!(report.operations.charged, started);
+    assert_eq!(report.charges.provider, Some(started));
+    assert_eq!(report.charges.database, Some(started));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replay_answers_every_request_from_the_store() {
+    let app = sqlite_app(AppOptions::default()).await;
+    let scenario = Scenario::Replay {
+        keys: 5,
+        requests: 100,
+        concurrency: 8,
+    };
+
+    let report = load::run(&config_for(&app, scenario)).await.unwrap();
+
+    assert_correct(&report);
+    assert_eq!(statuses(&report, "replay"), [(201, 100)]);
+    assert_eq!(report.stream("replay").unwrap().replays, 100);
+    // The five setup charges, and nothing more.
+    assert_eq!(report.operations.charged, 5);
+    assert_eq!(report.charges.provider, Some(5));
+    assert_eq!(report.charges.database, Some(5));
+    assert_eq!(real_counts(&app).await, (5, 5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn storm_charges_each_key_once() {
+    // A provider slow enough that the storm overlaps the first attempt
+    // (the 409 path); correctness does not depend on it.
+    let app = sqlite_app(AppOptions {
+        sandbox: SandboxConfig {
+            latency_ms: 100,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .await;
+    let scenario = Scenario::Storm {
+        keys: 5,
+        per_key: 20,
+        concurrency: 1,
+    };
+
+    let report = load::run(&config_for(&app, scenario)).await.unwrap();
+
+    assert_correct(&report);
+    let storm = report.stream("storm").unwrap();
+    assert_eq!(storm.requests, 100);
+    assert!(
+        storm.statuses.keys().all(|s| [201, 409].contains(s)),
+        "{:?}",
+        storm.statuses
+    );
+    assert!(storm.transport_errors.is_empty(), "{storm:?}");
+    // Every key's retry after the storm ended 201.
+    assert_eq!(report.operations.charged, 5);
+    assert_eq!(report.stream("final").unwrap().statuses.get(&201), Some(&5));
+    assert_eq!(report.charges.provider, Some(5));
+    assert_eq!(report.charges.provider_keys_charged_twice, Some(0));
+    assert_eq!(report.charges.database, Some(5));
+    assert_eq!(real_counts(&app).await, (5, 5));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_provider_every_charge_ends_201_once_and_probes_are_measured() {
+    let app = sqlite_app(AppOptions::default()).await;
+    let scenario = Scenario::Slow {
+        in_flight: 20,
+        provider_latency: Duration::from_secs(1),
+        probe_concurrency: 2,
+        probe_keys: 3,
+        probe_interval: Duration::from_millis(10),
+    };
+
+    let report = load::run(&config_for(&app, scenario)).await.unwrap();
+
+    assert_correct(&report);
+    // All 20 in-flight operations ended 201, each exactly once.
+    assert_eq!(statuses(&report, "operation"), [(201, 20)]);
+    assert_eq!(report.operations.charged, 23, "20 in flight + 3 probe keys");
+    assert_eq!(report.charges.provider, Some(23));
+    assert_eq!(report.charges.database, Some(23));
+    assert_eq!(real_counts(&app).await, (23, 23));
+    // The probes ran meanwhile, and their latencies were recorded apart.
+    for name in ["probe_replay", "probe_get"] {
+        let probe = report.stream(name).unwrap();
+        assert!(probe.answered > 0, "{name}: {probe:?}");
+        assert!(probe.latency_us.is_some(), "{name}");
+        assert!(probe.disallowed.is_empty(), "{name}: {probe:?}");
+    }
+    assert_eq!(
+        report.stream("probe_replay").unwrap().replays,
+        report.stream("probe_replay").unwrap().answered
+    );
+    // The sandbox's latency is back to 0.
+    let config: serde_json::Value = app
+        .http
+        .get(format!("{}/_sandbox/config", app.sandbox.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(config["latency_ms"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_provider_past_the_gateway_timeout_retries_503_to_one_charge() {
+    // The incident's shape: the provider outlasts the server's gateway
+    // timeout, so every first attempt is 503 and the retry (same key)
+    // re-drives the same provider call.
+    let app = sqlite_app(AppOptions {
+        gateway_timeout: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .await;
+    let scenario = Scenario::Slow {
+        in_flight: 10,
+        provider_latency: Duration::from_secs(1),
+        probe_concurrency: 1,
+        probe_keys: 1,
+        probe_interval: Duration::from_millis(50),
+    };
+
+    let report = load::run(&config_for(&app, scenario)).await.unwrap();
+
+    println!("{}", report.to_text());
+    assert!(report.correct, "{}", report.to_text());
+    let charge = report.stream("charge").unwrap();
+    assert!(
+        charge.statuses.get(&503).is_some_and(|n| *n >= 10),
+        "{charge:?}"
+    );
+    assert_eq!(statuses(&report, "operation"), [(201, 10)]);
+    assert_eq!(report.charges.provider, Some(11));
+    assert_eq!(report.charges.database, Some(11));
+    assert_eq!(real_counts(&app).await, (11, 11));
+}
+
+/// A server that charges every request anew, whatever its key: replays are
+/// fresh 201s. The load generator must call that incorrect.
+async fn non_idempotent_server() -> String {
+    let counter = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let app = Router::new().route(
+        "/api/charges",
+        post(move || {
+            let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                let charge = serde_json::json!({
+                    "id": format!("ch_standin_{n}"),
+                    "customer_id": "cus_load",
+                    "amount_cents": 100,
+                    "currency": "GBP",
+                    "status": "succeeded",
+                    "description": null,
+                    "metadata": {},
+                    "gateway_charge_id": format!("gw_{n}"),
+                    "created_at": "2024-05-01T12:00:00.000Z",
+                });
+                (
+                    StatusCode::CREATED,
+                    [(header::CONTENT_TYPE, "application/json")],
+                    charge.to_string(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_server_that_charges_every_replay_is_incorrect() {
+    let url = non_idempotent_server().await;
+    let scenario = Scenario::Replay {
+        keys: 2,
+        requests: 10,
+        concurrency: 2,
+    };
+
+    let report = load::run(&Config::new(&url, "any", scenario))
+        .await
+        .unwrap();
+
+    println!("{}", report.to_text());
+    assert!(!report.correct);
+    assert_eq!(report.exit_code(), 1);
+    assert_eq!(report.violations_total, 10, "{:?}", report.violations);
+    assert!(report.violations[0].contains("without Idempotent-Replay"));
+}
+
+/// Runs the real `payments-load` binary: (exit code, stdout, stderr).
+async fn load_binary(args: &[&str]) -> (i32, String, String) {
+    let output = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_payments-load"))
+            .args(args)
+            .env_clear()
+            .output(),
+    )
+    .await
+    .expect("payments-load finished in time")
+    .expect("run payments-load");
+    (
+        output.status.code().expect("exited"),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_binary_reports_json_and_refuses_other_hosts() {
+    let app = sqlite_app(AppOptions::default()).await;
+    let token = app.token("cus_load");
+    let sandbox = app.sandbox.url();
+
+    let (code, stdout, stderr) = load_binary(&[
+        "--base-url",
+        &app.base_url,
+        "--token",
+        &token,
+        "--sandbox-url",
+        &sandbox,
+        "--database-url",
+        &app.db.url,
+        "new",
+        "--requests",
+        "20",
+        "--concurrency",
+        "4",
+        "--duration",
+        "30s",
+        "--json",
+    ])
+    .await;
+    assert_eq!(code, 0, "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(json["correct"], true, "{stdout}");
+    assert_eq!(json["scenario"], "new");
+    assert_eq!(json["operations"]["charged"], 20);
+    assert_eq!(json["charges"]["provider"], 20);
+    assert_eq!(json["charges"]["database"], 20);
+    assert_eq!(json["streams"][0]["statuses"]["201"], 20);
+    assert!(json["streams"][0]["latency_us"]["p99"].as_u64().is_some());
+    assert_eq!(app.sandbox_charges().await.len(), 20);
+
+    // Not this machine: refused before any request.
+    for (flag, url) in [
+        ("--base-url", "http://10.1.2.3:8080"),
+        ("--sandbox-url", "http://sandbox.example.com:12111"),
+    ] {
+        let mut args = vec!["--base-url", app.base_url.as_str(), "--token", &token];
+        if flag == "--base-url" {
+            args[1] = url;
+        } else {
+            args.extend([flag, url]);
+        }
+        args.extend(["new", "--requests", "1", "--json"]);
+        let (code, stdout, stderr) = load_binary(&args).await;
+        assert_eq!(
+            code,
+            i32::from(EXIT_ERROR),
+            "{flag} {url}: {stdout}{stderr}"
+        );
+        assert!(stderr.contains("refused"), "{stderr}");
+        let json: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(json["correct"], false);
+    }
+    assert_eq!(
+        app.sandbox_charges().await.len(),
+        20,
+        "nothing more charged"
+    );
+}
