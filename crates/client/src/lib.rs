@@ -52,6 +52,8 @@
 //! - [`error`]: [`ClientError`], split by what the caller should do next.
 //! - [`smoke`]: the checks behind the `payments-smoke` binary, callable from
 //!   tests ([`smoke::run`]).
+//! - [`load`]: the scenarios behind the `payments-load` binary ([`load::run`]).
+//! - `database`: finds a smoke or load run's tagged charges on any backend.
 #![forbid(unsafe_code)]
 
 pub mod client;
