@@ -11,6 +11,7 @@
 
 pub mod mysql;
 pub mod postgres;
+mod throwaway;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -41,15 +41,19 @@
 //! created that user, with the temp dir owned by it, and `--user=root`
 //! elsewhere.
 
+use super::throwaway::{
+    both_streams, effective_uid_is_root, free_port, make_temp_dir, redact, shell_quote,
+    with_database,
+};
 use std::fmt;
 use std::fs::{File, OpenOptions};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
 
@@ -312,7 +316,7 @@ fn start_server(install_db: &Path, server: &Path) -> Result<(String, PathBuf), S
     } else {
         None
     };
-    let dir = make_temp_dir()?;
+    let dir = make_temp_dir("payments-mysql")?;
     let data = dir.join("data");
     let pids = Pids::in_dir(&dir);
     // Spawned before anything can fail, so even a half-started server is
@@ -547,15 +551,6 @@ fn find_program(dirs: &[PathBuf], names: &[&str]) -> Option<PathBuf> {
     })
 }
 
-/// `id -u` rather than `geteuid()`: the workspace forbids `unsafe` and the
-/// tests do not otherwise need libc.
-fn effective_uid_is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| out.status.success() && out.stdout.trim_ascii() == b"0")
-}
-
 /// The server package creates `mysql`; without it a root test process runs
 /// the server as root, which `mariadbd` allows only when told so explicitly.
 fn server_user() -> &'static str {
@@ -612,16 +607,6 @@ fn succeeded(output: &Output, what: &str) -> Result<(), String> {
     }
 }
 
-fn both_streams(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-    .trim()
-    .to_owned()
-}
-
 /// The server log, opened for appending: every start attempt adds to it.
 fn append(log: &Path) -> Result<File, String> {
     OpenOptions::new()
@@ -629,26 +614,6 @@ fn append(log: &Path) -> Result<File, String> {
         .append(true)
         .open(log)
         .map_err(|e| format!("cannot open {}: {e}", log.display()))
-}
-
-/// `<temp>/payments-mysql-<pid>-<nanos>`, created fresh (never reused).
-fn make_temp_dir() -> Result<PathBuf, String> {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| elapsed.subsec_nanos())
-        .unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!("payments-mysql-{}-{nanos}", std::process::id()));
-    std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    Ok(dir)
-}
-
-/// A port that was free a moment ago; the caller retries if it is taken by
-/// the time the server binds it.
-fn free_port() -> Result<u16, String> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .map_err(|e| format!("cannot find a free port: {e}"))
 }
 
 /// The pid files the watchdog reads, all in the temp dir.
@@ -713,49 +678,6 @@ fn spawn_watchdog(dir: &Path, pids: &Pids) -> Result<(), String> {
         .spawn()
         .map(drop)
         .map_err(|e| format!("cannot start the cleanup watchdog: {e}"))
-}
-
-/// Single-quotes a path for `sh`.
-fn shell_quote(path: &Path) -> String {
-    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
-}
-
-/// `admin_url` with its database (the URL path) replaced by `name`, keeping
-/// the query string (`?ssl-mode=...`).
-fn with_database(admin_url: &str, name: &str) -> String {
-    let (base, query) = match admin_url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (admin_url, None),
-    };
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let server = match base[authority_start..].find('/') {
-        Some(slash) => &base[..authority_start + slash],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{server}/{name}?{query}"),
-        None => format!("{server}/{name}"),
-    }
-}
-
-/// The URL with any password replaced, for messages.
-fn redact(url: &str) -> String {
-    let authority_start = url.find("://").map_or(0, |i| i + 3);
-    let authority_end = url[authority_start..]
-        .find(['/', '?'])
-        .map_or(url.len(), |i| authority_start + i);
-    let authority = &url[authority_start..authority_end];
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!(
-                "{}{user}:***@{host}{}",
-                &url[..authority_start],
-                &url[authority_end..]
-            ),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
 }
 
 #[cfg(test)]

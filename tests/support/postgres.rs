@@ -31,13 +31,16 @@
 //! server package did not create a `postgres` user) in a temp dir owned by
 //! that user.
 
+use super::throwaway::{
+    both_streams, effective_uid_is_root, free_port, make_temp_dir, redact, shell_quote,
+    with_database,
+};
 use std::fmt;
-use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
@@ -230,7 +233,7 @@ fn start_cluster(bindir: &Path) -> Result<(String, PathBuf), String> {
     } else {
         None
     };
-    let dir = make_temp_dir()?;
+    let dir = make_temp_dir("payments-pg")?;
     let data = dir.join("data");
     // Spawned before anything can fail, so even a half-started cluster is
     // cleaned up when this process exits.
@@ -331,15 +334,6 @@ fn initdb_on_path() -> Option<PathBuf> {
         .and_then(|initdb| initdb.parent().map(Path::to_path_buf))
 }
 
-/// `id -u` rather than `geteuid()`: the workspace forbids `unsafe` and the
-/// tests do not otherwise need libc.
-fn effective_uid_is_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| out.status.success() && out.stdout.trim_ascii() == b"0")
-}
-
 /// The server package creates `postgres`; `nobody` exists everywhere else.
 fn unprivileged_user() -> &'static str {
     let has_postgres = Command::new("id")
@@ -383,36 +377,6 @@ fn run(command: &mut Command, what: &str) -> Result<(), String> {
     }
 }
 
-fn both_streams(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-    .trim()
-    .to_owned()
-}
-
-/// `<temp>/payments-pg-<pid>-<nanos>`, created fresh (never reused).
-fn make_temp_dir() -> Result<PathBuf, String> {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| elapsed.subsec_nanos())
-        .unwrap_or_default();
-    let dir = std::env::temp_dir().join(format!("payments-pg-{}-{nanos}", std::process::id()));
-    std::fs::create_dir(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    Ok(dir)
-}
-
-/// A port that was free a moment ago; the caller retries if it is taken by
-/// the time the server binds it.
-fn free_port() -> Result<u16, String> {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|addr| addr.port())
-        .map_err(|e| format!("cannot find a free port: {e}"))
-}
-
 /// Starts the process that stops the cluster and removes `dir` once this
 /// test process has exited.
 fn spawn_watchdog(
@@ -447,50 +411,6 @@ fn spawn_watchdog(
         .spawn()
         .map(drop)
         .map_err(|e| format!("cannot start the cleanup watchdog: {e}"))
-}
-
-/// Single-quotes a path for `sh` (also used inside `pg_ctl -o`, which goes
-/// through a shell).
-fn shell_quote(path: &Path) -> String {
-    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
-}
-
-/// `admin_url` with its database (the URL path) replaced by `name`, keeping
-/// the query string (`?sslmode=...`).
-fn with_database(admin_url: &str, name: &str) -> String {
-    let (base, query) = match admin_url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (admin_url, None),
-    };
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let server = match base[authority_start..].find('/') {
-        Some(slash) => &base[..authority_start + slash],
-        None => base,
-    };
-    match query {
-        Some(query) => format!("{server}/{name}?{query}"),
-        None => format!("{server}/{name}"),
-    }
-}
-
-/// The URL with any password replaced, for messages.
-fn redact(url: &str) -> String {
-    let authority_start = url.find("://").map_or(0, |i| i + 3);
-    let authority_end = url[authority_start..]
-        .find(['/', '?'])
-        .map_or(url.len(), |i| authority_start + i);
-    let authority = &url[authority_start..authority_end];
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!(
-                "{}{user}:***@{host}{}",
-                &url[..authority_start],
-                &url[authority_end..]
-            ),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
 }
 
 #[cfg(test)]
