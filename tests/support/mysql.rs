@@ -41,8 +41,9 @@
 //! created that user, with the temp dir owned by it, and `--user=root`
 //! elsewhere.
 
+pub use super::throwaway::Skip;
 use super::throwaway::{
-    both_streams, effective_uid_is_root, free_port, make_temp_dir, redact, shell_quote,
+    self, both_streams, effective_uid_is_root, free_port, make_temp_dir, redact, shell_quote,
     with_database,
 };
 use std::fmt;
@@ -59,8 +60,6 @@ use sqlx::{AssertSqlSafe, Connection, MySqlConnection};
 
 /// Names an existing server to use instead of a throwaway one.
 const URL_VAR: &str = "TEST_MYSQL_URL";
-/// When `1`, a missing backend fails the test instead of skipping it.
-const REQUIRE_VAR: &str = "REQUIRE_ALL_BACKENDS";
 /// Ports can be taken between probing and the server binding them.
 const START_ATTEMPTS: usize = 4;
 /// How long a started server may take to answer `SELECT 1`.
@@ -104,19 +103,6 @@ const SERVER_OPTIONS: [&str; 4] = [
 /// The throwaway server, started at most once per test process.
 static SERVER: OnceLock<Server> = OnceLock::new();
 
-/// Why MySQL tests are skipped: no server was configured and none can be
-/// started on this machine.
-#[derive(Debug, Clone)]
-pub struct Skip(pub String);
-
-impl fmt::Display for Skip {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Skip {}
-
 /// The admin URL of the server tests use, or why MySQL is skipped.
 /// Starts the throwaway server on first call (this blocks for about a second
 /// on an idle machine, most of it `mariadb-install-db` creating the system
@@ -145,10 +131,7 @@ pub fn admin_url() -> Result<String, Skip> {
 /// # Panics
 /// When `REQUIRE_ALL_BACKENDS=1`.
 pub fn skip_or_panic(skip: &Skip) {
-    if std::env::var(REQUIRE_VAR).is_ok_and(|value| value == "1") {
-        panic!("MySQL is unavailable but {REQUIRE_VAR}=1: {skip}");
-    }
-    eprintln!("SKIPPED mysql: {skip}");
+    throwaway::skip_or_panic("mysql", "MySQL", skip);
 }
 
 /// The programs that create a data directory and run the server, as

@@ -31,8 +31,9 @@
 //! server package did not create a `postgres` user) in a temp dir owned by
 //! that user.
 
+pub use super::throwaway::Skip;
 use super::throwaway::{
-    both_streams, effective_uid_is_root, free_port, make_temp_dir, redact, shell_quote,
+    self, both_streams, effective_uid_is_root, free_port, make_temp_dir, redact, shell_quote,
     with_database,
 };
 use std::fmt;
@@ -46,26 +47,11 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 /// Names an existing server to use instead of a throwaway cluster.
 const URL_VAR: &str = "TEST_POSTGRES_URL";
-/// When `1`, a missing backend fails the test instead of skipping it.
-const REQUIRE_VAR: &str = "REQUIRE_ALL_BACKENDS";
 /// Ports can be taken between probing and the server binding them.
 const START_ATTEMPTS: usize = 4;
 
 /// The throwaway cluster, started at most once per test process.
 static CLUSTER: OnceLock<Cluster> = OnceLock::new();
-
-/// Why PostgreSQL tests are skipped: no server was configured and none can be
-/// started on this machine.
-#[derive(Debug, Clone)]
-pub struct Skip(pub String);
-
-impl fmt::Display for Skip {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Skip {}
 
 /// The admin URL of the server tests use, or why PostgreSQL is skipped.
 /// Starts the throwaway cluster on first call (this blocks for a second or two).
@@ -93,10 +79,7 @@ pub fn admin_url() -> Result<String, Skip> {
 /// # Panics
 /// When `REQUIRE_ALL_BACKENDS=1`.
 pub fn skip_or_panic(skip: &Skip) {
-    if std::env::var(REQUIRE_VAR).is_ok_and(|value| value == "1") {
-        panic!("PostgreSQL is unavailable but {REQUIRE_VAR}=1: {skip}");
-    }
-    eprintln!("SKIPPED postgres: {skip}");
+    throwaway::skip_or_panic("postgres", "PostgreSQL", skip);
 }
 
 /// The directory holding `initdb` and `pg_ctl`: `pg_config --bindir` if that

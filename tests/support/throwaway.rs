@@ -9,6 +9,31 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 pub(crate) use payments_domain::store::redact;
 
+/// Why a backend's tests are skipped: no server was configured and none can
+/// be started on this machine.
+#[derive(Debug, Clone)]
+pub struct Skip(pub String);
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Skip {}
+
+/// When `1`, a missing backend fails the test instead of skipping it.
+const REQUIRE_VAR: &str = "REQUIRE_ALL_BACKENDS";
+
+/// Prints `SKIPPED <label>: <reason>` to stderr, or panics when
+/// `REQUIRE_ALL_BACKENDS=1` (CI sets it so a missing backend fails loudly).
+pub(crate) fn skip_or_panic(label: &str, name: &str, skip: &Skip) {
+    if std::env::var(REQUIRE_VAR).is_ok_and(|value| value == "1") {
+        panic!("{name} is unavailable but {REQUIRE_VAR}=1: {skip}");
+    }
+    eprintln!("SKIPPED {label}: {skip}");
+}
+
 /// `id -u` rather than `geteuid()`: the workspace forbids `unsafe` and the
 /// tests do not otherwise need libc.
 pub(crate) fn effective_uid_is_root() -> bool {
