@@ -427,8 +427,70 @@ async fn charges_round_trip(backend: Backend) {
     store.ready().await.unwrap();
 }
 
+/// The lock-free lookup (the fast path for replays) sees exactly what the
+/// claim and the finish wrote, for this (key, route) only; and a finish
+/// settles the record and its charge together.
+async fn lookup_sees_claims_and_finishes(backend: Backend) {
+    let Some(db) = db(backend).await else { return };
+    let store = db.store();
+    let now = time::now();
+    assert!(
+        store
+            .find_record("lookup-key", CHARGES_ROUTE)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let c = claim("lookup-key", "cus_1", &body(100), now);
+    let record_id = claimed(&store, &c).await;
+    let found = store
+        .find_record("lookup-key", CHARGES_ROUTE)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(found.id, record_id);
+    assert_eq!(found.state, RecordState::InProgress);
+    assert_eq!(found.charge_id, c.charge.id);
+    assert!(found.lease_is_live(now));
+    assert!(
+        store
+            .find_record("lookup-key", "POST /api/refunds")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        store
+            .find_record("LOOKUP-KEY", CHARGES_ROUTE)
+            .await
+            .unwrap()
+            .is_none(),
+        "keys are compared byte for byte"
+    );
+
+    let done = finish(&c, record_id, &c.lease.token, now, "gw_lookup");
+    assert_eq!(store.finish(&done).await.unwrap(), FinishOutcome::Finished);
+    let complete = store
+        .find_record("lookup-key", CHARGES_ROUTE)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(complete.state, RecordState::Complete);
+    assert_eq!(complete.response, Some(done.response.clone()));
+    let charge = store.charge(&c.charge.id).await.unwrap().unwrap();
+    assert_eq!(charge.status, ChargeStatus::Succeeded);
+    assert_eq!(charge.gateway_charge_id.as_deref(), Some("gw_lookup"));
+
+    // A second finish under the same (now spent) lease changes nothing.
+    let again = finish(&c, record_id, &c.lease.token, now, "gw_again");
+    assert_eq!(store.finish(&again).await.unwrap(), FinishOutcome::Lost);
+    let charge = store.charge(&c.charge.id).await.unwrap().unwrap();
+    assert_eq!(charge.gateway_charge_id.as_deref(), Some("gw_lookup"));
+}
+
 backend_tests!(
     serializable;
+    lookup_sees_claims_and_finishes,
     concurrent_claims_have_one_winner,
     concurrent_finishers_have_one_winner,
     takeover_only_after_expiry_and_only_once,

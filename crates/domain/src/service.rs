@@ -106,7 +106,9 @@ impl ChargeService {
     }
 
     /// `POST /api/charges` with an idempotency key.
-    #[tracing::instrument(skip_all, fields(key = %key, customer = %customer))]
+    // The key is on the caller's span (the API's request span); repeating it
+    // here would print it twice on every line.
+    #[tracing::instrument(skip_all, fields(customer = %customer))]
     pub async fn create_charge(
         &self,
         customer: &CustomerId,
@@ -116,6 +118,16 @@ impl ChargeService {
         let request = ChargeRequest::from_json(body, self.policy.max_amount_cents)?;
         let fingerprint = RequestFingerprint::of(body);
         let now = time::now();
+        // The fast path: a key already known is answered from its record
+        // with no write and no lock (replays, 409 while in flight, 422 on
+        // reuse, and the takeover of an expired lease, itself a
+        // compare-and-set). An absent key, or a record past its TTL, goes to
+        // the claim, where the unique index alone decides who charges.
+        if let Some(record) = self.store.find_record(key.as_str(), CHARGES_ROUTE).await?
+            && !(record.state == RecordState::Complete && record.is_expired(now))
+        {
+            return self.resume(record, customer, &fingerprint, now).await;
+        }
         let charge = Charge::pending(customer, &request, now);
         let claim = Claim {
             key: key.as_str().to_owned(),
@@ -129,7 +141,7 @@ impl ChargeService {
         };
         match self.store.claim(&claim).await? {
             ClaimOutcome::Claimed { record_id } => {
-                tracing::info!(record_id, charge_id = %claim.charge.id, "claimed");
+                tracing::debug!(record_id, charge_id = %claim.charge.id, "claimed");
                 self.drive(
                     record_id,
                     &claim.lease.token,

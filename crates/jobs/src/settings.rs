@@ -2,6 +2,7 @@
 //! `payments-api` (clap `env`; durations like `1500ms`, `5m`, `24h`).
 
 use std::fmt;
+use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -331,7 +332,10 @@ pub fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal: in a file or a log
+        // pipeline they are noise, and formatting them costs CPU per line.
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

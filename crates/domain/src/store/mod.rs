@@ -246,6 +246,15 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// How many complete records are past `expires_at` (the pruner's dry run).
     async fn count_prunable(&self, now: DateTime<Utc>) -> Result<u64, StoreError>;
 
+    /// The record of (key, route), read without a lock or a transaction:
+    /// the fast path for replays and in-flight duplicates. Only a hint for
+    /// deciding what to do; [`Store::claim`] still arbitrates who charges.
+    async fn find_record(
+        &self,
+        key: &str,
+        route: &str,
+    ) -> Result<Option<IdempotencyRecord>, StoreError>;
+
     /// A record by id.
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError>;
 

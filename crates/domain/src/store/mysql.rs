@@ -13,7 +13,7 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
-use sqlx::{Executor, MySql, MySqlPool, Transaction};
+use sqlx::{Executor, MySql, MySqlPool};
 
 use super::rows::{ChargeRow, RecordRow, metadata_json, record_columns};
 use super::{
@@ -109,8 +109,8 @@ async fn update_charge<'e>(
     Ok(())
 }
 
-async fn record_by_key(
-    tx: &mut Transaction<'_, MySql>,
+async fn record_by_key<'e>(
+    e: impl sqlx::Executor<'e, Database = MySql>,
     key: &str,
     route: &str,
 ) -> Result<Option<IdempotencyRecord>, StoreError> {
@@ -121,7 +121,7 @@ async fn record_by_key(
     ))
     .bind(key)
     .bind(route)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(e)
     .await?;
     row.map(IdempotencyRecord::try_from).transpose()
 }
@@ -166,7 +166,7 @@ impl MySqlStore {
             Ok(done) => i64::try_from(done.last_insert_id())
                 .map_err(|_| StoreError::Other("record id out of range".to_owned()))?,
             Err(e) if is_unique_violation(&e) => {
-                let Some(existing) = record_by_key(&mut tx, &c.key, &c.route).await? else {
+                let Some(existing) = record_by_key(&mut *tx, &c.key, &c.route).await? else {
                     return Ok(None);
                 };
                 if existing.state != RecordState::Complete || !existing.is_expired(c.now) {
@@ -390,6 +390,14 @@ impl Store for MySqlStore {
         .fetch_one(&self.pool)
         .await?;
         Ok(u64::try_from(n).unwrap_or_default())
+    }
+
+    async fn find_record(
+        &self,
+        key: &str,
+        route: &str,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        record_by_key(&self.pool, key, route).await
     }
 
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError> {

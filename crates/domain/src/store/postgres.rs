@@ -3,11 +3,19 @@
 //! failed statement aborts the whole Postgres transaction; under READ
 //! COMMITTED the insert waits for a concurrent claimer to commit or roll
 //! back, and the following SELECT sees its committed row.
+//!
+//! The common cases are one statement each, so one round trip instead of
+//! four (`BEGIN`, two writes, `COMMIT`; see `docs/benchmarks.md`): a fresh
+//! claim inserts the record and its charge in one statement with writable
+//! CTEs, and a finish updates both the same way. A statement is its own
+//! transaction, so both rows change together or not at all. A claim that
+//! meets an existing key falls back to the transaction that reads the row
+//! and may reclaim it.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{PgPool, Postgres};
 
 use super::rows::{ChargeRow, RecordRow, metadata_json, record_columns};
 use super::{
@@ -92,8 +100,8 @@ async fn update_charge<'e>(
     Ok(())
 }
 
-async fn record_by_key(
-    tx: &mut Transaction<'_, Postgres>,
+async fn record_by_key<'e>(
+    e: impl sqlx::Executor<'e, Database = Postgres>,
     key: &str,
     route: &str,
 ) -> Result<Option<IdempotencyRecord>, StoreError> {
@@ -104,12 +112,56 @@ async fn record_by_key(
     ))
     .bind(key)
     .bind(route)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(e)
     .await?;
     row.map(IdempotencyRecord::try_from).transpose()
 }
 
 impl PostgresStore {
+    /// A fresh key: the record and its pending charge in one statement.
+    /// `None` when the key exists (nothing was written).
+    async fn claim_fresh(&self, c: &Claim) -> Result<Option<i64>, StoreError> {
+        let ch = &c.charge;
+        Ok(sqlx::query_scalar(
+            "WITH claimed AS ( \
+               INSERT INTO idempotent_requests (idempotency_key, route, customer_id, \
+                 request_hash, state, lease_token, locked_until, charge_id, created_at, \
+                 expires_at) \
+               VALUES ($1, $2, $3, $4, 'in_progress', $5, $6, $7, $8, $9) \
+               ON CONFLICT (idempotency_key, route) DO NOTHING RETURNING id), \
+             charge AS ( \
+               INSERT INTO charges (id, customer_id, amount_cents, currency, card_token, \
+                 description, metadata, status, provider_key, gateway_charge_id, \
+                 decline_code, created_at, updated_at) \
+               SELECT $7, $10, $11, $12, $13, $14, $15::jsonb, $16, $17, $18, $19, $20, $21 \
+               FROM claimed) \
+             SELECT id FROM claimed",
+        )
+        .bind(&c.key)
+        .bind(&c.route)
+        .bind(&c.customer_id)
+        .bind(&c.request_hash)
+        .bind(&c.lease.token)
+        .bind(c.lease.until)
+        .bind(&ch.id)
+        .bind(c.now)
+        .bind(c.expires_at)
+        .bind(&ch.customer_id)
+        .bind(ch.amount_cents)
+        .bind(&ch.currency)
+        .bind(ch.card_token.as_str())
+        .bind(&ch.description)
+        .bind(metadata_json(ch))
+        .bind(ch.status.as_str())
+        .bind(&ch.provider_key)
+        .bind(&ch.gateway_charge_id)
+        .bind(&ch.decline_code)
+        .bind(ch.created_at)
+        .bind(ch.updated_at)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
     /// One claim attempt: `Ok(None)` when the row it saw changed under it
     /// (reclaimed by someone else, or pruned between the insert and the read).
     async fn try_claim(&self, c: &Claim) -> Result<Option<ClaimOutcome>, StoreError> {
@@ -134,7 +186,7 @@ impl PostgresStore {
         let record_id = match inserted {
             Some(id) => id,
             None => {
-                let Some(existing) = record_by_key(&mut tx, &c.key, &c.route).await? else {
+                let Some(existing) = record_by_key(&mut *tx, &c.key, &c.route).await? else {
                     return Ok(None);
                 };
                 if existing.state != RecordState::Complete || !existing.is_expired(c.now) {
@@ -172,30 +224,46 @@ impl PostgresStore {
         Ok(Some(ClaimOutcome::Claimed { record_id }))
     }
 
+    /// The record (only under this lease) and its charge, in one statement.
     async fn try_finish(&self, f: &Finish) -> Result<FinishOutcome, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let completed = sqlx::query(
-            "UPDATE idempotent_requests SET state = 'complete', response_status = $1, \
-             response_body = $2, response_content_type = $3, response_location = $4, \
-             completed_at = $5, lease_token = NULL, locked_until = NULL \
-             WHERE id = $6 AND state = 'in_progress' AND lease_token = $7",
+        let o = &f.outcome;
+        let (finished, settled): (i64, i64) = sqlx::query_as(
+            "WITH done AS ( \
+               UPDATE idempotent_requests SET state = 'complete', response_status = $1, \
+                 response_body = $2, response_content_type = $3, response_location = $4, \
+                 completed_at = $5, lease_token = NULL, locked_until = NULL \
+               WHERE id = $6 AND state = 'in_progress' AND lease_token = $7 \
+               RETURNING charge_id), \
+             settled AS ( \
+               UPDATE charges SET status = $8, gateway_charge_id = $9, decline_code = $10, \
+                 updated_at = $5 \
+               FROM done WHERE charges.id = done.charge_id AND charges.id = $11 \
+               RETURNING charges.id) \
+             SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM settled)",
         )
         .bind(i32::from(f.response.status))
         .bind(&f.response.body)
         .bind(&f.response.content_type)
         .bind(&f.response.location)
-        .bind(f.outcome.at)
+        .bind(o.at)
         .bind(f.record_id)
         .bind(&f.lease_token)
-        .execute(&mut *tx)
+        .bind(o.status.as_str())
+        .bind(&o.gateway_charge_id)
+        .bind(&o.decline_code)
+        .bind(&o.charge_id)
+        .fetch_one(&self.pool)
         .await?;
-        if completed.rows_affected() != 1 {
-            tx.rollback().await?;
-            return Ok(FinishOutcome::Lost);
+        match (finished, settled) {
+            (0, _) => Ok(FinishOutcome::Lost),
+            (1, 1) => Ok(FinishOutcome::Finished),
+            // The claim writes a record and its charge together and charges
+            // are never deleted, so this is a broken invariant: say so loudly.
+            _ => Err(StoreError::Other(format!(
+                "record {} completed but its charge {} was not updated",
+                f.record_id, o.charge_id
+            ))),
         }
-        update_charge(&mut *tx, &f.outcome).await?;
-        tx.commit().await?;
-        Ok(FinishOutcome::Finished)
     }
 }
 
@@ -214,6 +282,9 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, c: &Claim) -> Result<ClaimOutcome, StoreError> {
+        if let Some(record_id) = retrying(|| self.claim_fresh(c)).await? {
+            return Ok(ClaimOutcome::Claimed { record_id });
+        }
         settle_claim(&c.key, || self.try_claim(c)).await
     }
 
@@ -344,6 +415,14 @@ impl Store for PostgresStore {
         .fetch_one(&self.pool)
         .await?;
         Ok(u64::try_from(n).unwrap_or_default())
+    }
+
+    async fn find_record(
+        &self,
+        key: &str,
+        route: &str,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        record_by_key(&self.pool, key, route).await
     }
 
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError> {

@@ -29,9 +29,19 @@ fn ts(t: DateTime<Utc>) -> Ts {
 }
 
 /// A `Store` on one SQLite database file.
+///
+/// SQLite has one writer at a time. Writers sharing the reader pool would
+/// each take `BEGIN IMMEDIATE` and, finding the lock taken, sleep and poll in
+/// the busy handler: throughput drops and the tail grows to the busy
+/// handler's back-off. So every write goes through `writer`, a pool of one
+/// connection, where waiting writers queue in order and the next starts the
+/// moment the last commits. Reads use `pool` and never wait for the writer
+/// (WAL). The busy timeout stays for writers in other processes
+/// (`payments-jobs`, a second server).
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    writer: SqlitePool,
 }
 
 impl SqliteStore {
@@ -47,12 +57,17 @@ impl SqliteStore {
             std::fs::create_dir_all(dir)
                 .map_err(|e| StoreError::Other(format!("cannot create {}: {e}", dir.display())))?;
         }
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(settings.acquire_timeout)
+            .connect_with(options.clone())
+            .await?;
         let pool = SqlitePoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)
             .connect_with(options)
             .await?;
-        Ok(Self { pool })
+        Ok(Self { pool, writer })
     }
 
     /// The pool, for tests and tools that count rows.
@@ -61,7 +76,7 @@ impl SqliteStore {
     }
 
     async fn write_tx(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
-        Ok(self.pool.begin_with("BEGIN IMMEDIATE").await?)
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
     }
 }
 
@@ -113,8 +128,8 @@ async fn update_charge<'e>(
     Ok(())
 }
 
-async fn record_by_key(
-    tx: &mut Transaction<'_, Sqlite>,
+async fn record_by_key<'e>(
+    e: impl sqlx::Executor<'e, Database = Sqlite>,
     key: &str,
     route: &str,
 ) -> Result<Option<IdempotencyRecord>, StoreError> {
@@ -125,7 +140,7 @@ async fn record_by_key(
     ))
     .bind(key)
     .bind(route)
-    .fetch_optional(&mut **tx)
+    .fetch_optional(e)
     .await?;
     row.map(IdempotencyRecord::try_from).transpose()
 }
@@ -133,7 +148,7 @@ async fn record_by_key(
 #[async_trait]
 impl Store for SqliteStore {
     async fn migrate(&self) -> Result<(), StoreError> {
-        Ok(MIGRATOR.run(&self.pool).await?)
+        Ok(MIGRATOR.run(&self.writer).await?)
     }
 
     async fn ready(&self) -> Result<(), StoreError> {
@@ -167,7 +182,7 @@ impl Store for SqliteStore {
         let record_id = match inserted {
             Ok(done) => done.last_insert_rowid(),
             Err(e) if is_unique_violation(&e) => {
-                let existing = record_by_key(&mut tx, &c.key, &c.route)
+                let existing = record_by_key(&mut *tx, &c.key, &c.route)
                     .await?
                     .ok_or_else(|| StoreError::Other("claimed key vanished".to_owned()))?;
                 if existing.state != RecordState::Complete || !existing.is_expired(c.now) {
@@ -352,6 +367,14 @@ impl Store for SqliteStore {
         .fetch_one(&self.pool)
         .await?;
         Ok(u64::try_from(n).unwrap_or_default())
+    }
+
+    async fn find_record(
+        &self,
+        key: &str,
+        route: &str,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        record_by_key(&self.pool, key, route).await
     }
 
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError> {
