@@ -427,70 +427,56 @@ async fn charges_round_trip(backend: Backend) {
     store.ready().await.unwrap();
 }
 
-/// The lock-free lookup (the fast path for replays) sees exactly what the
-/// claim and the finish wrote, for this (key, route) only; and a finish
-/// settles the record and its charge together.
-async fn lookup_sees_claims_and_finishes(backend: Backend) {
+/// A known key is answered from its record, in progress or complete, for
+/// this (key, route) only, and writes nothing; a finish settles the record
+/// and its charge together, once.
+async fn known_keys_are_answered_from_their_record(backend: Backend) {
     let Some(db) = db(backend).await else { return };
     let store = db.store();
     let now = time::now();
-    assert!(
-        store
-            .find_record("lookup-key", CHARGES_ROUTE)
-            .await
-            .unwrap()
-            .is_none()
-    );
-    let c = claim("lookup-key", "cus_1", &body(100), now);
+    let existing = |outcome: ClaimOutcome| match outcome {
+        ClaimOutcome::Existing(record) => *record,
+        ClaimOutcome::Claimed { record_id } => panic!("claimed again as {record_id}"),
+    };
+    let c = claim("known-key", "cus_1", &body(100), now);
     let record_id = claimed(&store, &c).await;
-    let found = store
-        .find_record("lookup-key", CHARGES_ROUTE)
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(found.id, record_id);
-    assert_eq!(found.state, RecordState::InProgress);
-    assert_eq!(found.charge_id, c.charge.id);
-    assert!(found.lease_is_live(now));
-    assert!(
-        store
-            .find_record("lookup-key", "POST /api/refunds")
-            .await
-            .unwrap()
-            .is_none()
-    );
-    assert!(
-        store
-            .find_record("LOOKUP-KEY", CHARGES_ROUTE)
-            .await
-            .unwrap()
-            .is_none(),
+    let retry = claim("known-key", "cus_1", &body(100), now);
+    let in_flight = existing(store.claim(&retry).await.unwrap());
+    assert_eq!(in_flight.id, record_id);
+    assert_eq!(in_flight.state, RecordState::InProgress);
+    assert_eq!(in_flight.charge_id, c.charge.id);
+    assert!(in_flight.lease_is_live(now));
+    let mut other_route = claim("known-key", "cus_1", &body(100), now);
+    other_route.route = "POST /api/refunds".to_owned();
+    assert_ne!(claimed(&store, &other_route).await, record_id);
+    let other_case = claim("KNOWN-KEY", "cus_1", &body(100), now);
+    assert_ne!(
+        claimed(&store, &other_case).await,
+        record_id,
         "keys are compared byte for byte"
     );
 
-    let done = finish(&c, record_id, &c.lease.token, now, "gw_lookup");
+    let done = finish(&c, record_id, &c.lease.token, now, "gw_known");
     assert_eq!(store.finish(&done).await.unwrap(), FinishOutcome::Finished);
-    let complete = store
-        .find_record("lookup-key", CHARGES_ROUTE)
-        .await
-        .unwrap()
-        .unwrap();
+    let complete = existing(store.claim(&retry).await.unwrap());
     assert_eq!(complete.state, RecordState::Complete);
     assert_eq!(complete.response, Some(done.response.clone()));
     let charge = store.charge(&c.charge.id).await.unwrap().unwrap();
     assert_eq!(charge.status, ChargeStatus::Succeeded);
-    assert_eq!(charge.gateway_charge_id.as_deref(), Some("gw_lookup"));
+    assert_eq!(charge.gateway_charge_id.as_deref(), Some("gw_known"));
 
     // A second finish under the same (now spent) lease changes nothing.
     let again = finish(&c, record_id, &c.lease.token, now, "gw_again");
     assert_eq!(store.finish(&again).await.unwrap(), FinishOutcome::Lost);
     let charge = store.charge(&c.charge.id).await.unwrap().unwrap();
-    assert_eq!(charge.gateway_charge_id.as_deref(), Some("gw_lookup"));
+    assert_eq!(charge.gateway_charge_id.as_deref(), Some("gw_known"));
+    assert_eq!(db.records().await, 3);
+    assert_eq!(db.charges().await, 3, "the retries wrote no charge");
 }
 
 backend_tests!(
     serializable;
-    lookup_sees_claims_and_finishes,
+    known_keys_are_answered_from_their_record,
     concurrent_claims_have_one_winner,
     concurrent_finishers_have_one_winner,
     takeover_only_after_expiry_and_only_once,

@@ -118,16 +118,6 @@ impl ChargeService {
         let request = ChargeRequest::from_json(body, self.policy.max_amount_cents)?;
         let fingerprint = RequestFingerprint::of(body);
         let now = time::now();
-        // The fast path: a key already known is answered from its record
-        // with no write and no lock (replays, 409 while in flight, 422 on
-        // reuse, and the takeover of an expired lease, itself a
-        // compare-and-set). An absent key, or a record past its TTL, goes to
-        // the claim, where the unique index alone decides who charges.
-        if let Some(record) = self.store.find_record(key.as_str(), CHARGES_ROUTE).await?
-            && !(record.state == RecordState::Complete && record.is_expired(now))
-        {
-            return self.resume(record, customer, &fingerprint, now).await;
-        }
         let charge = Charge::pending(customer, &request, now);
         let claim = Claim {
             key: key.as_str().to_owned(),

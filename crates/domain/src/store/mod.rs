@@ -20,7 +20,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use crate::charge::{Charge, ChargeStatus};
-use crate::idempotency::{IdempotencyRecord, Lease, StoredResponse};
+use crate::idempotency::{IdempotencyRecord, Lease, RecordState, StoredResponse};
 
 pub use mysql::MySqlStore;
 pub use postgres::PostgresStore;
@@ -125,6 +125,18 @@ where
     .await
 }
 
+/// What a claim answers from a record it found without writing: the record,
+/// unless it is complete and past its TTL (then it is to be reclaimed, under
+/// a write) or absent.
+pub(crate) fn known_key(
+    record: Option<IdempotencyRecord>,
+    now: DateTime<Utc>,
+) -> Option<ClaimOutcome> {
+    record
+        .filter(|r| !(r.state == RecordState::Complete && r.is_expired(now)))
+        .map(|r| ClaimOutcome::Existing(Box::new(r)))
+}
+
 /// A request to claim a key: the record to insert and the pending charge
 /// that goes in the same transaction.
 #[derive(Debug, Clone)]
@@ -188,6 +200,10 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// transaction. The unique index on (key, route) arbitrates: a loser gets
     /// the existing record. A complete record past `expires_at` is treated
     /// as absent and reclaimed by a conditional update.
+    ///
+    /// A key already known (a replay, a duplicate in flight) is answered
+    /// without writing or taking a lock: it is the common retry, and on
+    /// SQLite a write lock would queue it behind every new charge.
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError>;
 
     /// Takes over an in-progress record whose lease has expired, by
@@ -243,17 +259,20 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// charges.
     async fn prune(&self, now: DateTime<Utc>, batch: u32) -> Result<u64, StoreError>;
 
+    /// Rows the pruner deletes per statement unless told otherwise.
+    fn default_prune_batch(&self) -> u32 {
+        5000
+    }
+
+    /// The shortest rest a bulk writer (the pruner) should take between
+    /// batches so that the API's writes get in. Zero where writers do not
+    /// block each other's rows.
+    fn batch_pause_floor(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// How many complete records are past `expires_at` (the pruner's dry run).
     async fn count_prunable(&self, now: DateTime<Utc>) -> Result<u64, StoreError>;
-
-    /// The record of (key, route), read without a lock or a transaction:
-    /// the fast path for replays and in-flight duplicates. Only a hint for
-    /// deciding what to do; [`Store::claim`] still arbitrates who charges.
-    async fn find_record(
-        &self,
-        key: &str,
-        route: &str,
-    ) -> Result<Option<IdempotencyRecord>, StoreError>;
 
     /// A record by id.
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError>;
@@ -275,6 +294,35 @@ impl Default for PoolSettings {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(10),
         }
+    }
+}
+
+/// A pooled connection idle longer than this is pinged before use.
+const PING_IF_IDLE_FOR: Duration = Duration::from_secs(30);
+
+impl PoolSettings {
+    /// The pool options every backend starts from, with `max` connections.
+    ///
+    /// sqlx pings every connection before handing it out, by default: one
+    /// more round trip per statement, three per charge. Only a connection
+    /// that sat idle for [`PING_IF_IDLE_FOR`] (long enough for a server
+    /// restart or a middlebox to have dropped it) is pinged here, and a
+    /// failed ping replaces it. A busy connection that breaks fails its
+    /// statement, which the request answers as an error to retry with the
+    /// same key.
+    pub(crate) fn options<DB: sqlx::Database>(&self, max: u32) -> sqlx::pool::PoolOptions<DB> {
+        sqlx::pool::PoolOptions::new()
+            .max_connections(max)
+            .acquire_timeout(self.acquire_timeout)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_IF_IDLE_FOR {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
     }
 }
 

@@ -12,13 +12,13 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::mysql::MySqlConnectOptions;
 use sqlx::{Executor, MySql, MySqlPool};
 
 use super::rows::{ChargeRow, RecordRow, metadata_json, record_columns};
 use super::{
     ChargeOutcome, Claim, ClaimOutcome, Finish, FinishOutcome, PoolSettings, Store, StoreError,
-    is_unique_violation, retrying, settle_claim,
+    is_unique_violation, known_key, retrying, settle_claim,
 };
 use crate::charge::Charge;
 use crate::idempotency::{IdempotencyRecord, Lease, RecordState};
@@ -39,9 +39,8 @@ impl MySqlStore {
         // The driver sets the session time zone to UTC, which DATETIME
         // columns rely on.
         let options: MySqlConnectOptions = url.parse()?;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(settings.max_connections)
-            .acquire_timeout(settings.acquire_timeout)
+        let pool = settings
+            .options::<MySql>(settings.max_connections)
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
@@ -279,6 +278,11 @@ impl Store for MySqlStore {
     }
 
     async fn claim(&self, c: &Claim) -> Result<ClaimOutcome, StoreError> {
+        // A known key is read outside any transaction: no failed insert, no
+        // gap lock.
+        if let Some(known) = known_key(record_by_key(&self.pool, &c.key, &c.route).await?, c.now) {
+            return Ok(known);
+        }
         settle_claim(&c.key, || self.try_claim(c)).await
     }
 
@@ -390,14 +394,6 @@ impl Store for MySqlStore {
         .fetch_one(&self.pool)
         .await?;
         Ok(u64::try_from(n).unwrap_or_default())
-    }
-
-    async fn find_record(
-        &self,
-        key: &str,
-        route: &str,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        record_by_key(&self.pool, key, route).await
     }
 
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError> {

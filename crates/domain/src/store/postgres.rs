@@ -5,22 +5,23 @@
 //! back, and the following SELECT sees its committed row.
 //!
 //! The common cases are one statement each, so one round trip instead of
-//! four (`BEGIN`, two writes, `COMMIT`; see `docs/benchmarks.md`): a fresh
-//! claim inserts the record and its charge in one statement with writable
-//! CTEs, and a finish updates both the same way. A statement is its own
-//! transaction, so both rows change together or not at all. A claim that
-//! meets an existing key falls back to the transaction that reads the row
-//! and may reclaim it.
+//! four or five (`BEGIN`, the writes, `COMMIT`; see `docs/benchmarks.md`):
+//! a claim inserts the record and its charge with writable CTEs, or, for a
+//! known key, writes nothing and returns the record; a finish updates the
+//! record and its charge the same way. A statement is its own transaction,
+//! so both rows change together or not at all. Only a record past its TTL,
+//! or one committed by a racer after the statement's snapshot, goes to the
+//! transaction that reads the row and may reclaim it.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{PgPool, Postgres};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{FromRow, PgPool, Postgres, Row};
 
 use super::rows::{ChargeRow, RecordRow, metadata_json, record_columns};
 use super::{
     ChargeOutcome, Claim, ClaimOutcome, Finish, FinishOutcome, PoolSettings, Store, StoreError,
-    retrying, settle_claim,
+    known_key, retrying, settle_claim,
 };
 use crate::charge::Charge;
 use crate::idempotency::{IdempotencyRecord, Lease, RecordState};
@@ -38,9 +39,8 @@ pub struct PostgresStore {
 impl PostgresStore {
     pub async fn connect(url: &str, settings: &PoolSettings) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.parse()?;
-        let pool = PgPoolOptions::new()
-            .max_connections(settings.max_connections)
-            .acquire_timeout(settings.acquire_timeout)
+        let pool = settings
+            .options(settings.max_connections)
             .connect_with(options.application_name("payments"))
             .await?;
         Ok(Self { pool })
@@ -118,25 +118,36 @@ async fn record_by_key<'e>(
 }
 
 impl PostgresStore {
-    /// A fresh key: the record and its pending charge in one statement.
-    /// `None` when the key exists (nothing was written).
-    async fn claim_fresh(&self, c: &Claim) -> Result<Option<i64>, StoreError> {
+    /// The common claim in one statement: a fresh key inserts the record
+    /// and its pending charge (writable CTEs, atomic as any statement); a
+    /// known key writes nothing and its record comes back instead. `None`
+    /// when the key exists but this statement's snapshot cannot see it (a
+    /// concurrent claimer committed while the insert waited for it).
+    async fn claim_or_read(&self, c: &Claim) -> Result<Option<ClaimOutcome>, StoreError> {
         let ch = &c.charge;
-        Ok(sqlx::query_scalar(
+        let row = sqlx::query(concat!(
             "WITH claimed AS ( \
                INSERT INTO idempotent_requests (idempotency_key, route, customer_id, \
                  request_hash, state, lease_token, locked_until, charge_id, created_at, \
                  expires_at) \
                VALUES ($1, $2, $3, $4, 'in_progress', $5, $6, $7, $8, $9) \
-               ON CONFLICT (idempotency_key, route) DO NOTHING RETURNING id), \
-             charge AS ( \
+               ON CONFLICT (idempotency_key, route) DO NOTHING RETURNING ",
+            record_columns!(),
+            "), charge AS ( \
                INSERT INTO charges (id, customer_id, amount_cents, currency, card_token, \
                  description, metadata, status, provider_key, gateway_charge_id, \
                  decline_code, created_at, updated_at) \
                SELECT $7, $10, $11, $12, $13, $14, $15::jsonb, $16, $17, $18, $19, $20, $21 \
                FROM claimed) \
-             SELECT id FROM claimed",
-        )
+             SELECT true AS claimed, ",
+            record_columns!(),
+            " FROM claimed \
+             UNION ALL \
+             SELECT false, ",
+            record_columns!(),
+            " FROM idempotent_requests \
+             WHERE idempotency_key = $1 AND route = $2 AND NOT EXISTS (SELECT 1 FROM claimed)"
+        ))
         .bind(&c.key)
         .bind(&c.route)
         .bind(&c.customer_id)
@@ -159,7 +170,17 @@ impl PostgresStore {
         .bind(ch.created_at)
         .bind(ch.updated_at)
         .fetch_optional(&self.pool)
-        .await?)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let claimed: bool = row.try_get("claimed")?;
+        let record = IdempotencyRecord::try_from(RecordRow::<Ts>::from_row(&row)?)?;
+        Ok(Some(if claimed {
+            ClaimOutcome::Claimed {
+                record_id: record.id,
+            }
+        } else {
+            ClaimOutcome::Existing(Box::new(record))
+        }))
     }
 
     /// One claim attempt: `Ok(None)` when the row it saw changed under it
@@ -282,9 +303,17 @@ impl Store for PostgresStore {
     }
 
     async fn claim(&self, c: &Claim) -> Result<ClaimOutcome, StoreError> {
-        if let Some(record_id) = retrying(|| self.claim_fresh(c)).await? {
-            return Ok(ClaimOutcome::Claimed { record_id });
+        match retrying(|| self.claim_or_read(c)).await? {
+            Some(claimed @ ClaimOutcome::Claimed { .. }) => return Ok(claimed),
+            Some(ClaimOutcome::Existing(record)) => {
+                if let Some(known) = known_key(Some(*record), c.now) {
+                    return Ok(known);
+                }
+            }
+            None => {}
         }
+        // Past its TTL, or not yet visible: the transaction that reads the
+        // row as it is now, and reclaims it if it is still expired.
         settle_claim(&c.key, || self.try_claim(c)).await
     }
 
@@ -415,14 +444,6 @@ impl Store for PostgresStore {
         .fetch_one(&self.pool)
         .await?;
         Ok(u64::try_from(n).unwrap_or_default())
-    }
-
-    async fn find_record(
-        &self,
-        key: &str,
-        route: &str,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        record_by_key(&self.pool, key, route).await
     }
 
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError> {

@@ -9,13 +9,13 @@ use std::str::FromStr;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{Sqlite, SqlitePool, Transaction};
 
 use super::rows::{ChargeRow, RecordRow, Timestamp, metadata_json, record_columns};
 use super::{
     ChargeOutcome, Claim, ClaimOutcome, Finish, FinishOutcome, PoolSettings, Store, StoreError,
-    is_unique_violation,
+    is_unique_violation, known_key,
 };
 use crate::charge::Charge;
 use crate::idempotency::{IdempotencyRecord, Lease, RecordState};
@@ -57,14 +57,9 @@ impl SqliteStore {
             std::fs::create_dir_all(dir)
                 .map_err(|e| StoreError::Other(format!("cannot create {}: {e}", dir.display())))?;
         }
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(settings.acquire_timeout)
-            .connect_with(options.clone())
-            .await?;
-        let pool = SqlitePoolOptions::new()
-            .max_connections(settings.max_connections)
-            .acquire_timeout(settings.acquire_timeout)
+        let writer = settings.options(1).connect_with(options.clone()).await?;
+        let pool = settings
+            .options(settings.max_connections)
             .connect_with(options)
             .await?;
         Ok(Self { pool, writer })
@@ -160,6 +155,10 @@ impl Store for SqliteStore {
     }
 
     async fn claim(&self, c: &Claim) -> Result<ClaimOutcome, StoreError> {
+        // A known key is read on the reader pool, without the write lock.
+        if let Some(known) = known_key(record_by_key(&self.pool, &c.key, &c.route).await?, c.now) {
+            return Ok(known);
+        }
         // The write lock is held from BEGIN IMMEDIATE to commit, so inside
         // this transaction nobody else can insert, reclaim or prune the key.
         let mut tx = self.write_tx().await?;
@@ -344,6 +343,20 @@ impl Store for SqliteStore {
         rows.into_iter().map(IdempotencyRecord::try_from).collect()
     }
 
+    /// A batch holds SQLite's only write lock; 1000 rows hold it for a few
+    /// milliseconds (see `docs/benchmarks.md`).
+    fn default_prune_batch(&self) -> u32 {
+        1000
+    }
+
+    /// SQLite's lock is not fair: a writer in another process (the API,
+    /// while `payments-jobs` prunes) that finds it taken sleeps in the busy
+    /// handler, up to 100 ms at a time. A pause at least that long between
+    /// batches is sure to contain one of its attempts.
+    fn batch_pause_floor(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(100)
+    }
+
     async fn prune(&self, now: DateTime<Utc>, batch: u32) -> Result<u64, StoreError> {
         let mut tx = self.write_tx().await?;
         let done = sqlx::query(
@@ -367,14 +380,6 @@ impl Store for SqliteStore {
         .fetch_one(&self.pool)
         .await?;
         Ok(u64::try_from(n).unwrap_or_default())
-    }
-
-    async fn find_record(
-        &self,
-        key: &str,
-        route: &str,
-    ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        record_by_key(&self.pool, key, route).await
     }
 
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError> {
