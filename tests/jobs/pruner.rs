@@ -96,7 +96,7 @@ async fn prune_deletes_only_expired_complete_records(backend: Backend) {
     assert_eq!(app.db.records().await, EXPIRED + 25 + 100);
     let charges_before = app.db.charges().await;
 
-    let pruner = Pruner::new(app.db.store(), 5_000);
+    let pruner = Pruner::new(app.db.store(), Some(5_000));
     let dry = pruner.dry_run(time::now()).await.unwrap();
     assert_eq!(dry.would_delete, EXPIRED as u64);
     assert_eq!(

@@ -3,6 +3,14 @@
 //! holds locks for long nor keeps one long transaction open while the API is
 //! claiming keys. It never deletes in-progress records and never touches
 //! `charges`.
+//!
+//! Between batches it pauses: by default as long as the last batch took, so
+//! it holds the database at most half the time, and at least the store's
+//! [`Store::batch_pause_floor`]. On SQLite this is what lets the API write
+//! at all while a large backlog is pruned: SQLite's lock is not fair, and a
+//! writer in another process that finds it taken sleeps in the busy handler
+//! (up to 100 ms at a time) while a pruner that never pauses takes the lock
+//! straight back (see `docs/benchmarks.md`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,19 +40,38 @@ impl PruneReport {
     }
 }
 
+/// How long the pruner rests between batches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    /// As long as the last batch took, at least the store's floor (the
+    /// default).
+    AsLongAsTheBatch,
+    Fixed(Duration),
+}
+
 /// Deletes expired complete records.
 #[derive(Debug, Clone)]
 pub struct Pruner {
     store: Arc<dyn Store>,
     batch: u32,
+    pause: Pause,
 }
 
 impl Pruner {
-    pub fn new(store: Arc<dyn Store>, batch: u32) -> Self {
+    /// `batch` rows per statement, or the store's
+    /// [`Store::default_prune_batch`].
+    pub fn new(store: Arc<dyn Store>, batch: Option<u32>) -> Self {
+        let batch = batch.unwrap_or_else(|| store.default_prune_batch());
         Self {
             store,
             batch: batch.max(1),
+            pause: Pause::AsLongAsTheBatch,
         }
+    }
+
+    pub fn with_pause(mut self, pause: Pause) -> Self {
+        self.pause = pause;
+        self
     }
 
     /// Deletes everything expired at `now`, one batch at a time.
@@ -52,6 +79,7 @@ impl Pruner {
         let started = Instant::now();
         let mut report = PruneReport::default();
         loop {
+            let batch_started = Instant::now();
             let deleted = self.store.prune(now, self.batch).await?;
             metrics::counter!("payments_pruned_records_total").increment(deleted);
             report.deleted += deleted;
@@ -60,7 +88,17 @@ impl Pruner {
                 break;
             }
             // Let the API's transactions in between batches.
-            tokio::task::yield_now().await;
+            let pause = match self.pause {
+                Pause::AsLongAsTheBatch => {
+                    batch_started.elapsed().max(self.store.batch_pause_floor())
+                }
+                Pause::Fixed(pause) => pause,
+            };
+            if pause.is_zero() {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(pause).await;
+            }
         }
         report.elapsed = started.elapsed();
         tracing::info!(

@@ -34,7 +34,7 @@ impl Jobs {
     ) -> Self {
         let pruner = prune.then(|| {
             (
-                Pruner::new(service.store().clone(), args.prune_batch),
+                Pruner::new(service.store().clone(), args.prune_batch).with_pause(args.pause()),
                 args.prune_every,
             )
         });

@@ -193,12 +193,26 @@ pub struct JobArgs {
     /// Provider calls one reaper makes at once.
     #[arg(long, env = "REAP_CONCURRENCY", default_value_t = 4, global = true)]
     pub reap_concurrency: u32,
-    /// Rows deleted per statement (and transaction) by the pruner.
-    #[arg(long, env = "PRUNE_BATCH", default_value_t = 5000, global = true)]
-    pub prune_batch: u32,
+    /// Rows deleted per statement (and transaction) by the pruner. Default:
+    /// 5000, and 1000 on SQLite, where a batch holds the only write lock.
+    #[arg(long, env = "PRUNE_BATCH", global = true)]
+    pub prune_batch: Option<u32>,
+    /// The pruner's pause between batches (`0s`: none). Default: as long as
+    /// the last batch took, so it holds the database at most half the time,
+    /// and at least 100 ms on SQLite so the API's writes get in.
+    #[arg(long, env = "PRUNE_PAUSE", value_parser = humantime::parse_duration, global = true)]
+    pub prune_pause: Option<Duration>,
 }
 
 impl JobArgs {
+    /// The pruner's pause, as configured.
+    pub fn pause(&self) -> crate::pruner::Pause {
+        match self.prune_pause {
+            Some(pause) => crate::pruner::Pause::Fixed(pause),
+            None => crate::pruner::Pause::AsLongAsTheBatch,
+        }
+    }
+
     pub fn validate(&self, lease: Duration) -> Result<(), String> {
         if self.abandon_after <= lease {
             return Err(format!(
@@ -219,7 +233,7 @@ impl JobArgs {
         if self.reap_every.is_zero() || self.prune_every.is_zero() {
             return Err("--reap-every and --prune-every must be greater than 0".into());
         }
-        if self.reap_batch == 0 || self.prune_batch == 0 || self.reap_concurrency == 0 {
+        if self.reap_batch == 0 || self.prune_batch == Some(0) || self.reap_concurrency == 0 {
             return Err(
                 "--reap-batch, --reap-concurrency and --prune-batch must be at least 1".into(),
             );
