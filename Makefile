@@ -6,7 +6,7 @@ SHELL := bash
 # development JWT secret that the server refuses next to a real provider.
 DEV_JWT_SECRET := dev-only-secret-do-not-use-in-production
 
-.PHONY: run test lint fmt build clean-data contract
+.PHONY: run test bench lint fmt build clean-data contract
 
 ## Serve on http://127.0.0.1:8080 with SQLite and the built-in sandbox.
 run:
@@ -21,6 +21,14 @@ test:
 	@mkdir -p target
 	@set -o pipefail; $(CARGO) test --workspace --all-targets 2>&1 | tee target/test.log
 	@./scripts/test-summary target/test.log
+
+## Benchmarks of the release binaries on SQLite and PostgreSQL (a throwaway
+## cluster, or BENCH_POSTGRES_URL) with a pgbench ceiling: rewrites
+## docs/benchmarks.md (keeping its analysis section) and target/bench/*.json.
+## BENCH_* variables size the runs; the list is in docs/benchmarks.md.
+bench:
+	$(CARGO) build --release --workspace --bins
+	$(CARGO) run --release --quiet -p payments-tests --bin payments-bench
 
 ## openapi.yaml against a running server: lint, then schemathesis (positive
 ## and negative data; statuses, headers and bodies must conform; no 5xx).

@@ -9,7 +9,8 @@
 //! Where the server comes from, in order:
 //! 1. `TEST_POSTGRES_URL` (for example `postgres://postgres@127.0.0.1:5432/postgres`):
 //!    an existing server, used as the admin connection. CI and developers who
-//!    already run PostgreSQL set it.
+//!    already run PostgreSQL set it. `payments-bench` skips this step
+//!    ([`throwaway_admin_url`]): its figures must come from a known server.
 //! 2. Otherwise one throwaway cluster per test process, started on first use
 //!    from the installed server binaries ([`binaries_dir`]) in a temp dir, on a
 //!    free port, tuned for speed over durability (`fsync=off`). It is started
@@ -66,6 +67,19 @@ pub fn admin_url() -> Result<String, Skip> {
     if let Some(url) = std::env::var(URL_VAR).ok().filter(|url| !url.is_empty()) {
         return Ok(url);
     }
+    throwaway_admin_url()
+}
+
+/// The admin URL of this process's throwaway cluster, started on first call,
+/// whatever `TEST_POSTGRES_URL` says: for figures that must come from a known
+/// server configuration (`payments-bench`), not from a developer's server.
+///
+/// # Errors
+/// [`Skip`] when no server binaries are installed.
+///
+/// # Panics
+/// As [`admin_url`], when the binaries exist but the cluster cannot start.
+pub fn throwaway_admin_url() -> Result<String, Skip> {
     match CLUSTER.get_or_init(Cluster::start) {
         Cluster::Running { admin_url } => Ok(admin_url.clone()),
         Cluster::Unavailable(skip) => Err(skip.clone()),
@@ -240,13 +254,27 @@ fn start_cluster(bindir: &Path) -> Result<(String, PathBuf), String> {
         },
     )?;
 
+    // Speed over durability, in the configuration file rather than on the
+    // command line, so `ALTER SYSTEM` can turn durability back on
+    // (`payments-bench` measures a durable server).
+    let mut conf = std::fs::OpenOptions::new()
+        .append(true)
+        .open(data.join("postgresql.conf"))
+        .map_err(|e| format!("opening postgresql.conf: {e}"))?;
+    std::io::Write::write_all(
+        &mut conf,
+        b"\n# payments tests: speed over durability\nfsync = off\n\
+          synchronous_commit = off\nfull_page_writes = off\n",
+    )
+    .map_err(|e| format!("writing postgresql.conf: {e}"))?;
+    drop(conf);
+
     let log = dir.join("log");
     let mut failures = Vec::new();
     for _ in 0..START_ATTEMPTS {
         let port = free_port()?;
         let options = format!(
-            "-k {} -p {port} -c listen_addresses=127.0.0.1 -c fsync=off \
-             -c synchronous_commit=off -c full_page_writes=off -c max_connections=300",
+            "-k {} -p {port} -c listen_addresses=127.0.0.1 -c max_connections=300",
             shell_quote(&dir)
         );
         let started = run(
