@@ -72,6 +72,7 @@ pub fn router(state: AppState) -> Router {
                 method = %request.method(),
                 path = %request.uri().path(),
                 idempotency_key = tracing::field::Empty,
+                replayed = tracing::field::Empty,
             )
         });
     Router::new()

@@ -48,6 +48,11 @@ pub async fn create_charge(
     let reply = tokio::spawn(work.instrument(tracing::Span::current()))
         .await
         .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))??;
+    if reply.replayed {
+        // On the request's own line rather than a line of its own: a replay
+        // is the cheapest request there is, and a log line costs more.
+        tracing::Span::current().record("replayed", true);
+    }
     let mut response = reply_response(reply);
     if keyless {
         // Rollout mode: tell the client, in a header its logs will show,

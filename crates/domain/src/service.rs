@@ -176,7 +176,7 @@ impl ChargeService {
         }
         match (record.state, &record.response, &record.lease) {
             (RecordState::Complete, Some(response), _) => {
-                tracing::info!(record_id = record.id, status = response.status, "replay");
+                tracing::debug!(record_id = record.id, status = response.status, "replay");
                 Ok(Reply {
                     response: response.clone(),
                     replayed: true,
