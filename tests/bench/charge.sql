@@ -21,19 +21,28 @@
 \set n random(1, 1000000000000000000)
 
 -- 1. The claim (`claim_or_read`): the record and its pending charge in one
--- statement, so one implicit transaction; for a known key it would write
--- nothing and return the record instead (the second branch).
-WITH claimed AS (
+-- statement, so one implicit transaction. It reads the key first
+-- (`existing`): for a known key (a replay) it attempts nothing and returns
+-- the record; here the key is new, so the insert runs.
+WITH existing AS (
+  SELECT id, idempotency_key, route, customer_id, request_hash, state, lease_token,
+    locked_until, charge_id, response_status, response_body, response_content_type,
+    response_location, created_at, completed_at, expires_at
+    FROM idempotent_requests
+   WHERE idempotency_key = 'bench-' || lpad(:client_id::text, 11, '0') || '-' || lpad(:n::text, 19, '0')
+     AND route = 'POST /api/charges'),
+claimed AS (
   INSERT INTO idempotent_requests (idempotency_key, route, customer_id,
     request_hash, state, lease_token, locked_until, charge_id, created_at,
     expires_at)
-  VALUES ('bench-' || lpad(:client_id::text, 11, '0') || '-' || lpad(:n::text, 19, '0'),
+  SELECT 'bench-' || lpad(:client_id::text, 11, '0') || '-' || lpad(:n::text, 19, '0'),
           'POST /api/charges', 'cus_load',
           '43d26cb3be1892bd67af724e50c40ccd7ae629f1b3f2e1a2e86dac7d2c6717d3',
           'in_progress', 'lease' || lpad(:client_id::text, 8, '0') || lpad(:n::text, 19, '0'),
           now() + interval '60 seconds',
           'ch_' || lpad(:client_id::text, 13, '0') || lpad(:n::text, 19, '0'),
-          now(), now() + interval '24 hours')
+          now(), now() + interval '24 hours'
+  WHERE NOT EXISTS (SELECT 1 FROM existing)
   ON CONFLICT (idempotency_key, route) DO NOTHING
   RETURNING id, idempotency_key, route, customer_id, request_hash, state, lease_token,
     locked_until, charge_id, response_status, response_body, response_content_type,
@@ -57,9 +66,7 @@ UNION ALL
 SELECT false, id, idempotency_key, route, customer_id, request_hash, state, lease_token,
     locked_until, charge_id, response_status, response_body, response_content_type,
     response_location, created_at, completed_at, expires_at
-  FROM idempotent_requests
- WHERE idempotency_key = 'bench-' || lpad(:client_id::text, 11, '0') || '-' || lpad(:n::text, 19, '0')
-   AND route = 'POST /api/charges' AND NOT EXISTS (SELECT 1 FROM claimed) \gset
+  FROM existing \gset
 
 -- (The provider call happens here, with no transaction or connection held.)
 

@@ -6,8 +6,8 @@
 //!
 //! The common cases are one statement each, so one round trip instead of
 //! four or five (`BEGIN`, the writes, `COMMIT`; see `docs/benchmarks.md`):
-//! a claim inserts the record and its charge with writable CTEs, or, for a
-//! known key, writes nothing and returns the record; a finish updates the
+//! a claim reads the key and returns its record, or, for a new key, inserts
+//! the record and its charge with writable CTEs; a finish updates the
 //! record and its charge the same way. A statement is its own transaction,
 //! so both rows change together or not at all. Only a record past its TTL,
 //! or one committed by a racer after the statement's snapshot, goes to the
@@ -118,19 +118,26 @@ async fn record_by_key<'e>(
 }
 
 impl PostgresStore {
-    /// The common claim in one statement: a fresh key inserts the record
-    /// and its pending charge (writable CTEs, atomic as any statement); a
-    /// known key writes nothing and its record comes back instead. `None`
-    /// when the key exists but this statement's snapshot cannot see it (a
-    /// concurrent claimer committed while the insert waited for it).
+    /// The common claim in one statement: a known key's record comes back
+    /// and nothing is attempted (a plain index read: half the cost of an
+    /// insert that conflicts); a fresh key inserts the record and its
+    /// pending charge (writable CTEs, atomic as any statement), the unique
+    /// index arbitrating as ever. `None` when the key exists but this
+    /// statement's snapshot cannot see it (a concurrent claimer committed
+    /// while the insert waited for it).
     async fn claim_or_read(&self, c: &Claim) -> Result<Option<ClaimOutcome>, StoreError> {
         let ch = &c.charge;
         let row = sqlx::query(concat!(
-            "WITH claimed AS ( \
+            "WITH existing AS ( \
+               SELECT ",
+            record_columns!(),
+            " FROM idempotent_requests WHERE idempotency_key = $1 AND route = $2), \
+             claimed AS ( \
                INSERT INTO idempotent_requests (idempotency_key, route, customer_id, \
                  request_hash, state, lease_token, locked_until, charge_id, created_at, \
                  expires_at) \
-               VALUES ($1, $2, $3, $4, 'in_progress', $5, $6, $7, $8, $9) \
+               SELECT $1, $2, $3, $4, 'in_progress', $5, $6, $7, $8, $9 \
+               WHERE NOT EXISTS (SELECT 1 FROM existing) \
                ON CONFLICT (idempotency_key, route) DO NOTHING RETURNING ",
             record_columns!(),
             "), charge AS ( \
@@ -145,8 +152,7 @@ impl PostgresStore {
              UNION ALL \
              SELECT false, ",
             record_columns!(),
-            " FROM idempotent_requests \
-             WHERE idempotency_key = $1 AND route = $2 AND NOT EXISTS (SELECT 1 FROM claimed)"
+            " FROM existing"
         ))
         .bind(&c.key)
         .bind(&c.route)
