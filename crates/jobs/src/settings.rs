@@ -194,12 +194,12 @@ pub struct JobArgs {
     #[arg(long, env = "REAP_CONCURRENCY", default_value_t = 4, global = true)]
     pub reap_concurrency: u32,
     /// Rows deleted per statement (and transaction) by the pruner. Default:
-    /// 5000, and 1000 on SQLite, where a batch holds the only write lock.
+    /// 5000, and 250 on SQLite, where a batch holds the only write lock.
     #[arg(long, env = "PRUNE_BATCH", global = true)]
     pub prune_batch: Option<u32>,
     /// The pruner's pause between batches (`0s`: none). Default: as long as
     /// the last batch took, so it holds the database at most half the time,
-    /// and at least 100 ms on SQLite so the API's writes get in.
+    /// and at least 25 ms on SQLite so the API's writes get in.
     #[arg(long, env = "PRUNE_PAUSE", value_parser = humantime::parse_duration, global = true)]
     pub prune_pause: Option<Duration>,
 }

@@ -343,18 +343,19 @@ impl Store for SqliteStore {
         rows.into_iter().map(IdempotencyRecord::try_from).collect()
     }
 
-    /// A batch holds SQLite's only write lock; 1000 rows hold it for a few
-    /// milliseconds (see `docs/benchmarks.md`).
+    /// A batch holds SQLite's only write lock, and the API's writes queue
+    /// behind it: 250 rows hold it for about 2 ms (see `docs/benchmarks.md`).
     fn default_prune_batch(&self) -> u32 {
-        1000
+        250
     }
 
     /// SQLite's lock is not fair: a writer in another process (the API,
     /// while `payments-jobs` prunes) that finds it taken sleeps in the busy
-    /// handler, up to 100 ms at a time. A pause at least that long between
-    /// batches is sure to contain one of its attempts.
+    /// handler, 1, 2, 5, 10, 15, 20, 25 ms ... (at most 100 ms) between
+    /// attempts. A writer held up by a short batch tries again within a few
+    /// milliseconds; a rest of 25 ms is sure to contain that attempt.
     fn batch_pause_floor(&self) -> std::time::Duration {
-        std::time::Duration::from_millis(100)
+        std::time::Duration::from_millis(25)
     }
 
     async fn prune(&self, now: DateTime<Utc>, batch: u32) -> Result<u64, StoreError> {
