@@ -81,14 +81,22 @@ fn memory() -> String {
         .unwrap_or_else(|| UNKNOWN.to_owned())
 }
 
-/// The short commit, with `-dirty` when tracked files differ from it.
+/// The short commit, with `-dirty` when tracked files differ from it (other
+/// than the markdown the bench itself rewrites).
 fn git(root: &Path) -> String {
     let Some(commit) = output("git", &["rev-parse", "--short", "HEAD"], Some(root)) else {
         return UNKNOWN.to_owned();
     };
     let dirty = output(
         "git",
-        &["status", "--porcelain", "--untracked-files=no"],
+        &[
+            "status",
+            "--porcelain",
+            "--untracked-files=no",
+            "--",
+            ".",
+            ":(exclude)docs/benchmarks.md",
+        ],
         Some(root),
     )
     .is_some_and(|status| !status.is_empty());
