@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use payments_client::load::{Report, StoppedBy};
+use payments_client::load::{Count, Report, StoppedBy};
 
 use crate::results::{BackendResults, Prune, Results, Slow, Storm, p99, server_errors, stream};
 use crate::settings::{Backend, Settings};
@@ -770,26 +770,12 @@ fn report_table(out: &mut String, report: &Report) {
             Some(l) => (ms(l.p50), ms(l.p95), ms(l.p99), ms(l.max)),
             None => Default::default(),
         };
-        let mut statuses: Vec<String> = s
-            .statuses
-            .iter()
-            .map(|(status, n)| {
-                let mark = if s.disallowed.contains_key(status) {
-                    " (!)"
-                } else {
-                    ""
-                };
-                format!("{status}: {n}{mark}")
-            })
-            .collect();
-        if s.replays > 0 {
-            statuses.push(format!("replays: {}", s.replays));
-        }
-        let transport: Vec<String> = s
-            .transport_errors
-            .iter()
-            .map(|(kind, n)| format!("{kind}: {n}"))
-            .collect();
+        let text = |c: Count| {
+            let mark = if c.forbidden { " (!)" } else { "" };
+            format!("{}: {}{mark}", c.label, c.n)
+        };
+        let statuses: Vec<String> = s.answer_counts().into_iter().map(text).collect();
+        let transport: Vec<String> = s.unanswered_counts().into_iter().map(text).collect();
         let _ = writeln!(
             out,
             "| {} | {} | {} | {p50} | {p95} | {p99} | {max} | {} | {} |",

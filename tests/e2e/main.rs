@@ -69,7 +69,20 @@ async fn readme_session_against_the_real_binaries(backend: Backend) {
     assert_eq!(db.charges_with_status("succeeded").await, 1);
     let ready = reqwest::get(format!("{}/readyz", api.url)).await.unwrap();
     assert_eq!(ready.status(), 200);
-    assert!(api.log().contains("request_id"), "request ids are logged");
+    let log = api.log();
+    assert!(log.contains("request_id"), "request ids are logged");
+    // One line per replay: its request line says so.
+    let replayed: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("replayed=true"))
+        .collect();
+    assert_eq!(replayed.len(), 1, "only the replay is marked:\n{log}");
+    assert!(
+        replayed[0].contains(&key) && replayed[0].contains("status=201"),
+        "{}",
+        replayed[0]
+    );
+    assert!(!log.contains('\u{1b}'), "no colour codes in a log file");
 }
 
 backend_tests!(readme_session_against_the_real_binaries);

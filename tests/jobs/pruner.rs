@@ -1,11 +1,14 @@
 //! The pruner keeps the key table small without touching what matters.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use payments_domain::time;
+use payments_jobs::pruner::Pause;
 use payments_jobs::pruner::Pruner;
-use payments_tests::{AppOptions, Backend, backend_tests, charge_body, new_key, spawn_app};
+use payments_tests::{
+    AppOptions, Backend, TestApp, backend_tests, charge_body, new_key, spawn_app,
+};
 
 const EXPIRED: i64 = 100_000;
 
@@ -20,6 +23,55 @@ macro_rules! digits {
     };
 }
 
+/// `n` (at most 100,000) complete records named `<prefix>-<i>`, claimed two
+/// days ago and expired a day ago, written in bulk.
+async fn seed_expired(app: &TestApp, prefix: &str, n: i64) {
+    let sqlite = format!(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {n}) \
+         INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
+         state, charge_id, response_status, response_body, response_content_type, created_at, \
+         completed_at, expires_at) \
+         SELECT '{prefix}-' || i, 'POST /api/charges', 'cus_old', \
+         '0000000000000000000000000000000000000000000000000000000000000000', 'complete', \
+         'ch_{prefix}_' || i, 201, '{{}}', 'application/json', \
+         CAST(strftime('%s','now') AS INTEGER) * 1000 - 172800000, \
+         CAST(strftime('%s','now') AS INTEGER) * 1000 - 172800000, \
+         CAST(strftime('%s','now') AS INTEGER) * 1000 - 86400000 FROM n"
+    );
+    let postgres = format!(
+        "INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
+         state, charge_id, response_status, response_body, response_content_type, created_at, \
+         completed_at, expires_at) \
+         SELECT '{prefix}-' || i, 'POST /api/charges', 'cus_old', repeat('0', 64), 'complete', \
+         'ch_{prefix}_' || i, 201, '{{}}', 'application/json', now() - interval '2 days', \
+         now() - interval '2 days', now() - interval '1 day' FROM generate_series(1, {n}) i"
+    );
+    let mysql = format!(
+        concat!(
+            "INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
+             state, charge_id, response_status, response_body, response_content_type, created_at, \
+             completed_at, expires_at) \
+             SELECT CONCAT('{prefix}-', n), 'POST /api/charges', 'cus_old', REPEAT('0', 64), \
+             'complete', CONCAT('ch_{prefix}_', n), 201, '{{}}', 'application/json', \
+             NOW(6) - INTERVAL 2 DAY, NOW(6) - INTERVAL 2 DAY, NOW(6) - INTERVAL 1 DAY \
+             FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 1 AS n FROM ",
+            digits!(),
+            " a, ",
+            digits!(),
+            " b, ",
+            digits!(),
+            " c, ",
+            digits!(),
+            " e, ",
+            digits!(),
+            " f) nums WHERE n <= {n}"
+        ),
+        prefix = prefix,
+        n = n
+    );
+    app.db.execute(&sqlite, &postgres, &mysql).await;
+}
+
 /// 100,000 expired complete records, fresh ones, and in-progress ones past
 /// their expiry: one pass deletes exactly the expired complete ones, in
 /// batches, touches no charge, and new charges keep succeeding meanwhile.
@@ -30,37 +82,7 @@ async fn prune_deletes_only_expired_complete_records(backend: Backend) {
     let app = Arc::new(app);
     // Expired complete records (claimed two days ago), 100 charges, and 25
     // in-progress records past their expiry, all written in bulk.
-    app.db
-        .execute(
-            "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 100000) \
-             INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
-             state, charge_id, response_status, response_body, response_content_type, created_at, \
-             completed_at, expires_at) \
-             SELECT 'expired-' || i, 'POST /api/charges', 'cus_old', \
-             '0000000000000000000000000000000000000000000000000000000000000000', 'complete', \
-             'ch_old_' || i, 201, '{}', 'application/json', \
-             CAST(strftime('%s','now') AS INTEGER) * 1000 - 172800000, \
-             CAST(strftime('%s','now') AS INTEGER) * 1000 - 172800000, \
-             CAST(strftime('%s','now') AS INTEGER) * 1000 - 86400000 FROM n",
-            "INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
-             state, charge_id, response_status, response_body, response_content_type, created_at, \
-             completed_at, expires_at) \
-             SELECT 'expired-' || i, 'POST /api/charges', 'cus_old', repeat('0', 64), 'complete', \
-             'ch_old_' || i, 201, '{}', 'application/json', now() - interval '2 days', \
-             now() - interval '2 days', now() - interval '1 day' FROM generate_series(1, 100000) i",
-            concat!(
-                "INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
-                 state, charge_id, response_status, response_body, response_content_type, created_at, \
-                 completed_at, expires_at) \
-                 SELECT CONCAT('expired-', n), 'POST /api/charges', 'cus_old', REPEAT('0', 64), \
-                 'complete', CONCAT('ch_old_', n), 201, '{}', 'application/json', \
-                 NOW(6) - INTERVAL 2 DAY, NOW(6) - INTERVAL 2 DAY, NOW(6) - INTERVAL 1 DAY \
-                 FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d + 1 AS n FROM ",
-                digits!(), " a, ", digits!(), " b, ", digits!(), " c, ", digits!(), " e, ", digits!(),
-                " f) nums"
-            ),
-        )
-        .await;
+    seed_expired(&app, "expired", EXPIRED).await;
     app.db
         .execute(
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 25) \
@@ -159,4 +181,37 @@ async fn prune_deletes_only_expired_complete_records(backend: Backend) {
     assert_eq!(pruner.try_run_once(time::now()).await.unwrap().deleted, 0);
 }
 
-backend_tests!(prune_deletes_only_expired_complete_records);
+/// Unconfigured, the store decides the batch: 250 rows on SQLite, where a
+/// batch holds the only write lock, 5,000 elsewhere. A configured pause is
+/// taken between every two batches.
+async fn pruner_batches_and_rests_as_configured(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let store = app.db.store();
+    seed_expired(&app, "default", 600).await;
+    let report = Pruner::new(store.clone(), None)
+        .try_run_once(time::now())
+        .await
+        .unwrap();
+    assert_eq!(report.deleted, 600);
+    let batches = if backend == Backend::Sqlite { 3 } else { 1 };
+    assert_eq!(report.batches, batches, "{backend:?}: 600 rows");
+
+    seed_expired(&app, "paused", 600).await;
+    let pause = Duration::from_millis(40);
+    let started = Instant::now();
+    let report = Pruner::new(store, Some(200))
+        .with_pause(Pause::Fixed(pause))
+        .try_run_once(time::now())
+        .await
+        .unwrap();
+    assert_eq!((report.deleted, report.batches), (600, 4));
+    // Three full batches, each followed by a rest; the fourth finds nothing.
+    assert!(started.elapsed() >= pause * 3, "{:?}", started.elapsed());
+}
+
+backend_tests!(
+    prune_deletes_only_expired_complete_records,
+    pruner_batches_and_rests_as_configured,
+);

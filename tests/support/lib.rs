@@ -306,24 +306,21 @@ impl TestDb {
     }
 
     /// Runs backend-specific SQL that returns no rows; returns rows affected.
-    pub async fn execute(
-        &self,
-        sqlite_sql: &'static str,
-        pg_sql: &'static str,
-        mysql_sql: &'static str,
-    ) -> u64 {
+    /// The SQL is the test's own, never input.
+    pub async fn execute(&self, sqlite_sql: &str, pg_sql: &str, mysql_sql: &str) -> u64 {
+        let sql = |sql: &str| sqlx::AssertSqlSafe(sql.to_owned());
         match &self.concrete {
-            Concrete::Mysql(s) => sqlx::query(mysql_sql)
+            Concrete::Mysql(s) => sqlx::query(sql(mysql_sql))
                 .execute(s.pool())
                 .await
                 .expect("execute")
                 .rows_affected(),
-            Concrete::Sqlite(s) => sqlx::query(sqlite_sql)
+            Concrete::Sqlite(s) => sqlx::query(sql(sqlite_sql))
                 .execute(s.pool())
                 .await
                 .expect("execute")
                 .rows_affected(),
-            Concrete::Postgres(s) => sqlx::query(pg_sql)
+            Concrete::Postgres(s) => sqlx::query(sql(pg_sql))
                 .execute(s.pool())
                 .await
                 .expect("execute")

@@ -49,7 +49,7 @@ use tokio::time::Instant;
 pub use report::{
     Charges, EXIT_CORRECT, EXIT_ERROR, EXIT_INCORRECT, Operations, Report, StoppedBy,
 };
-pub use stream::{Latency, StreamReport};
+pub use stream::{Count, Latency, StreamReport};
 
 use crate::client::Client;
 use crate::error::{ClientError, error_chain};

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::stream::StreamReport;
+use super::stream::{Count, StreamReport};
 
 /// Exit status: `correct` is true.
 pub const EXIT_CORRECT: u8 = 0;
@@ -201,26 +201,12 @@ impl Report {
                 Some(l) => (micros(l.p50), micros(l.p95), micros(l.p99), micros(l.max)),
                 None => Default::default(),
             };
-            let mut statuses: Vec<String> = s
-                .statuses
-                .iter()
-                .map(|(status, n)| {
-                    let mark = if s.disallowed.contains_key(status) {
-                        "!"
-                    } else {
-                        ""
-                    };
-                    format!("{status}{mark}:{n}")
-                })
-                .collect();
-            if s.replays > 0 {
-                statuses.push(format!("replays:{}", s.replays));
-            }
-            let transport: Vec<String> = s
-                .transport_errors
-                .iter()
-                .map(|(kind, n)| format!("{kind}:{n}"))
-                .collect();
+            let text = |c: Count| {
+                let mark = if c.forbidden { "!" } else { "" };
+                format!("{}{mark}:{}", c.label, c.n)
+            };
+            let statuses: Vec<String> = s.answer_counts().into_iter().map(text).collect();
+            let transport: Vec<String> = s.unanswered_counts().into_iter().map(text).collect();
             let _ = writeln!(
                 out,
                 "{:<13} {:>8} {:>9.1} {p50:>9} {p95:>9} {p99:>9} {max:>9}  {:<24} {}",

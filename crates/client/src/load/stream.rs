@@ -218,6 +218,50 @@ pub struct StreamReport {
     pub disallowed: BTreeMap<u16, u64>,
 }
 
+/// One count a report shows for a stream: `label` (a status, `replays`, or
+/// a transport error's kind), how often, and whether the scenario forbids it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Count {
+    pub label: String,
+    pub n: u64,
+    pub forbidden: bool,
+}
+
+impl StreamReport {
+    /// The answers by status, then the replays among them (if any).
+    pub fn answer_counts(&self) -> Vec<Count> {
+        let mut counts: Vec<Count> = self
+            .statuses
+            .iter()
+            .map(|(status, n)| Count {
+                label: status.to_string(),
+                n: *n,
+                forbidden: self.disallowed.contains_key(status),
+            })
+            .collect();
+        if self.replays > 0 {
+            counts.push(Count {
+                label: "replays".to_owned(),
+                n: self.replays,
+                forbidden: false,
+            });
+        }
+        counts
+    }
+
+    /// The requests that got no answer, by kind.
+    pub fn unanswered_counts(&self) -> Vec<Count> {
+        self.transport_errors
+            .iter()
+            .map(|(kind, n)| Count {
+                label: kind.clone(),
+                n: *n,
+                forbidden: false,
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

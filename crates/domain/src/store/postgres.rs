@@ -15,7 +15,8 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgArguments, PgConnectOptions};
+use sqlx::query::Query;
 use sqlx::{FromRow, PgPool, Postgres, Row};
 
 use super::rows::{ChargeRow, RecordRow, metadata_json, record_columns};
@@ -56,27 +57,47 @@ async fn insert_charge<'e>(
     e: impl sqlx::Executor<'e, Database = Postgres>,
     c: &Charge,
 ) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO charges (id, customer_id, amount_cents, currency, card_token, description, \
-         metadata, status, provider_key, gateway_charge_id, decline_code, created_at, updated_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, $12, $13)",
+    bind_charge(
+        sqlx::query(concat!(
+            "INSERT INTO charges (",
+            charge_columns!(),
+            ") VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8, $9, $10, $11, $12, $13)"
+        )),
+        c,
     )
-    .bind(&c.id)
-    .bind(&c.customer_id)
-    .bind(c.amount_cents)
-    .bind(&c.currency)
-    .bind(c.card_token.as_str())
-    .bind(&c.description)
-    .bind(metadata_json(c))
-    .bind(c.status.as_str())
-    .bind(&c.provider_key)
-    .bind(&c.gateway_charge_id)
-    .bind(&c.decline_code)
-    .bind(c.created_at)
-    .bind(c.updated_at)
     .execute(e)
     .await?;
     Ok(())
+}
+
+/// The columns of a new `charges` row, in [`bind_charge`] order.
+macro_rules! charge_columns {
+    () => {
+        "id, customer_id, amount_cents, currency, card_token, description, metadata, status, \
+         provider_key, gateway_charge_id, decline_code, created_at, updated_at"
+    };
+}
+use charge_columns;
+
+/// Binds a new charge's 13 columns (metadata as text, for a `::jsonb` cast).
+fn bind_charge<'q>(
+    query: Query<'q, Postgres, PgArguments>,
+    c: &'q Charge,
+) -> Query<'q, Postgres, PgArguments> {
+    query
+        .bind(&c.id)
+        .bind(&c.customer_id)
+        .bind(c.amount_cents)
+        .bind(&c.currency)
+        .bind(c.card_token.as_str())
+        .bind(&c.description)
+        .bind(metadata_json(c))
+        .bind(c.status.as_str())
+        .bind(&c.provider_key)
+        .bind(&c.gateway_charge_id)
+        .bind(&c.decline_code)
+        .bind(c.created_at)
+        .bind(c.updated_at)
 }
 
 async fn update_charge<'e>(
@@ -126,8 +147,7 @@ impl PostgresStore {
     /// statement's snapshot cannot see it (a concurrent claimer committed
     /// while the insert waited for it).
     async fn claim_or_read(&self, c: &Claim) -> Result<Option<ClaimOutcome>, StoreError> {
-        let ch = &c.charge;
-        let row = sqlx::query(concat!(
+        let query = sqlx::query(concat!(
             "WITH existing AS ( \
                SELECT ",
             record_columns!(),
@@ -141,10 +161,9 @@ impl PostgresStore {
                ON CONFLICT (idempotency_key, route) DO NOTHING RETURNING ",
             record_columns!(),
             "), charge AS ( \
-               INSERT INTO charges (id, customer_id, amount_cents, currency, card_token, \
-                 description, metadata, status, provider_key, gateway_charge_id, \
-                 decline_code, created_at, updated_at) \
-               SELECT $7, $10, $11, $12, $13, $14, $15::jsonb, $16, $17, $18, $19, $20, $21 \
+               INSERT INTO charges (",
+            charge_columns!(),
+            ") SELECT $10, $11, $12, $13, $14, $15, $16::jsonb, $17, $18, $19, $20, $21, $22 \
                FROM claimed) \
              SELECT true AS claimed, ",
             record_columns!(),
@@ -160,23 +179,12 @@ impl PostgresStore {
         .bind(&c.request_hash)
         .bind(&c.lease.token)
         .bind(c.lease.until)
-        .bind(&ch.id)
+        .bind(&c.charge.id)
         .bind(c.now)
-        .bind(c.expires_at)
-        .bind(&ch.customer_id)
-        .bind(ch.amount_cents)
-        .bind(&ch.currency)
-        .bind(ch.card_token.as_str())
-        .bind(&ch.description)
-        .bind(metadata_json(ch))
-        .bind(ch.status.as_str())
-        .bind(&ch.provider_key)
-        .bind(&ch.gateway_charge_id)
-        .bind(&ch.decline_code)
-        .bind(ch.created_at)
-        .bind(ch.updated_at)
-        .fetch_optional(&self.pool)
-        .await?;
+        .bind(c.expires_at);
+        let row = bind_charge(query, &c.charge)
+            .fetch_optional(&self.pool)
+            .await?;
         let Some(row) = row else { return Ok(None) };
         let claimed: bool = row.try_get("claimed")?;
         let record = IdempotencyRecord::try_from(RecordRow::<Ts>::from_row(&row)?)?;
