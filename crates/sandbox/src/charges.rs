@@ -84,12 +84,14 @@ async fn handle(
     })?;
     let params = FormParams::parse(&body)?;
 
+    let config = state.config();
     let claim = match key {
         None => None,
-        Some(key) => match state
-            .keys
-            .begin(ScopedKey { api_key, key }, params.fingerprint())
-        {
+        Some(key) => match state.keys.begin(
+            ScopedKey { api_key, key },
+            params.fingerprint(),
+            config.key_retention(),
+        ) {
             Decision::Process(claim) => Some(claim),
             Decision::Replay(response) => return Ok(Outcome::Replay(response)),
             Decision::InProgress => return Err(ApiError::idempotency_in_progress()),
@@ -97,7 +99,7 @@ async fn handle(
         },
     };
 
-    let task = tokio::spawn(process(state.ledger.clone(), state.config(), params, claim));
+    let task = tokio::spawn(process(state.ledger.clone(), config, params, claim));
     task.await.map_err(|error| {
         // The task panicked; its claim was dropped while unwinding, so the
         // key is free again.

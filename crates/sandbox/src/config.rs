@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 /// fault off. Faults apply, in field order, to charge requests that are
 /// actually processed; idempotent replays and idempotency errors answer at
 /// once.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxConfig {
     /// Milliseconds to sleep before processing a charge.
@@ -25,9 +25,33 @@ pub struct SandboxConfig {
     /// Make and store the charge, then close the connection without writing a
     /// single byte of the response.
     pub drop_after_charge: bool,
+    /// Seconds the provider remembers an idempotency key (Stripe: 24 h).
+    /// A request whose key was first used longer ago is processed as new,
+    /// and charges again.
+    pub key_retention_secs: u64,
+}
+
+/// Stripe's key retention.
+pub const DEFAULT_KEY_RETENTION_SECS: u64 = 24 * 60 * 60;
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        Self {
+            latency_ms: 0,
+            error_rate: 0.0,
+            hang: false,
+            drop_after_charge: false,
+            key_retention_secs: DEFAULT_KEY_RETENTION_SECS,
+        }
+    }
 }
 
 impl SandboxConfig {
+    /// How long an idempotency key is remembered.
+    pub fn key_retention(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.key_retention_secs)
+    }
+
     /// Checks the invariants the wire format cannot express.
     pub fn validate(&self) -> Result<(), InvalidConfig> {
         if !(0.0..=1.0).contains(&self.error_rate) {

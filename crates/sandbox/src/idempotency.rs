@@ -5,10 +5,16 @@
 //! Only final answers are stored (success, decline, validation error). A
 //! request that ends without one (an injected 500, a hang, a cancelled task)
 //! drops its [`Claim`], which releases the key so a retry is processed anew.
+//!
+//! Like Stripe, the sandbox forgets a key once it is older than its key
+//! retention (`key_retention_secs`, 24 h by default): a request with a
+//! forgotten key is processed anew, and a charge is made again. Tests shorten
+//! the retention to prove that the API never re-drives a key that old.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::params::Fingerprint;
 use crate::response::StoredResponse;
@@ -41,6 +47,8 @@ pub(crate) enum Decision {
 struct Entry {
     fingerprint: Fingerprint,
     state: EntryState,
+    /// When the key was first used: it is forgotten `retention` later.
+    first_used: Instant,
 }
 
 #[derive(Debug)]
@@ -63,9 +71,21 @@ pub(crate) struct KeyTable {
 impl KeyTable {
     /// Decides, atomically, what a request with `key` and `fingerprint` gets.
     /// The parameter check comes first, so a mismatch is reported even while
-    /// the first request is still in flight.
-    pub(crate) fn begin(self: &Arc<Self>, key: ScopedKey, fingerprint: Fingerprint) -> Decision {
+    /// the first request is still in flight. A key first used `retention` ago
+    /// or earlier is forgotten: the request is processed as a new one.
+    pub(crate) fn begin(
+        self: &Arc<Self>,
+        key: ScopedKey,
+        fingerprint: Fingerprint,
+        retention: Duration,
+    ) -> Decision {
         let mut entries = self.lock();
+        if entries
+            .get(&key)
+            .is_some_and(|entry| entry.first_used.elapsed() >= retention)
+        {
+            entries.remove(&key);
+        }
         if let Some(entry) = entries.get(&key) {
             if entry.fingerprint != fingerprint {
                 return Decision::Mismatch;
@@ -81,6 +101,7 @@ impl KeyTable {
             Entry {
                 fingerprint,
                 state: EntryState::InFlight { claim },
+                first_used: Instant::now(),
             },
         );
         Decision::Process(Claim {
@@ -178,6 +199,8 @@ mod tests {
         }
     }
 
+    const DAY: Duration = Duration::from_secs(86_400);
+
     fn ok() -> StoredResponse {
         StoredResponse::json(StatusCode::OK, &serde_json::json!({"id": "ch_1"}))
     }
@@ -185,24 +208,24 @@ mod tests {
     #[test]
     fn completed_key_replays_and_checks_parameters() {
         let table = Arc::new(KeyTable::default());
-        let Decision::Process(claim) = table.begin(key("k"), fingerprint("amount=1")) else {
+        let Decision::Process(claim) = table.begin(key("k"), fingerprint("amount=1"), DAY) else {
             panic!("first use must be processed");
         };
         assert!(matches!(
-            table.begin(key("k"), fingerprint("amount=1")),
+            table.begin(key("k"), fingerprint("amount=1"), DAY),
             Decision::InProgress
         ));
         assert!(matches!(
-            table.begin(key("k"), fingerprint("amount=2")),
+            table.begin(key("k"), fingerprint("amount=2"), DAY),
             Decision::Mismatch
         ));
         claim.complete(ok());
         assert!(matches!(
-            table.begin(key("k"), fingerprint("amount=1")),
+            table.begin(key("k"), fingerprint("amount=1"), DAY),
             Decision::Replay(response) if response == ok()
         ));
         assert!(matches!(
-            table.begin(key("k"), fingerprint("amount=2")),
+            table.begin(key("k"), fingerprint("amount=2"), DAY),
             Decision::Mismatch
         ));
     }
@@ -210,10 +233,10 @@ mod tests {
     #[test]
     fn dropped_claim_releases_the_key() {
         let table = Arc::new(KeyTable::default());
-        let first = table.begin(key("k"), fingerprint("amount=1"));
+        let first = table.begin(key("k"), fingerprint("amount=1"), DAY);
         drop(first);
         assert!(matches!(
-            table.begin(key("k"), fingerprint("amount=2")),
+            table.begin(key("k"), fingerprint("amount=2"), DAY),
             Decision::Process(_)
         ));
     }
@@ -221,21 +244,39 @@ mod tests {
     #[test]
     fn stale_claim_does_not_touch_a_newer_one() {
         let table = Arc::new(KeyTable::default());
-        let Decision::Process(stale) = table.begin(key("k"), fingerprint("amount=1")) else {
+        let Decision::Process(stale) = table.begin(key("k"), fingerprint("amount=1"), DAY) else {
             panic!("first use must be processed");
         };
         table.clear();
-        let Decision::Process(fresh) = table.begin(key("k"), fingerprint("amount=1")) else {
+        let Decision::Process(fresh) = table.begin(key("k"), fingerprint("amount=1"), DAY) else {
             panic!("a cleared key must be processed");
         };
         stale.complete(ok());
         assert!(matches!(
-            table.begin(key("k"), fingerprint("amount=1")),
+            table.begin(key("k"), fingerprint("amount=1"), DAY),
             Decision::InProgress
         ));
         drop(fresh);
         assert!(matches!(
-            table.begin(key("k"), fingerprint("amount=1")),
+            table.begin(key("k"), fingerprint("amount=1"), DAY),
+            Decision::Process(_)
+        ));
+    }
+
+    #[test]
+    fn keys_older_than_the_retention_are_forgotten() {
+        let table = Arc::new(KeyTable::default());
+        let Decision::Process(claim) = table.begin(key("k"), fingerprint("amount=1"), DAY) else {
+            panic!("first use must be processed");
+        };
+        claim.complete(ok());
+        assert!(matches!(
+            table.begin(key("k"), fingerprint("amount=1"), DAY),
+            Decision::Replay(_)
+        ));
+        // Past the retention the key is new again, parameters and all.
+        assert!(matches!(
+            table.begin(key("k"), fingerprint("amount=2"), Duration::ZERO),
             Decision::Process(_)
         ));
     }
@@ -243,13 +284,13 @@ mod tests {
     #[test]
     fn keys_are_scoped_per_api_key() {
         let table = Arc::new(KeyTable::default());
-        let _first = table.begin(key("k"), fingerprint("amount=1"));
+        let _first = table.begin(key("k"), fingerprint("amount=1"), DAY);
         let other = ScopedKey {
             api_key: "sk_other".into(),
             key: "k".into(),
         };
         assert!(matches!(
-            table.begin(other, fingerprint("amount=2")),
+            table.begin(other, fingerprint("amount=2"), DAY),
             Decision::Process(_)
         ));
     }

@@ -70,5 +70,5 @@ mod routes;
 mod server;
 mod state;
 
-pub use config::{InvalidConfig, SandboxConfig};
+pub use config::{DEFAULT_KEY_RETENTION_SECS, InvalidConfig, SandboxConfig};
 pub use server::{SandboxHandle, serve};

@@ -35,6 +35,9 @@ struct Args {
     /// Charge, then close the connection without answering.
     #[arg(long, env = "SANDBOX_DROP_AFTER_CHARGE", value_parser = BoolishValueParser::new())]
     drop_after_charge: bool,
+    /// Seconds the sandbox remembers an idempotency key (Stripe: 24 h).
+    #[arg(long, env = "SANDBOX_KEY_RETENTION_SECS", default_value_t = payments_sandbox::DEFAULT_KEY_RETENTION_SECS)]
+    key_retention_secs: u64,
 }
 
 fn parse_rate(raw: &str) -> Result<f64, String> {
@@ -62,6 +65,7 @@ async fn main() -> anyhow::Result<()> {
         error_rate: args.error_rate,
         hang: args.hang,
         drop_after_charge: args.drop_after_charge,
+        key_retention_secs: args.key_retention_secs,
     };
     config.validate().context("invalid sandbox configuration")?;
 

@@ -326,6 +326,36 @@ async fn same_key_replays_byte_for_byte_without_charging_again() -> TestResult {
     Ok(())
 }
 
+/// Past its key retention the provider forgets a key: the same request is
+/// processed anew and charges again. This is the double charge the API must
+/// never cause by re-driving an old record.
+#[tokio::test]
+async fn a_key_past_its_retention_is_forgotten_and_charges_again() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig {
+        key_retention_secs: 1,
+        ..SandboxConfig::default()
+    })
+    .await?;
+    let first = sandbox.post_charge(VISA, Some("order-old")).await?;
+    assert_eq!(first.status(), StatusCode::OK);
+    let replay = sandbox.post_charge(VISA, Some("order-old")).await?;
+    assert!(is_replay(&replay), "within the retention the key replays");
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let again = sandbox.post_charge(VISA, Some("order-old")).await?;
+    assert_eq!(again.status(), StatusCode::OK);
+    assert!(!is_replay(&again), "past the retention the key is new");
+    assert_eq!(sandbox.charges().await?.len(), 2, "a second, real charge");
+    let (status, body) = body_json(
+        sandbox
+            .set_config(json!({"key_retention_secs": 60}))
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["key_retention_secs"], 60);
+    Ok(())
+}
+
 #[tokio::test]
 async fn declines_and_validation_errors_are_replayed_too() -> TestResult {
     let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
@@ -617,7 +647,8 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
     let current = sandbox.get_json("/_sandbox/config").await?;
     assert_eq!(
         current,
-        json!({"latency_ms": 5, "error_rate": 0.0, "hang": false, "drop_after_charge": false})
+        json!({"latency_ms": 5, "error_rate": 0.0, "hang": false, "drop_after_charge": false,
+               "key_retention_secs": 86400})
     );
 
     for bad in [
@@ -640,8 +671,8 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
     // A partial config replaces the whole config; missing fields are defaults.
     let (status, body) = body_json(sandbox.set_config(json!({"error_rate": 0.25})).await?).await?;
     assert_eq!(status, StatusCode::OK);
-    let expected =
-        json!({"latency_ms": 0, "error_rate": 0.25, "hang": false, "drop_after_charge": false});
+    let expected = json!({"latency_ms": 0, "error_rate": 0.25, "hang": false, "drop_after_charge": false,
+               "key_retention_secs": 86400});
     assert_eq!(body, expected);
     assert_eq!(sandbox.get_json("/_sandbox/config").await?, expected);
     Ok(())
