@@ -2,6 +2,8 @@
 //! configured through their environment as a user would, driven over HTTP.
 #![allow(clippy::unwrap_used)]
 
+mod skew;
+
 use payments_api::config::DEV_JWT_SECRET;
 use payments_tests::{Backend, Process, TestDb, backend_tests, charge_body, run_binary};
 use serde_json::Value;

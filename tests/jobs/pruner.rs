@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use payments_domain::time;
 use payments_jobs::pruner::Pause;
 use payments_jobs::pruner::Pruner;
 use payments_tests::{
@@ -119,7 +118,7 @@ async fn prune_deletes_only_expired_complete_records(backend: Backend) {
     let charges_before = app.db.charges().await;
 
     let pruner = Pruner::new(app.db.store(), Some(5_000));
-    let dry = pruner.dry_run(time::now()).await.unwrap();
+    let dry = pruner.dry_run().await.unwrap();
     assert_eq!(dry.would_delete, EXPIRED as u64);
     assert_eq!(
         app.db.records().await,
@@ -144,7 +143,7 @@ async fn prune_deletes_only_expired_complete_records(backend: Backend) {
         })
     };
     let started = Instant::now();
-    let report = pruner.try_run_once(time::now()).await.unwrap();
+    let report = pruner.try_run_once().await.unwrap();
     let elapsed = started.elapsed();
     let statuses = charging.await.unwrap();
     assert!(statuses.iter().all(|s| *s == 201), "{statuses:?}");
@@ -178,7 +177,7 @@ async fn prune_deletes_only_expired_complete_records(backend: Backend) {
         "no charge was deleted"
     );
     // A second pass finds nothing.
-    assert_eq!(pruner.try_run_once(time::now()).await.unwrap().deleted, 0);
+    assert_eq!(pruner.try_run_once().await.unwrap().deleted, 0);
 }
 
 /// Unconfigured, the store decides the batch: 250 rows on SQLite, where a
@@ -191,7 +190,7 @@ async fn pruner_batches_and_rests_as_configured(backend: Backend) {
     let store = app.db.store();
     seed_expired(&app, "default", 600).await;
     let report = Pruner::new(store.clone(), None)
-        .try_run_once(time::now())
+        .try_run_once()
         .await
         .unwrap();
     assert_eq!(report.deleted, 600);
@@ -203,7 +202,7 @@ async fn pruner_batches_and_rests_as_configured(backend: Backend) {
     let started = Instant::now();
     let report = Pruner::new(store, Some(200))
         .with_pause(Pause::Fixed(pause))
-        .try_run_once(time::now())
+        .try_run_once()
         .await
         .unwrap();
     assert_eq!((report.deleted, report.batches), (600, 4));

@@ -178,7 +178,15 @@ async fn bad_job_settings_are_refused() {
     ];
     for (args, needle) in [
         (&["reap", "--once", "--abandon-after=10s"][..], "LEASE"),
-        (&["reap", "--once", "--abandon-after=48h"][..], "retention"),
+        // 23 h + the 1 h margin reaches the 24 h key retention.
+        (
+            &["reap", "--once", "--abandon-after=23h"][..],
+            "PROVIDER_KEY_RETENTION",
+        ),
+        (
+            &["reap", "--once", "--provider-key-margin=30s"][..],
+            "LEASE + GATEWAY_TIMEOUT",
+        ),
     ] {
         let (ok, _, stderr) = run_binary("payments-jobs", args, &base).await;
         assert!(!ok && stderr.contains(needle), "{args:?}: {stderr}");

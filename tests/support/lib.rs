@@ -268,41 +268,38 @@ impl TestDb {
     }
 
     /// A request stuck in progress, as a crashed API process leaves it:
-    /// claimed at `claimed_at` with a lease that ended 1 s later, its
-    /// pending charge never sent or never answered. Returns (record id, charge id).
+    /// claimed `ago` with a lease that ended 1 s after the claim, its
+    /// pending charge never sent or never answered. Returns (record id,
+    /// charge id).
     pub async fn stuck_request(
         &self,
         key: &str,
         customer: &str,
         body: &Value,
-        claimed_at: chrono::DateTime<chrono::Utc>,
+        ago: Duration,
     ) -> (i64, String) {
         use payments_domain::charge::{Charge, ChargeRequest, CustomerId};
-        use payments_domain::idempotency::{CHARGES_ROUTE, Lease, RequestFingerprint};
-        use payments_domain::store::{Claim, ClaimOutcome};
+        use payments_domain::idempotency::{CHARGES_ROUTE, RequestFingerprint};
+        use payments_domain::store::{Claim, ClaimOutcome, NewLease};
         let request = ChargeRequest::from_json(body, i64::MAX).expect("valid body");
-        let charge = Charge::pending(
-            &CustomerId::parse(customer).expect("customer"),
-            &request,
-            claimed_at,
-        );
+        let charge = Charge::pending(&CustomerId::parse(customer).expect("customer"), &request);
         let claim = Claim {
             key: key.to_owned(),
             route: CHARGES_ROUTE.to_owned(),
             customer_id: customer.to_owned(),
             request_hash: RequestFingerprint::of(body).to_hex(),
-            lease: Lease::new(payments_domain::time::after(
-                claimed_at,
-                Duration::from_secs(1),
-            )),
-            expires_at: payments_domain::time::after(claimed_at, Duration::from_secs(24 * 3600)),
-            now: claimed_at,
+            lease: NewLease::new(Duration::from_secs(1)),
+            ttl: Duration::from_secs(24 * 3600),
             charge,
         };
-        match self.store.claim(&claim).await.expect("claim") {
-            ClaimOutcome::Claimed { record_id } => (record_id, claim.charge.id),
+        let stuck = match self.store.claim(&claim).await.expect("claim") {
+            ClaimOutcome::Claimed { record_id, charge } => (record_id, charge.id),
             ClaimOutcome::Existing(_) => panic!("key {key} already claimed"),
+        };
+        if !ago.is_zero() {
+            self.age(Some(key), ago).await;
         }
+        stuck
     }
 
     /// Runs backend-specific SQL that returns no rows; returns rows affected.
@@ -328,6 +325,110 @@ impl TestDb {
         }
     }
 
+    /// Moves time for the records of `key` (every record when `None`) and
+    /// their charges by ageing their rows: every stored time (`created_at`,
+    /// `locked_until`, `completed_at`, `expires_at`; a charge's `created_at`
+    /// and `updated_at`) moves `by` into the past, so the database's own
+    /// clock sees them that much older. The one way tests move time.
+    /// Returns the records aged.
+    pub async fn age(&self, key: Option<&str>, by: Duration) -> u64 {
+        let scope = match key {
+            // Keys in tests are the tests' own (UUIDs or plain words).
+            Some(key) => {
+                assert!(!key.contains('\''), "a test key: {key}");
+                format!("idempotency_key = '{key}'")
+            }
+            None => "1 = 1".to_owned(),
+        };
+        let records = ["created_at", "locked_until", "completed_at", "expires_at"];
+        let charges = ["created_at", "updated_at"];
+        let ms = by.as_millis();
+        let shift = |columns: &[&str], minus: &str| {
+            columns
+                .iter()
+                .map(|c| format!("{c} = {c} - {minus}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let sql = |minus: String| {
+            (
+                format!(
+                    "UPDATE charges SET {} WHERE id IN \
+                     (SELECT charge_id FROM idempotent_requests WHERE {scope})",
+                    shift(&charges, &minus)
+                ),
+                format!(
+                    "UPDATE idempotent_requests SET {} WHERE {scope}",
+                    shift(&records, &minus)
+                ),
+            )
+        };
+        let (sqlite_charges, sqlite_records) = sql(ms.to_string());
+        let (pg_charges, pg_records) = sql(format!("interval '{ms} milliseconds'"));
+        let (my_charges, my_records) = sql(format!("INTERVAL {} MICROSECOND", ms * 1000));
+        self.execute(&sqlite_charges, &pg_charges, &my_charges)
+            .await;
+        self.execute(&sqlite_records, &pg_records, &my_records)
+            .await
+    }
+
+    /// Holds a lock that blocks every write to `idempotent_requests` for
+    /// `hold`, from its own connection, as a long migration or a busy
+    /// writer would. Returns once the lock is held; the task ends when it
+    /// is released.
+    pub async fn hold_write_lock(&self, hold: Duration) -> tokio::task::JoinHandle<()> {
+        let (locked, is_locked) = tokio::sync::oneshot::channel();
+        let task = match &self.concrete {
+            Concrete::Sqlite(s) => {
+                let pool = s.pool().clone();
+                tokio::spawn(async move {
+                    let mut conn = pool.acquire().await.expect("connection");
+                    sqlx::query("BEGIN IMMEDIATE")
+                        .execute(&mut *conn)
+                        .await
+                        .expect("lock");
+                    let _ = locked.send(());
+                    tokio::time::sleep(hold).await;
+                    sqlx::query("COMMIT")
+                        .execute(&mut *conn)
+                        .await
+                        .expect("unlock");
+                })
+            }
+            Concrete::Postgres(s) => {
+                let pool = s.pool().clone();
+                tokio::spawn(async move {
+                    let mut tx = pool.begin().await.expect("begin");
+                    sqlx::query("LOCK TABLE idempotent_requests IN EXCLUSIVE MODE")
+                        .execute(&mut *tx)
+                        .await
+                        .expect("lock");
+                    let _ = locked.send(());
+                    tokio::time::sleep(hold).await;
+                    tx.commit().await.expect("unlock");
+                })
+            }
+            Concrete::Mysql(s) => {
+                let pool = s.pool().clone();
+                tokio::spawn(async move {
+                    let mut conn = pool.acquire().await.expect("connection");
+                    sqlx::query("LOCK TABLES idempotent_requests WRITE")
+                        .execute(&mut *conn)
+                        .await
+                        .expect("lock");
+                    let _ = locked.send(());
+                    tokio::time::sleep(hold).await;
+                    sqlx::query("UNLOCK TABLES")
+                        .execute(&mut *conn)
+                        .await
+                        .expect("unlock");
+                })
+            }
+        };
+        is_locked.await.expect("the lock was taken");
+        task
+    }
+
     /// Rows in `idempotent_requests`.
     pub async fn records(&self) -> i64 {
         self.count(
@@ -351,6 +452,8 @@ pub struct AppOptions {
     pub ttl: Duration,
     pub sandbox: SandboxConfig,
     pub key_mode: KeyMode,
+    /// The provider's key retention minus the margin.
+    pub redrive_limit: Duration,
 }
 
 impl Default for AppOptions {
@@ -362,6 +465,7 @@ impl Default for AppOptions {
             ttl: Duration::from_secs(24 * 3600),
             sandbox: SandboxConfig::default(),
             key_mode: KeyMode::Required,
+            redrive_limit: Duration::from_secs(23 * 3600),
         }
     }
 }
@@ -397,6 +501,7 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
         lease: options.lease,
         ttl: options.ttl,
         max_amount_cents: 1_000_000,
+        redrive_limit: options.redrive_limit,
     };
     let service = Arc::new(ChargeService::new(db.store(), Arc::new(gateway), policy));
     let state = AppState {
@@ -685,6 +790,113 @@ impl Drop for Process {
             let _ = std::fs::remove_file(&self.stderr_path);
         }
     }
+}
+
+/// A clock offset for a process run under libfaketime (Debian's
+/// `faketime`): the process sees the wall clock `offset` away from the
+/// real one, while its monotonic clock (tokio's timers) stays real.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Skew {
+    /// Signed seconds.
+    pub secs: i64,
+}
+
+impl Skew {
+    pub const AHEAD_2H: Skew = Skew { secs: 2 * 3600 };
+    pub const BEHIND_2H: Skew = Skew { secs: -2 * 3600 };
+
+    /// The environment that makes a process run with this skew, or `None`
+    /// when libfaketime is not installed (printed as a skip; a failure under
+    /// `REQUIRE_ALL_BACKENDS=1`, which CI sets after installing it).
+    pub fn env(self) -> Option<Vec<(&'static str, String)>> {
+        let library = ["x86_64-linux-gnu", "aarch64-linux-gnu"]
+            .iter()
+            .map(|arch| PathBuf::from(format!("/usr/lib/{arch}/faketime/libfaketimeMT.so.1")))
+            .find(|path| path.exists());
+        let Some(library) = library else {
+            throwaway::skip_or_panic(
+                "clock skew",
+                "libfaketime (Debian package faketime)",
+                &throwaway::Skip("libfaketimeMT.so.1 not found".into()),
+            );
+            return None;
+        };
+        Some(vec![
+            ("LD_PRELOAD", library.display().to_string()),
+            ("FAKETIME", format!("{:+}s", self.secs)),
+            // Faking the monotonic clock can hang tokio's timers.
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_owned()),
+            // Read FAKETIME once, not on every clock call.
+            ("FAKETIME_NO_CACHE", "0".to_owned()),
+        ])
+    }
+
+    /// Whether `seen` (a time as a skewed process reported it) is this skew
+    /// away from the real clock, within a minute.
+    pub fn shows_in(self, seen: chrono::DateTime<chrono::Utc>) -> bool {
+        let off = (seen - chrono::Utc::now()).num_seconds();
+        (off - self.secs).abs() < 60
+    }
+}
+
+impl Process {
+    /// Starts `name` (a server that prints its listening line) under
+    /// `skew`, and checks that it really runs on the skewed clock and
+    /// answers: its `Date` header on `GET /healthz` must be `skew` away.
+    /// `None` when libfaketime is unavailable.
+    pub async fn start_skewed(
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        skew: Skew,
+    ) -> Option<Process> {
+        let fake = skew.env()?;
+        let mut all: Vec<(&str, &str)> = env.to_vec();
+        all.extend(fake.iter().map(|(k, v)| (*k, v.as_str())));
+        let process = Process::start(name, args, &all).await;
+        let health = reqwest::get(format!("{}/healthz", process.url))
+            .await
+            .expect("a skewed process answers");
+        assert_eq!(health.status(), 200, "{}", process.log());
+        let date = health
+            .headers()
+            .get("date")
+            .and_then(|d| d.to_str().ok())
+            .and_then(|d| chrono::DateTime::parse_from_rfc2822(d).ok())
+            .expect("a Date header");
+        assert!(
+            skew.shows_in(date.to_utc()),
+            "{name} under FAKETIME={:+}s answered with Date {date}: libfaketime is not in effect",
+            skew.secs
+        );
+        Some(process)
+    }
+}
+
+/// Runs a workspace binary under `skew` to completion: (exit success,
+/// stdout, stderr), after checking that its log lines carry the skewed
+/// time. `None` when libfaketime is unavailable.
+pub async fn run_binary_skewed(
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    skew: Skew,
+) -> Option<(bool, String, String)> {
+    let fake = skew.env()?;
+    let mut all: Vec<(&str, &str)> = env.to_vec();
+    all.extend(fake.iter().map(|(k, v)| (*k, v.as_str())));
+    let (ok, stdout, stderr) = run_binary(name, args, &all).await;
+    let stamp = stderr
+        .lines()
+        .find_map(|line| line.split_whitespace().next())
+        .and_then(|first| chrono::DateTime::parse_from_rfc3339(first).ok())
+        .unwrap_or_else(|| panic!("{name} logged no timestamped line:\n{stderr}"));
+    assert!(
+        skew.shows_in(stamp.to_utc()),
+        "{name} under FAKETIME={:+}s logged at {stamp}: libfaketime is not in effect",
+        skew.secs
+    );
+    Some((ok, stdout, stderr))
 }
 
 /// Runs a workspace binary to completion: (exit success, stdout, stderr).

@@ -11,7 +11,7 @@ use payments_jobs::settings::{DatabaseArgs, GatewayArgs, JobArgs, LogArgs};
 
 /// The JWT secret `make run` and the README use. Refused next to a real provider.
 pub const DEV_JWT_SECRET: &str = "dev-only-secret-do-not-use-in-production";
-pub use payments_jobs::settings::{LogFormat, PROVIDER_KEY_RETENTION, SANDBOX_SECRET_KEY};
+pub use payments_jobs::settings::{LogFormat, SANDBOX_SECRET_KEY};
 const MIN_HS256_SECRET_BYTES: usize = 32;
 
 #[derive(Debug, Parser)]
@@ -205,12 +205,13 @@ impl Settings {
     pub fn validate(&self) -> Result<(JwtKey, GatewayTarget), ConfigError> {
         self.database.validate().map_err(ConfigError)?;
         self.gateway.validate().map_err(ConfigError)?;
-        if self.idempotency_ttl.is_zero() || self.idempotency_ttl > PROVIDER_KEY_RETENTION {
+        let retention = self.gateway.provider_key_retention;
+        if self.idempotency_ttl.is_zero() || self.idempotency_ttl > retention {
             return Err(ConfigError(format!(
                 "IDEMPOTENCY_TTL ({}) must be greater than 0 and at most the provider's key \
-                 retention ({}): a re-drive after the provider forgot its key could charge twice",
+                 retention ({}): a key the provider forgot must not be answered as ours",
                 humantime::format_duration(self.idempotency_ttl),
-                humantime::format_duration(PROVIDER_KEY_RETENTION)
+                humantime::format_duration(retention)
             )));
         }
         if self.gateway.lease >= self.idempotency_ttl {
@@ -224,9 +225,7 @@ impl Settings {
             ));
         }
         if self.with_jobs() {
-            self.jobs
-                .validate(self.gateway.lease)
-                .map_err(ConfigError)?;
+            self.jobs.validate(&self.gateway).map_err(ConfigError)?;
         }
         let jwt = self.jwt_key()?;
         let gateway = match self.gateway.remote().map_err(ConfigError)? {

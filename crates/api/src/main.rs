@@ -89,6 +89,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         lease: settings.gateway.lease,
         ttl: settings.idempotency_ttl,
         max_amount_cents: settings.max_amount_cents,
+        redrive_limit: settings.gateway.redrive_limit(),
     };
     let service = Arc::new(ChargeService::new(store, gateway, policy));
     let (stop_jobs, jobs_stopped) = tokio::sync::oneshot::channel::<()>();

@@ -315,13 +315,18 @@ pub struct Charge {
     pub provider_key: String,
     pub gateway_charge_id: Option<String>,
     pub decline_code: Option<String>,
+    /// When the row was written, by the database's clock.
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
 
 impl Charge {
-    /// A new `pending` charge for a claim, with a fresh id and its provider key.
-    pub fn pending(customer: &CustomerId, request: &ChargeRequest, now: DateTime<Utc>) -> Self {
+    /// A new `pending` charge for a claim, with a fresh id and its provider
+    /// key. It is not stored yet, so it has no time: its timestamps are the
+    /// Unix epoch until the store writes the row and returns it stamped with
+    /// the database's clock (`ClaimOutcome::Claimed`, `Store::insert_charge`);
+    /// only the stored charge is ever shown.
+    pub fn pending(customer: &CustomerId, request: &ChargeRequest) -> Self {
         let id = format!("ch_{}", uuid::Uuid::now_v7().simple());
         Self {
             provider_key: Self::provider_key_for(&id),
@@ -335,8 +340,8 @@ impl Charge {
             status: ChargeStatus::Pending,
             gateway_charge_id: None,
             decline_code: None,
-            created_at: now,
-            updated_at: now,
+            created_at: DateTime::UNIX_EPOCH,
+            updated_at: DateTime::UNIX_EPOCH,
         }
     }
 
@@ -477,8 +482,8 @@ mod tests {
         let request =
             parse(json!({"amount_cents": 1, "currency": "JPY", "card_token": "tok_visa"}))
                 .expect("valid");
-        let a = Charge::pending(&customer, &request, time::now());
-        let b = Charge::pending(&customer, &request, time::now());
+        let a = Charge::pending(&customer, &request);
+        let b = Charge::pending(&customer, &request);
         assert_ne!(a.provider_key, b.provider_key);
         assert!(a.provider_key.contains(&a.id));
     }

@@ -82,12 +82,32 @@ impl fmt::Display for IdempotencyKey {
 }
 
 /// SHA-256 over the RFC 8785 canonical JSON of a request body: key order and
-/// whitespace do not change it, any value does.
+/// whitespace do not change it, nor does an optional field sent as `null`
+/// instead of left out (`"description": null` is no description); any value
+/// does.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct RequestFingerprint([u8; 32]);
 
 impl RequestFingerprint {
+    /// The current fingerprint (version 2): top-level `null` fields dropped
+    /// (only optional fields can be null in a valid request), then hashed.
     pub fn of(body: &Value) -> Self {
+        match body {
+            Value::Object(fields) if fields.values().any(Value::is_null) => {
+                let present: serde_json::Map<String, Value> = fields
+                    .iter()
+                    .filter(|(_, v)| !v.is_null())
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                Self::of_v1(&Value::Object(present))
+            }
+            _ => Self::of_v1(body),
+        }
+    }
+
+    /// The first version, over the body exactly as sent: records written
+    /// before version 2 hold it, and are compared with it too.
+    pub fn of_v1(body: &Value) -> Self {
         // Canonicalising a parsed `Value` cannot fail: its numbers are finite
         // and its keys are strings. Hash the empty string in the impossible case.
         let canonical = serde_json_canonicalizer::to_vec(body).unwrap_or_default();
@@ -115,27 +135,25 @@ impl fmt::Debug for RequestFingerprint {
     }
 }
 
-/// Who is driving an in-progress request, and until when. Every state change
-/// of an in-progress record is a compare-and-set on the token.
+/// Who is driving an in-progress request, and until when (the database's
+/// clock). Every state change of an in-progress record is a compare-and-set
+/// on the token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     pub token: String,
     pub until: DateTime<Utc>,
 }
 
-impl Lease {
-    pub fn new(until: DateTime<Utc>) -> Self {
-        Self {
-            token: uuid::Uuid::new_v4().simple().to_string(),
-            until,
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RecordState {
     InProgress,
+    /// A final answer from the provider (201 or 402): replayed until the
+    /// TTL, then reclaimable and prunable.
     Complete,
+    /// Given up on with the provider's outcome unknown (`500
+    /// request_abandoned`): replayed, and never reclaimed nor pruned, since
+    /// the money may have moved; reconciliation settles it.
+    Abandoned,
 }
 
 impl RecordState {
@@ -143,6 +161,7 @@ impl RecordState {
         match self {
             Self::InProgress => "in_progress",
             Self::Complete => "complete",
+            Self::Abandoned => "abandoned",
         }
     }
 
@@ -150,8 +169,14 @@ impl RecordState {
         match s {
             "in_progress" => Some(Self::InProgress),
             "complete" => Some(Self::Complete),
+            "abandoned" => Some(Self::Abandoned),
             _ => None,
         }
+    }
+
+    /// Whether the record holds a stored answer to replay.
+    pub fn is_answered(self) -> bool {
+        !matches!(self, Self::InProgress)
     }
 }
 
@@ -166,7 +191,8 @@ pub struct StoredResponse {
 
 pub const JSON: &str = "application/json";
 
-/// One row of `idempotent_requests`.
+/// One row of `idempotent_requests`, with what the database's clock said
+/// of it when it was read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyRecord {
     pub id: i64,
@@ -181,6 +207,12 @@ pub struct IdempotencyRecord {
     pub created_at: DateTime<Utc>,
     pub completed_at: Option<DateTime<Utc>>,
     pub expires_at: DateTime<Utc>,
+    /// The lease had not ended (`locked_until` > the database's now).
+    pub lease_live: bool,
+    /// Past `expires_at` by the database's clock.
+    pub expired: bool,
+    /// How long ago the record was claimed, by the database's clock.
+    pub age: std::time::Duration,
 }
 
 impl IdempotencyRecord {
@@ -194,14 +226,10 @@ impl IdempotencyRecord {
         bool::from(owner) & body
     }
 
-    /// Expiry is decided when the record is read, not when the pruner runs.
-    pub fn is_expired(&self, now: DateTime<Utc>) -> bool {
-        self.expires_at <= now
-    }
-
-    /// True while the request's driver still holds its lease.
-    pub fn lease_is_live(&self, now: DateTime<Utc>) -> bool {
-        self.lease.as_ref().is_some_and(|l| l.until > now)
+    /// Past its TTL with a final answer: behaves as absent, and a claim
+    /// reclaims it. In-progress and abandoned records never are.
+    pub fn reclaimable(&self) -> bool {
+        self.state == RecordState::Complete && self.expired
     }
 }
 
@@ -247,5 +275,32 @@ mod tests {
         assert!(fa.matches_hex(&RequestFingerprint::of(&b).to_hex()));
         assert!(!fa.matches_hex(&RequestFingerprint::of(&c).to_hex()));
         assert!(!fa.matches_hex("not hex"));
+    }
+
+    #[test]
+    fn null_and_absent_optional_fields_are_the_same_request() {
+        let absent = json!({"amount_cents": 1, "currency": "GBP", "card_token": "tok_visa"});
+        let null = json!({"amount_cents": 1, "currency": "GBP", "card_token": "tok_visa",
+            "description": null, "metadata": null});
+        let set = json!({"amount_cents": 1, "currency": "GBP", "card_token": "tok_visa",
+            "description": "tea"});
+        assert_eq!(
+            RequestFingerprint::of(&absent),
+            RequestFingerprint::of(&null)
+        );
+        assert_ne!(
+            RequestFingerprint::of(&absent),
+            RequestFingerprint::of(&set)
+        );
+        // Version 1 hashed the body as sent: without nulls the two agree, so
+        // records written before the change keep matching.
+        assert_eq!(
+            RequestFingerprint::of(&absent),
+            RequestFingerprint::of_v1(&absent)
+        );
+        assert_ne!(
+            RequestFingerprint::of_v1(&null),
+            RequestFingerprint::of(&null)
+        );
     }
 }

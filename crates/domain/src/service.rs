@@ -7,8 +7,15 @@
 //! 3. Provider call with no transaction or pooled connection held, under the
 //!    provider key stored on the charge.
 //! 4. Finish: charge and record in one transaction, guarded by the lease
-//!    token; a loser answers with the winner's stored response.
+//!    token; a loser answers with the stored response only while the record
+//!    still holds its own charge, and otherwise settles its own charge row
+//!    and answers 409.
 //! 5. Unknown outcome: release the lease, answer 503, keep the key recoverable.
+//!
+//! A record claimed longer ago than the provider's key retention minus a
+//! margin is never re-driven: the provider may have forgotten its key, and
+//! a re-drive would be a second, real charge. It is abandoned without a
+//! provider call. Every such age, lease and expiry is the database's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,12 +25,14 @@ use serde_json::Value;
 use crate::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId, InvalidRequest};
 use crate::envelope::ErrorEnvelope;
 use crate::idempotency::{
-    CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, Lease, RecordState, RequestFingerprint,
+    CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, RecordState, RequestFingerprint,
     StoredResponse,
 };
 use crate::provider::{Gateway, ProviderChargeRequest, ProviderOutcome};
-use crate::store::{ChargeOutcome, Claim, ClaimOutcome, Finish, FinishOutcome, Store, StoreError};
-use crate::time;
+use crate::store::{
+    ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Store,
+    StoreError,
+};
 
 /// Seconds a client should wait before retrying a 409 or 503.
 pub const RETRY_AFTER_SECS: u64 = 2;
@@ -38,6 +47,9 @@ pub struct Policy {
     pub ttl: Duration,
     /// The largest amount accepted, in minor units.
     pub max_amount_cents: i64,
+    /// The provider's key retention minus the margin: a record claimed
+    /// longer ago than this is never re-driven, only abandoned.
+    pub redrive_limit: Duration,
 }
 
 /// Why a charge request got no stored answer. None of these is stored: the
@@ -117,31 +129,28 @@ impl ChargeService {
     ) -> Result<Reply, ChargeError> {
         let request = ChargeRequest::from_json(body, self.policy.max_amount_cents)?;
         let fingerprint = RequestFingerprint::of(body);
-        let now = time::now();
-        let charge = Charge::pending(customer, &request, now);
         let claim = Claim {
             key: key.as_str().to_owned(),
             route: CHARGES_ROUTE.to_owned(),
             customer_id: customer.as_str().to_owned(),
             request_hash: fingerprint.to_hex(),
-            lease: Lease::new(time::after(now, self.policy.lease)),
-            expires_at: time::after(now, self.policy.ttl),
-            now,
-            charge,
+            lease: NewLease::new(self.policy.lease),
+            ttl: self.policy.ttl,
+            charge: Charge::pending(customer, &request),
         };
         match self.store.claim(&claim).await? {
-            ClaimOutcome::Claimed { record_id } => {
-                tracing::debug!(record_id, charge_id = %claim.charge.id, "claimed");
+            ClaimOutcome::Claimed { record_id, charge } => {
+                tracing::debug!(record_id, charge_id = %charge.id, "claimed");
                 self.drive(
                     record_id,
                     &claim.lease.token,
-                    claim.charge,
+                    *charge,
                     OnUnknown::ReleaseLease,
                 )
                 .await
             }
             ClaimOutcome::Existing(record) => {
-                self.resume(*record, customer, &fingerprint, now).await
+                self.resume(*record, customer, body, &fingerprint).await
             }
         }
     }
@@ -164,53 +173,95 @@ impl ChargeService {
         &self,
         record: IdempotencyRecord,
         customer: &CustomerId,
+        body: &Value,
         fingerprint: &RequestFingerprint,
-        now: chrono::DateTime<chrono::Utc>,
     ) -> Result<Reply, ChargeError> {
-        if !record.matches(customer.as_str(), fingerprint) {
+        // Records written before the fingerprint ignored null optional
+        // fields hold the first version: a retry across the upgrade still
+        // matches. Both are evaluated, in constant time.
+        let current = record.matches(customer.as_str(), fingerprint);
+        let first = record.matches(customer.as_str(), &RequestFingerprint::of_v1(body));
+        if !(current | first) {
             tracing::info!(
                 record_id = record.id,
                 "key reused with another body or customer"
             );
             return Err(ChargeError::KeyReused);
         }
-        match (record.state, &record.response, &record.lease) {
-            (RecordState::Complete, Some(response), _) => {
+        match (record.state, &record.response) {
+            (state, Some(response)) if state.is_answered() => {
                 tracing::debug!(record_id = record.id, status = response.status, "replay");
                 Ok(Reply {
                     response: response.clone(),
                     replayed: true,
                 })
             }
-            (RecordState::Complete, None, _) => Err(StoreError::Other(format!(
-                "complete record {} has no stored response",
+            (state, _) if state.is_answered() => Err(StoreError::Other(format!(
+                "answered record {} has no stored response",
                 record.id
             ))
             .into()),
-            (RecordState::InProgress, _, _) if record.lease_is_live(now) => {
-                Err(ChargeError::InProgress)
-            }
-            (RecordState::InProgress, _, lease) => {
-                let expected = lease.as_ref().map(|l| l.token.as_str()).unwrap_or_default();
-                let lease = Lease::new(time::after(now, self.policy.lease));
-                if !self
-                    .store
-                    .take_over(record.id, expected, &lease, now)
-                    .await?
-                {
-                    // Another retry or the reaper took it first.
-                    return Err(ChargeError::InProgress);
-                }
-                metrics::counter!("payments_lease_takeovers_total").increment(1);
-                let charge =
-                    self.store.charge(&record.charge_id).await?.ok_or_else(|| {
-                        StoreError::NotFound(format!("charge {}", record.charge_id))
-                    })?;
-                tracing::info!(record_id = record.id, charge_id = %charge.id, "took over expired lease; re-driving");
-                self.drive(record.id, &lease.token, charge, OnUnknown::ReleaseLease)
-                    .await
-            }
+            _ if record.lease_live => Err(ChargeError::InProgress),
+            _ => self.take_over(&record).await,
         }
+    }
+
+    /// An in-progress record whose lease expired (its driver crashed, or
+    /// released it on an unknown outcome): take it over and re-drive it, or,
+    /// when it was claimed too long ago for the provider to remember its key,
+    /// take it over only to abandon it. Both are compare-and-sets with the
+    /// age guard in the statement; losing either means another driver has it.
+    async fn take_over(&self, record: &IdempotencyRecord) -> Result<Reply, ChargeError> {
+        let expected = record
+            .lease
+            .as_ref()
+            .map(|l| l.token.as_str())
+            .unwrap_or_default();
+        let lease = NewLease::new(self.policy.lease);
+        let limit = self.policy.redrive_limit;
+        let load = || async {
+            self.store
+                .charge(&record.charge_id)
+                .await?
+                .ok_or_else(|| StoreError::NotFound(format!("charge {}", record.charge_id)))
+        };
+        if self
+            .store
+            .take_over(record.id, expected, &lease, ClaimAge::Under(limit))
+            .await?
+        {
+            metrics::counter!("payments_lease_takeovers_total").increment(1);
+            let charge = load().await?;
+            tracing::info!(record_id = record.id, charge_id = %charge.id, "took over expired lease; re-driving");
+            return self
+                .drive(record.id, &lease.token, charge, OnUnknown::ReleaseLease)
+                .await;
+        }
+        if self
+            .store
+            .take_over(record.id, expected, &lease, ClaimAge::AtLeast(limit))
+            .await?
+        {
+            let charge = load().await?;
+            tracing::error!(
+                record_id = record.id,
+                charge_id = %charge.id,
+                provider_key = %charge.provider_key,
+                "ABANDONED: claimed longer ago than the provider's key retention allows a \
+                 re-drive; charge marked unknown, reconcile it with the provider"
+            );
+            metrics::counter!("payments_abandoned_total", "reason" => "key_retention").increment(1);
+            return self
+                .abandon(
+                    record.id,
+                    &lease.token,
+                    &charge,
+                    "past the provider's key retention",
+                )
+                .await;
+        }
+        // Another retry or the reaper took it first.
+        Err(ChargeError::InProgress)
     }
 
     /// Steps 3-5: call the provider with no database resource held, then
@@ -232,9 +283,7 @@ impl ChargeService {
             Err(reason) => {
                 tracing::warn!(record_id, charge_id = %charge.id, %reason, ?on_unknown, "provider outcome unknown");
                 if on_unknown == OnUnknown::ReleaseLease {
-                    self.store
-                        .release(record_id, lease_token, time::now())
-                        .await?;
+                    self.store.release(record_id, lease_token).await?;
                 }
                 return Err(ChargeError::ProviderUnavailable(reason));
             }
@@ -242,23 +291,26 @@ impl ChargeService {
         let finish = Finish {
             record_id,
             lease_token: lease_token.to_owned(),
+            state: RecordState::Complete,
             outcome,
             response,
         };
-        self.complete(finish, &charge.id).await
+        self.complete(finish).await
     }
 
-    /// Gives up on a request whose provider outcome stayed unknown past the
-    /// abandon threshold: the record completes as `500 request_abandoned`
-    /// (replayed to the client) and the charge becomes `unknown`, for
-    /// reconciliation against the provider's records. Under the lease, like
-    /// any finish.
+    /// Gives up on a request whose provider outcome is unknown: the record
+    /// becomes `abandoned` with the answer `500 request_abandoned` (replayed
+    /// to the client, never reclaimed nor pruned) and the charge `unknown`,
+    /// for reconciliation against the provider's records. Under the lease,
+    /// like any finish.
     pub async fn abandon(
         &self,
         record_id: i64,
         lease_token: &str,
         charge: &Charge,
+        reason: &str,
     ) -> Result<Reply, ChargeError> {
+        tracing::debug!(record_id, charge_id = %charge.id, reason, "abandoning");
         let mut envelope = ErrorEnvelope::new(
             ABANDONED,
             "the payment provider's outcome could not be determined; the charge is \
@@ -268,12 +320,12 @@ impl ChargeService {
         let finish = Finish {
             record_id,
             lease_token: lease_token.to_owned(),
+            state: RecordState::Abandoned,
             outcome: ChargeOutcome {
                 charge_id: charge.id.clone(),
                 status: ChargeStatus::Unknown,
                 gateway_charge_id: None,
                 decline_code: None,
-                at: time::now(),
             },
             response: StoredResponse {
                 status: 500,
@@ -282,37 +334,68 @@ impl ChargeService {
                 location: None,
             },
         };
-        self.complete(finish, &charge.id).await
+        self.complete(finish).await
     }
 
-    /// Step 4: the guarded finish; a loser answers with the winner's response.
-    async fn complete(&self, finish: Finish, charge_id: &str) -> Result<Reply, ChargeError> {
+    /// Step 4: the guarded finish. A loser answers from the record only
+    /// while it still holds the loser's own charge (another driver of the
+    /// same operation finished it). Otherwise the record has moved on, to a
+    /// new operation after a TTL reclaim, possibly another customer's: the
+    /// loser settles its own charge row with the outcome it holds (the
+    /// money moved or it did not) and answers 409, never that operation's
+    /// response.
+    async fn complete(&self, finish: Finish) -> Result<Reply, ChargeError> {
         let record_id = finish.record_id;
+        let charge_id = &finish.outcome.charge_id;
         match self.store.finish(&finish).await? {
             FinishOutcome::Finished => {
-                tracing::info!(record_id, %charge_id, status = finish.response.status, "finished");
+                tracing::info!(record_id, %charge_id, status = finish.response.status, state = finish.state.as_str(), "finished");
                 Ok(Reply {
                     response: finish.response,
                     replayed: false,
                 })
             }
-            FinishOutcome::Lost => {
-                tracing::info!(
-                    record_id,
-                    "another driver finished first; answering with its response"
-                );
-                match self.store.record(record_id).await? {
-                    Some(IdempotencyRecord {
-                        state: RecordState::Complete,
-                        response: Some(response),
-                        ..
-                    }) => Ok(Reply {
+            FinishOutcome::Lost => match self.store.record(record_id).await? {
+                Some(IdempotencyRecord {
+                    state,
+                    response: Some(response),
+                    charge_id: ref held,
+                    ..
+                }) if state.is_answered() && held == charge_id => {
+                    tracing::info!(
+                        record_id,
+                        %charge_id,
+                        "another driver finished this operation first; answering with its response"
+                    );
+                    Ok(Reply {
                         response,
                         replayed: true,
-                    }),
-                    _ => Err(ChargeError::InProgress),
+                    })
                 }
-            }
+                Some(IdempotencyRecord {
+                    charge_id: ref held,
+                    ..
+                }) if held == charge_id => {
+                    tracing::info!(
+                        record_id,
+                        %charge_id,
+                        "another driver holds this operation; leaving it to that driver"
+                    );
+                    Err(ChargeError::InProgress)
+                }
+                other => {
+                    let settled = self.store.settle_charge(&finish.outcome).await?;
+                    tracing::warn!(
+                        record_id,
+                        %charge_id,
+                        now_holds = ?other.as_ref().map(|r| r.charge_id.as_str()),
+                        status = finish.outcome.status.as_str(),
+                        settled,
+                        "lost the record to another operation; settled this charge on its own"
+                    );
+                    Err(ChargeError::InProgress)
+                }
+            },
         }
     }
 
@@ -327,9 +410,9 @@ impl ChargeService {
         body: &Value,
     ) -> Result<Reply, ChargeError> {
         let request = ChargeRequest::from_json(body, self.policy.max_amount_cents)?;
-        let charge = Charge::pending(customer, &request, time::now());
+        let charge = Charge::pending(customer, &request);
         tracing::warn!(charge_id = %charge.id, "charge without an Idempotency-Key: a retry would charge again");
-        self.store.insert_charge(&charge).await?;
+        let charge = self.store.insert_charge(&charge).await?;
         let outcome = self
             .gateway
             .create_charge(&ProviderChargeRequest::from(&charge))
@@ -350,7 +433,6 @@ impl ChargeService {
                         status: ChargeStatus::Unknown,
                         gateway_charge_id: None,
                         decline_code: None,
-                        at: time::now(),
                     })
                     .await?;
                 Err(ChargeError::ProviderUnavailable(reason))
@@ -404,7 +486,6 @@ fn settle(
         status: charge.status,
         gateway_charge_id: charge.gateway_charge_id,
         decline_code: charge.decline_code,
-        at: time::now(),
     };
     Ok((outcome, response))
 }

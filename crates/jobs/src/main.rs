@@ -10,9 +10,7 @@ use clap::{Parser, Subcommand};
 use payments_domain::service::{ChargeService, Policy};
 use payments_gateway::HttpGateway;
 use payments_jobs::runner::Jobs;
-use payments_jobs::settings::{
-    DatabaseArgs, GatewayArgs, JobArgs, LogArgs, PROVIDER_KEY_RETENTION, init_logging,
-};
+use payments_jobs::settings::{DatabaseArgs, GatewayArgs, JobArgs, LogArgs, init_logging};
 use payments_jobs::telemetry;
 
 #[derive(Debug, Parser)]
@@ -78,7 +76,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     cli.database.validate().map_err(anyhow::Error::msg)?;
     cli.gateway.validate().map_err(anyhow::Error::msg)?;
     cli.jobs
-        .validate(cli.gateway.lease)
+        .validate(&cli.gateway)
         .map_err(anyhow::Error::msg)?;
     // The reaper re-drives charges at the provider, so it needs one; the
     // pruner only talks to the database.
@@ -96,19 +94,19 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .context("building the provider client")?;
     let policy = Policy {
         lease: cli.gateway.lease,
-        ttl: PROVIDER_KEY_RETENTION,
+        ttl: cli.gateway.provider_key_retention,
         max_amount_cents: i64::MAX,
+        redrive_limit: cli.gateway.redrive_limit(),
     };
     let service = Arc::new(ChargeService::new(store, Arc::new(gateway), policy));
     let jobs = Jobs::new(service, &cli.jobs, cli.gateway.lease, reap, prune);
 
     if cli.dry_run {
-        let now = payments_domain::time::now();
         if let Some((reaper, _)) = &jobs.reaper {
-            reaper.dry_run(now).await?;
+            reaper.dry_run().await?;
         }
         if let Some((pruner, _)) = &jobs.pruner {
-            pruner.dry_run(now).await?;
+            pruner.dry_run().await?;
         }
         return Ok(());
     }

@@ -1,8 +1,9 @@
 //! The pruner: deletes complete records past `expires_at`, in batches of a
 //! bounded size, each its own short statement and transaction, so it never
 //! holds locks for long nor keeps one long transaction open while the API is
-//! claiming keys. It never deletes in-progress records and never touches
-//! `charges`.
+//! claiming keys. It never deletes in-progress or abandoned records and
+//! never touches `charges`. What has expired is decided in SQL by the
+//! database's clock, whatever the clock of the host it runs on.
 //!
 //! Between batches it pauses: by default as long as the last batch took, so
 //! it holds the database at most half the time, and at least the store's
@@ -15,7 +16,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, Utc};
 use payments_domain::store::{Store, StoreError};
 
 /// What one pruner pass did.
@@ -74,13 +74,13 @@ impl Pruner {
         self
     }
 
-    /// Deletes everything expired at `now`, one batch at a time.
-    pub async fn try_run_once(&self, now: DateTime<Utc>) -> Result<PruneReport, StoreError> {
+    /// Deletes everything expired, one batch at a time.
+    pub async fn try_run_once(&self) -> Result<PruneReport, StoreError> {
         let started = Instant::now();
         let mut report = PruneReport::default();
         loop {
             let batch_started = Instant::now();
-            let deleted = self.store.prune(now, self.batch).await?;
+            let deleted = self.store.prune(self.batch).await?;
             metrics::counter!("payments_pruned_records_total").increment(deleted);
             report.deleted += deleted;
             report.batches += 1;
@@ -111,10 +111,10 @@ impl Pruner {
         Ok(report)
     }
 
-    /// How many rows a pass at `now` would delete, changing nothing.
-    pub async fn dry_run(&self, now: DateTime<Utc>) -> Result<PruneReport, StoreError> {
+    /// How many rows a pass would delete now, changing nothing.
+    pub async fn dry_run(&self) -> Result<PruneReport, StoreError> {
         let report = PruneReport {
-            would_delete: self.store.count_prunable(now).await?,
+            would_delete: self.store.count_prunable().await?,
             ..PruneReport::default()
         };
         tracing::info!(would_delete = report.would_delete, "prune dry run");

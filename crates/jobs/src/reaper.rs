@@ -10,15 +10,20 @@
 //! again. Provider unreachable: the record keeps the reaper's lease until it
 //! expires and the next pass tries again. Only past `abandon_after` does the
 //! reaper give up and mark it for reconciliation.
+//!
+//! A record claimed longer ago than the provider's key retention minus the
+//! margin is never re-driven (the provider may have forgotten the key, and
+//! would charge again): the reaper takes it over only to abandon it, without
+//! a provider call. Which records are due, and how old they are, is the
+//! database's clock's to say; each lease starts when its record is taken.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
-use payments_domain::idempotency::{IdempotencyRecord, Lease};
+use payments_domain::idempotency::IdempotencyRecord;
 use payments_domain::service::{ChargeError, ChargeService, OnUnknown};
-use payments_domain::store::{Store, StoreError};
+use payments_domain::store::{ClaimAge, NewLease, Store, StoreError};
 use payments_domain::time;
 
 /// What one reaper pass did.
@@ -26,9 +31,14 @@ use payments_domain::time;
 pub struct ReapReport {
     /// Finished with the provider's real outcome (201 or 402).
     pub reaped: u64,
-    /// Given up on: `500 request_abandoned`, charge `unknown`.
+    /// Given up on: `500 request_abandoned`, charge `unknown` (past
+    /// `abandon_after` with the provider unreachable, or claimed too long
+    /// ago to re-drive).
     pub abandoned: u64,
-    /// Provider still unreachable; left for the next pass.
+    /// Finished by another driver (an API retry) while the reaper drove it.
+    pub finished_by_other: u64,
+    /// Provider still unreachable, or another driver holds the record now;
+    /// left for the next pass or that driver.
     pub left: u64,
     /// Failed for another reason (database error, missing charge).
     pub failed: u64,
@@ -38,7 +48,12 @@ pub struct ReapReport {
 
 impl ReapReport {
     pub fn total(&self) -> u64 {
-        self.reaped + self.abandoned + self.left + self.failed + self.would_reap
+        self.reaped
+            + self.abandoned
+            + self.finished_by_other
+            + self.left
+            + self.failed
+            + self.would_reap
     }
 }
 
@@ -64,6 +79,7 @@ pub struct Reaper {
 enum Handled {
     Reaped,
     Abandoned,
+    FinishedByOther,
     Left,
     Failed,
 }
@@ -77,16 +93,21 @@ impl Reaper {
         self.service.store()
     }
 
-    /// One pass at `now`: takes over and re-drives up to `batch` records
-    /// whose lease expired, `concurrency` at a time.
-    pub async fn try_run_once(&self, now: DateTime<Utc>) -> Result<ReapReport, StoreError> {
+    /// The age past which a record is abandoned, never re-driven.
+    fn redrive_limit(&self) -> Duration {
+        self.service.policy().redrive_limit
+    }
+
+    /// One pass: takes over and re-drives (or abandons) up to `batch`
+    /// records whose lease expired, `concurrency` at a time.
+    pub async fn try_run_once(&self) -> Result<ReapReport, StoreError> {
         let started = std::time::Instant::now();
         let taken = Arc::new(AtomicU64::new(0));
         let mut workers = tokio::task::JoinSet::new();
         for _ in 0..self.settings.concurrency.max(1) {
             let reaper = self.clone();
             let taken = taken.clone();
-            workers.spawn(async move { reaper.work(now, &taken).await });
+            workers.spawn(async move { reaper.work(&taken).await });
         }
         let mut report = ReapReport::default();
         let mut first_error = None;
@@ -95,6 +116,7 @@ impl Reaper {
                 Ok(Ok(part)) => {
                     report.reaped += part.reaped;
                     report.abandoned += part.abandoned;
+                    report.finished_by_other += part.finished_by_other;
                     report.left += part.left;
                     report.failed += part.failed;
                 }
@@ -110,6 +132,7 @@ impl Reaper {
         tracing::info!(
             reaped = report.reaped,
             abandoned = report.abandoned,
+            finished_by_other = report.finished_by_other,
             left = report.left,
             failed = report.failed,
             elapsed_ms = started.elapsed().as_millis() as u64,
@@ -121,16 +144,29 @@ impl Reaper {
         }
     }
 
-    /// One worker: claim, re-drive, repeat, until the batch is used up or
-    /// nothing is left to take.
-    async fn work(&self, now: DateTime<Utc>, taken: &AtomicU64) -> Result<ReapReport, StoreError> {
+    /// One worker: take a record, drive it, repeat, until the batch is used
+    /// up or nothing is left to take. Records too old to re-drive are taken
+    /// first, each only to be abandoned.
+    async fn work(&self, taken: &AtomicU64) -> Result<ReapReport, StoreError> {
         let mut report = ReapReport::default();
+        let limit = self.redrive_limit();
         while taken.fetch_add(1, Ordering::SeqCst) < u64::from(self.settings.batch) {
-            let lease = Lease::new(time::after(now, self.settings.lease));
-            let Some(record) = self.store().claim_expired(now, &lease).await? else {
+            let lease = NewLease::new(self.settings.lease);
+            let handled = if let Some(record) = self
+                .store()
+                .claim_expired(&lease, ClaimAge::AtLeast(limit))
+                .await?
+            {
+                self.abandon_stale(&record, &lease).await
+            } else if let Some(record) = self
+                .store()
+                .claim_expired(&lease, ClaimAge::Under(limit))
+                .await?
+            {
+                self.redrive(&record, &lease).await
+            } else {
                 break;
             };
-            let handled = self.handle(&record, &lease, now).await;
             let result = match handled {
                 Handled::Reaped => {
                     report.reaped += 1;
@@ -139,6 +175,10 @@ impl Reaper {
                 Handled::Abandoned => {
                     report.abandoned += 1;
                     "abandoned"
+                }
+                Handled::FinishedByOther => {
+                    report.finished_by_other += 1;
+                    "finished_by_other"
                 }
                 Handled::Left => {
                     report.left += 1;
@@ -154,22 +194,36 @@ impl Reaper {
         Ok(report)
     }
 
-    async fn handle(
+    async fn charge_of(
         &self,
         record: &IdempotencyRecord,
-        lease: &Lease,
-        now: DateTime<Utc>,
-    ) -> Handled {
-        let charge = match self.store().charge(&record.charge_id).await {
-            Ok(Some(charge)) => charge,
+    ) -> Option<payments_domain::charge::Charge> {
+        match self.store().charge(&record.charge_id).await {
+            Ok(Some(charge)) => Some(charge),
             Ok(None) => {
                 tracing::error!(record_id = record.id, charge_id = %record.charge_id, "record's charge is missing");
-                return Handled::Failed;
+                None
             }
             Err(e) => {
                 tracing::error!(record_id = record.id, error = %e, "reading the charge failed");
-                return Handled::Failed;
+                None
             }
+        }
+    }
+
+    /// A record claimed longer ago than the provider's key retention allows
+    /// a re-drive: abandoned without a provider call.
+    async fn abandon_stale(&self, record: &IdempotencyRecord, lease: &NewLease) -> Handled {
+        let Some(charge) = self.charge_of(record).await else {
+            return Handled::Failed;
+        };
+        let reason = "claimed longer ago than the provider's key retention allows a re-drive";
+        self.give_up(record, lease, &charge, reason).await
+    }
+
+    async fn redrive(&self, record: &IdempotencyRecord, lease: &NewLease) -> Handled {
+        let Some(charge) = self.charge_of(record).await else {
+            return Handled::Failed;
         };
         let drive = self
             .service
@@ -181,6 +235,15 @@ impl Reaper {
             )
             .await;
         match drive {
+            Ok(reply) if reply.replayed => {
+                tracing::info!(
+                    record_id = record.id,
+                    charge_id = %charge.id,
+                    status = reply.response.status,
+                    "finished by another driver while the reaper drove it"
+                );
+                Handled::FinishedByOther
+            }
             Ok(reply) => {
                 tracing::info!(
                     record_id = record.id,
@@ -192,34 +255,19 @@ impl Reaper {
                 Handled::Reaped
             }
             Err(ChargeError::ProviderUnavailable(reason)) => {
-                if time::after(record.created_at, self.settings.abandon_after) > now {
+                // The record's age is the database's, read when it was taken.
+                if record.age < self.settings.abandon_after {
                     tracing::warn!(record_id = record.id, charge_id = %charge.id, %reason, "provider unreachable; left for the next pass");
                     return Handled::Left;
                 }
-                match self.service.abandon(record.id, &lease.token, &charge).await {
-                    Ok(reply) if !reply.replayed => {
-                        tracing::error!(
-                            record_id = record.id,
-                            charge_id = %charge.id,
-                            provider_key = %charge.provider_key,
-                            customer_id = %charge.customer_id,
-                            amount_cents = charge.amount_cents,
-                            currency = %charge.currency,
-                            %reason,
-                            "ABANDONED: provider outcome unknown past --abandon-after; charge marked unknown, reconcile it with the provider"
-                        );
-                        Handled::Abandoned
-                    }
-                    // Someone else finished it meanwhile.
-                    Ok(_) => Handled::Reaped,
-                    Err(e) => {
-                        tracing::error!(record_id = record.id, error = %e, "abandoning failed");
-                        Handled::Failed
-                    }
-                }
+                let reason = format!("provider unreachable past --abandon-after: {reason}");
+                self.give_up(record, lease, &charge, &reason).await
             }
-            // An API retry took the record over meanwhile: it is in hand.
-            Err(ChargeError::InProgress) => Handled::Left,
+            // Another driver took the record over, or it moved on.
+            Err(ChargeError::InProgress) => {
+                tracing::info!(record_id = record.id, charge_id = %charge.id, "another driver holds the record now; left to it");
+                Handled::Left
+            }
             Err(e) => {
                 tracing::error!(record_id = record.id, charge_id = %charge.id, error = %e, "re-drive failed");
                 Handled::Failed
@@ -227,21 +275,60 @@ impl Reaper {
         }
     }
 
-    /// What a pass at `now` would do, changing nothing.
-    pub async fn dry_run(&self, now: DateTime<Utc>) -> Result<ReapReport, StoreError> {
+    /// Abandons a record the reaper holds: `500 request_abandoned`, charge
+    /// `unknown`, and a loud log line for whoever reconciles it.
+    async fn give_up(
+        &self,
+        record: &IdempotencyRecord,
+        lease: &NewLease,
+        charge: &payments_domain::charge::Charge,
+        reason: &str,
+    ) -> Handled {
+        match self
+            .service
+            .abandon(record.id, &lease.token, charge, reason)
+            .await
+        {
+            Ok(reply) if !reply.replayed => {
+                tracing::error!(
+                    record_id = record.id,
+                    charge_id = %charge.id,
+                    provider_key = %charge.provider_key,
+                    customer_id = %charge.customer_id,
+                    amount_cents = charge.amount_cents,
+                    currency = %charge.currency,
+                    %reason,
+                    "ABANDONED: provider outcome unknown; charge marked unknown, reconcile it with the provider"
+                );
+                metrics::counter!("payments_abandoned_total", "reason" => "reaper").increment(1);
+                Handled::Abandoned
+            }
+            Ok(_) => Handled::FinishedByOther,
+            Err(ChargeError::InProgress) => Handled::Left,
+            Err(e) => {
+                tracing::error!(record_id = record.id, error = %e, "abandoning failed");
+                Handled::Failed
+            }
+        }
+    }
+
+    /// What a pass would do now, changing nothing.
+    pub async fn dry_run(&self) -> Result<ReapReport, StoreError> {
         let records = self
             .store()
-            .expired_in_progress(now, self.settings.batch)
+            .expired_in_progress(self.settings.batch)
             .await?;
+        let limit = self.redrive_limit();
         for r in &records {
-            let abandon = time::after(r.created_at, self.settings.abandon_after) <= now;
             tracing::info!(
                 record_id = r.id,
                 charge_id = %r.charge_id,
                 key = %r.key,
                 claimed_at = %time::rfc3339(r.created_at),
-                abandon_if_unreachable = abandon,
-                "dry run: would re-drive"
+                age_secs = r.age.as_secs(),
+                action = if r.age >= limit { "abandon (past the key retention)" } else { "re-drive" },
+                abandon_if_unreachable = r.age >= self.settings.abandon_after,
+                "dry run: would take over"
             );
         }
         let report = ReapReport {

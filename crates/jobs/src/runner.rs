@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use payments_domain::service::ChargeService;
-use payments_domain::time;
 use tokio::time::Instant;
 
 use crate::Outcome;
@@ -55,7 +54,7 @@ impl Jobs {
         let mut worked = 0;
         let mut errors = Vec::new();
         if let Some((reaper, _)) = &self.reaper {
-            match reaper.try_run_once(time::now()).await {
+            match reaper.try_run_once().await {
                 Ok(r) if r.failed > 0 => {
                     errors.push(format!("reaper: {} records failed", r.failed))
                 }
@@ -64,7 +63,7 @@ impl Jobs {
             }
         }
         if let Some((pruner, _)) = &self.pruner {
-            match pruner.try_run_once(time::now()).await {
+            match pruner.try_run_once().await {
                 Ok(r) => worked += r.deleted,
                 Err(e) => errors.push(format!("pruner: {e}")),
             }
@@ -103,7 +102,7 @@ impl Jobs {
             if let Some((reaper, every)) = &self.reaper
                 && next_reap <= now
             {
-                if let Err(e) = reaper.try_run_once(time::now()).await {
+                if let Err(e) = reaper.try_run_once().await {
                     tracing::error!(error = %e, "reap pass failed");
                 }
                 next_reap = Instant::now() + *every;
@@ -111,7 +110,7 @@ impl Jobs {
             if let Some((pruner, every)) = &self.pruner
                 && next_prune <= now
             {
-                if let Err(e) = pruner.try_run_once(time::now()).await {
+                if let Err(e) = pruner.try_run_once().await {
                     tracing::error!(error = %e, "prune pass failed");
                 }
                 next_prune = Instant::now() + *every;

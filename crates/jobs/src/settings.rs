@@ -10,8 +10,8 @@ use anyhow::Context;
 use clap::Args;
 use payments_domain::store::{self, PoolSettings, Store};
 
-/// How long the provider remembers its idempotency keys (Stripe: 24 h).
-/// Every re-drive must happen inside it.
+/// How long Stripe remembers its idempotency keys: the default of
+/// `PROVIDER_KEY_RETENTION`. Every re-drive must happen inside it.
 pub const PROVIDER_KEY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The database.
@@ -90,6 +90,15 @@ pub struct GatewayArgs {
     /// How long a driver (API request or reaper) owns an in-progress request.
     #[arg(long, env = "LEASE", default_value = "30s", value_parser = humantime::parse_duration, global = true)]
     pub lease: Duration,
+    /// How long the provider remembers its idempotency keys (Stripe: 24h).
+    #[arg(long, env = "PROVIDER_KEY_RETENTION", default_value = "24h", value_parser = humantime::parse_duration, global = true)]
+    pub provider_key_retention: Duration,
+    /// No provider call re-drives a record claimed longer ago than the key
+    /// retention minus this margin: such a record is abandoned instead. At
+    /// least LEASE + GATEWAY_TIMEOUT, the latest a call under a lease taken
+    /// just inside the limit can reach the provider.
+    #[arg(long, env = "PROVIDER_KEY_MARGIN", default_value = "1h", value_parser = humantime::parse_duration, global = true)]
+    pub provider_key_margin: Duration,
 }
 
 impl fmt::Debug for GatewayArgs {
@@ -102,6 +111,8 @@ impl fmt::Debug for GatewayArgs {
             )
             .field("gateway_timeout", &self.gateway_timeout)
             .field("lease", &self.lease)
+            .field("provider_key_retention", &self.provider_key_retention)
+            .field("provider_key_margin", &self.provider_key_margin)
             .finish()
     }
 }
@@ -110,10 +121,33 @@ impl fmt::Debug for GatewayArgs {
 pub const SANDBOX_SECRET_KEY: &str = "sk_test_sandbox";
 
 impl GatewayArgs {
-    /// The lease and timeout rules.
+    /// The age past which a record is never re-driven: the provider's key
+    /// retention minus the margin.
+    pub fn redrive_limit(&self) -> Duration {
+        self.provider_key_retention
+            .saturating_sub(self.provider_key_margin)
+    }
+
+    /// The lease, timeout and key-retention rules.
     pub fn validate(&self) -> Result<(), String> {
         if self.gateway_timeout.is_zero() {
             return Err("GATEWAY_TIMEOUT must be greater than 0".into());
+        }
+        let least_margin = self.lease + self.gateway_timeout;
+        if self.provider_key_margin < least_margin {
+            return Err(format!(
+                "PROVIDER_KEY_MARGIN ({}) must be at least LEASE + GATEWAY_TIMEOUT ({}): a \
+                 re-drive taken just inside the limit may reach the provider that much later",
+                humantime::format_duration(self.provider_key_margin),
+                humantime::format_duration(least_margin)
+            ));
+        }
+        if self.provider_key_margin >= self.provider_key_retention {
+            return Err(format!(
+                "PROVIDER_KEY_MARGIN ({}) must be shorter than PROVIDER_KEY_RETENTION ({})",
+                humantime::format_duration(self.provider_key_margin),
+                humantime::format_duration(self.provider_key_retention)
+            ));
         }
         if self.lease <= self.gateway_timeout {
             return Err(format!(
@@ -213,21 +247,23 @@ impl JobArgs {
         }
     }
 
-    pub fn validate(&self, lease: Duration) -> Result<(), String> {
-        if self.abandon_after <= lease {
+    pub fn validate(&self, gateway: &GatewayArgs) -> Result<(), String> {
+        if self.abandon_after <= gateway.lease {
             return Err(format!(
                 "--abandon-after ({}) must be longer than LEASE ({}): a request must get at \
                  least one re-drive before it is abandoned",
                 humantime::format_duration(self.abandon_after),
-                humantime::format_duration(lease)
+                humantime::format_duration(gateway.lease)
             ));
         }
-        if self.abandon_after > PROVIDER_KEY_RETENTION {
+        if self.abandon_after + gateway.provider_key_margin >= gateway.provider_key_retention {
             return Err(format!(
-                "--abandon-after ({}) must be at most the provider's key retention ({}): a \
-                 re-drive after the provider forgot its key could charge twice",
+                "--abandon-after ({}) plus PROVIDER_KEY_MARGIN ({}) must be shorter than \
+                 PROVIDER_KEY_RETENTION ({}): re-drives must end before the provider may \
+                 forget its key, or a re-drive could charge twice",
                 humantime::format_duration(self.abandon_after),
-                humantime::format_duration(PROVIDER_KEY_RETENTION)
+                humantime::format_duration(gateway.provider_key_margin),
+                humantime::format_duration(gateway.provider_key_retention)
             ));
         }
         if self.reap_every.is_zero() || self.prune_every.is_zero() {
@@ -264,22 +300,43 @@ mod tests {
     #[test]
     fn abandon_after_must_sit_between_the_lease_and_the_key_retention() {
         let ok = parse(&[]);
-        assert!(ok.jobs.validate(ok.gateway.lease).is_ok());
+        assert!(ok.jobs.validate(&ok.gateway).is_ok());
         let short = parse(&["--abandon-after=20s"]);
         assert!(
             short
                 .jobs
-                .validate(short.gateway.lease)
+                .validate(&short.gateway)
                 .expect_err("refused")
                 .contains("LEASE")
         );
-        let long = parse(&["--abandon-after=25h"]);
+        // 23 h + the 1 h margin reaches the 24 h retention.
+        let long = parse(&["--abandon-after=23h"]);
         assert!(
             long.jobs
-                .validate(long.gateway.lease)
+                .validate(&long.gateway)
                 .expect_err("refused")
-                .contains("retention")
+                .contains("PROVIDER_KEY_RETENTION")
         );
+        let within = parse(&["--abandon-after=22h59m"]);
+        assert!(within.jobs.validate(&within.gateway).is_ok());
+    }
+
+    #[test]
+    fn the_key_margin_covers_a_lease_and_a_call() {
+        let ok = parse(&[]);
+        assert!(ok.gateway.validate().is_ok());
+        assert_eq!(ok.gateway.redrive_limit(), Duration::from_secs(23 * 3600));
+        let thin = parse(&["--provider-key-margin=39s"]);
+        assert!(
+            thin.gateway
+                .validate()
+                .expect_err("refused")
+                .contains("LEASE + GATEWAY_TIMEOUT")
+        );
+        let wide = parse(&["--provider-key-retention=1h", "--provider-key-margin=1h"]);
+        assert!(wide.gateway.validate().is_err());
+        let short = parse(&["--provider-key-retention=10m", "--provider-key-margin=1m"]);
+        assert_eq!(short.gateway.redrive_limit(), Duration::from_secs(540));
     }
 
     #[test]

@@ -5,8 +5,15 @@
 //! that recognises a unique violation, and the row types (generic over how a
 //! backend stores a timestamp).
 //!
-//! Every method takes `now` from the caller, so expiry and lease decisions are
-//! made with one clock per request and tests can move time without sleeping.
+//! Time is the database's. No method takes the caller's `now`: every
+//! comparison that decides who owns a record or whether it still exists
+//! (lease expiry, takeover, TTL reclaim, the reaper's and the pruner's
+//! choices) is made in SQL against the database's clock, and every stored
+//! time (`created_at`, `locked_until`, `completed_at`, `expires_at`; a
+//! charge's `created_at` and `updated_at`) is computed there when the row is
+//! written, as the database's current time (not its transaction's start)
+//! plus an interval. Application hosts' clocks differ; they never decide.
+//! Tests move time by ageing rows.
 
 mod mysql;
 mod postgres;
@@ -17,10 +24,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 
 use crate::charge::{Charge, ChargeStatus};
-use crate::idempotency::{IdempotencyRecord, Lease, RecordState, StoredResponse};
+use crate::idempotency::{IdempotencyRecord, RecordState, StoredResponse};
 
 pub use mysql::MySqlStore;
 pub use postgres::PostgresStore;
@@ -126,15 +132,46 @@ where
 }
 
 /// What a claim answers from a record it found without writing: the record,
-/// unless it is complete and past its TTL (then it is to be reclaimed, under
-/// a write) or absent.
-pub(crate) fn known_key(
-    record: Option<IdempotencyRecord>,
-    now: DateTime<Utc>,
-) -> Option<ClaimOutcome> {
+/// unless it is complete and past its TTL by the database's clock (then it
+/// is to be reclaimed, under a write) or absent. A record whose answer is
+/// not final (in progress, or abandoned) is never reclaimed.
+pub(crate) fn known_key(record: Option<IdempotencyRecord>) -> Option<ClaimOutcome> {
     record
-        .filter(|r| !(r.state == RecordState::Complete && r.is_expired(now)))
+        .filter(|r| !r.reclaimable())
         .map(|r| ClaimOutcome::Existing(Box::new(r)))
+}
+
+/// A duration as whole milliseconds for SQL, saturating.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+/// A lease to take: a fresh token, held for `duration` from the database's
+/// clock at the moment the row is written, so a claim that waited for a
+/// lock, or a record taken late in a reaper's pass, still gets all of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewLease {
+    pub token: String,
+    pub duration: Duration,
+}
+
+impl NewLease {
+    pub fn new(duration: Duration) -> Self {
+        Self {
+            token: uuid::Uuid::new_v4().simple().to_string(),
+            duration,
+        }
+    }
+}
+
+/// Which in-progress records a takeover may take, by how long ago they were
+/// claimed (by the database's clock). Re-drives take only records
+/// `Under` the provider's key retention minus the margin; records `AtLeast`
+/// that old are taken only to be abandoned, without a provider call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimAge {
+    Under(Duration),
+    AtLeast(Duration),
 }
 
 /// A request to claim a key: the record to insert and the pending charge
@@ -145,17 +182,19 @@ pub struct Claim {
     pub route: String,
     pub customer_id: String,
     pub request_hash: String,
-    pub lease: Lease,
-    pub expires_at: DateTime<Utc>,
-    pub now: DateTime<Utc>,
+    pub lease: NewLease,
+    /// How long the key is remembered once claimed.
+    pub ttl: Duration,
+    /// The pending charge; the store sets its timestamps.
     pub charge: Charge,
 }
 
 /// The result of a claim.
 #[derive(Debug, Clone)]
 pub enum ClaimOutcome {
-    /// This caller inserted (or reclaimed an expired) record and holds the lease.
-    Claimed { record_id: i64 },
+    /// This caller inserted (or reclaimed an expired) record and holds the
+    /// lease; the charge is as stored, with the database's timestamps.
+    Claimed { record_id: i64, charge: Box<Charge> },
     /// Someone else has this key; the caller decides from the record.
     Existing(Box<IdempotencyRecord>),
 }
@@ -167,14 +206,15 @@ pub struct ChargeOutcome {
     pub status: ChargeStatus,
     pub gateway_charge_id: Option<String>,
     pub decline_code: Option<String>,
-    pub at: DateTime<Utc>,
 }
 
-/// The final outcome of a charge, written with its record in one transaction.
+/// The final outcome of a charge, written with its record in one
+/// transaction: the record becomes `state` (complete, or abandoned).
 #[derive(Debug, Clone)]
 pub struct Finish {
     pub record_id: i64,
     pub lease_token: String,
+    pub state: RecordState,
     pub outcome: ChargeOutcome,
     pub response: StoredResponse,
 }
@@ -199,7 +239,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Inserts the record (`in_progress`) and its pending charge in one
     /// transaction. The unique index on (key, route) arbitrates: a loser gets
     /// the existing record. A complete record past `expires_at` is treated
-    /// as absent and reclaimed by a conditional update.
+    /// as absent and reclaimed by a conditional update; an in-progress or
+    /// abandoned one never is.
     ///
     /// A key already known (a replay, a duplicate in flight) is answered
     /// without writing or taking a lock: it is the common retry, and on
@@ -207,57 +248,53 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError>;
 
     /// Takes over an in-progress record whose lease has expired, by
-    /// compare-and-set on the expected lease token. True if this caller won.
+    /// compare-and-set on the expected lease token, if it was claimed
+    /// `age` ago (the guard is in the statement). True if this caller won.
     async fn take_over(
         &self,
         record_id: i64,
         expected_token: &str,
-        lease: &Lease,
-        now: DateTime<Utc>,
+        lease: &NewLease,
+        age: ClaimAge,
     ) -> Result<bool, StoreError>;
 
     /// Ends the lease now (outcome unknown), keeping the record in progress
     /// so a retry or the reaper can take it over at once.
-    async fn release(
-        &self,
-        record_id: i64,
-        lease_token: &str,
-        now: DateTime<Utc>,
-    ) -> Result<bool, StoreError>;
+    async fn release(&self, record_id: i64, lease_token: &str) -> Result<bool, StoreError>;
 
-    /// Completes the record and updates its charge in one transaction,
-    /// guarded by `state = 'in_progress' AND lease_token = mine`.
+    /// Completes (or abandons) the record and updates its charge in one
+    /// transaction, guarded by `state = 'in_progress' AND lease_token = mine`.
     async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError>;
 
     /// Inserts a charge with no idempotency record: the keyless requests of
-    /// `IDEMPOTENCY_KEY_MODE=optional`, which nothing protects.
-    async fn insert_charge(&self, charge: &Charge) -> Result<(), StoreError>;
+    /// `IDEMPOTENCY_KEY_MODE=optional`, which nothing protects. Returns it
+    /// as stored, with the database's timestamps.
+    async fn insert_charge(&self, charge: &Charge) -> Result<Charge, StoreError>;
 
-    /// Records a keyless charge's outcome.
-    async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<(), StoreError>;
+    /// Records the outcome of a charge still `pending`, outside a finish: a
+    /// keyless charge, or the charge of a driver that lost its record. False
+    /// when the charge is not pending (another driver settled it) or absent.
+    async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<bool, StoreError>;
 
-    /// Takes over the in-progress record whose lease expired longest ago,
-    /// giving it `lease`; `None` when there is none. Several reapers at once
-    /// never get the same record (a conditional update under the row lock,
-    /// `FOR UPDATE SKIP LOCKED` where the backend has it).
+    /// Takes over the in-progress record whose lease expired longest ago
+    /// among those claimed `age` ago, giving it `lease`; `None` when there
+    /// is none. Several reapers at once never get the same record (a
+    /// conditional update under the row lock, `FOR UPDATE SKIP LOCKED`
+    /// where the backend has it).
     async fn claim_expired(
         &self,
-        now: DateTime<Utc>,
-        lease: &Lease,
+        lease: &NewLease,
+        age: ClaimAge,
     ) -> Result<Option<IdempotencyRecord>, StoreError>;
 
     /// In-progress records whose lease has expired, oldest lease first,
     /// changing nothing (the reaper's dry run).
-    async fn expired_in_progress(
-        &self,
-        now: DateTime<Utc>,
-        limit: u32,
-    ) -> Result<Vec<IdempotencyRecord>, StoreError>;
+    async fn expired_in_progress(&self, limit: u32) -> Result<Vec<IdempotencyRecord>, StoreError>;
 
     /// Deletes at most `batch` complete records past `expires_at` in one
-    /// short statement; returns how many. Never in-progress records, never
-    /// charges.
-    async fn prune(&self, now: DateTime<Utc>, batch: u32) -> Result<u64, StoreError>;
+    /// short statement; returns how many. Never in-progress or abandoned
+    /// records, never charges.
+    async fn prune(&self, batch: u32) -> Result<u64, StoreError>;
 
     /// Rows the pruner deletes per statement unless told otherwise.
     fn default_prune_batch(&self) -> u32 {
@@ -272,7 +309,7 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     }
 
     /// How many complete records are past `expires_at` (the pruner's dry run).
-    async fn count_prunable(&self, now: DateTime<Utc>) -> Result<u64, StoreError>;
+    async fn count_prunable(&self) -> Result<u64, StoreError>;
 
     /// A record by id.
     async fn record(&self, record_id: i64) -> Result<Option<IdempotencyRecord>, StoreError>;

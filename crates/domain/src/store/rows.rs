@@ -10,15 +10,10 @@ use crate::idempotency::{IdempotencyRecord, Lease, RecordState, StoredResponse};
 
 /// A backend's timestamp column type.
 pub(super) trait Timestamp: Sized {
-    fn encode(t: DateTime<Utc>) -> Self;
     fn decode(self) -> Result<DateTime<Utc>, StoreError>;
 }
 
 impl Timestamp for i64 {
-    fn encode(t: DateTime<Utc>) -> Self {
-        t.timestamp_millis()
-    }
-
     fn decode(self) -> Result<DateTime<Utc>, StoreError> {
         DateTime::from_timestamp_millis(self)
             .ok_or_else(|| StoreError::Other(format!("timestamp out of range: {self}")))
@@ -26,16 +21,14 @@ impl Timestamp for i64 {
 }
 
 impl Timestamp for DateTime<Utc> {
-    fn encode(t: DateTime<Utc>) -> Self {
-        t
-    }
-
     fn decode(self) -> Result<DateTime<Utc>, StoreError> {
         Ok(self)
     }
 }
 
-/// The columns of `idempotent_requests`, in `RecordRow` order.
+/// The columns of `idempotent_requests`, in `RecordRow` order. A backend's
+/// reads add its `record_clock!()`: `lease_live`, `expired` and `age_ms`,
+/// computed against the database's clock in the same statement.
 macro_rules! record_columns {
     () => {
         "id, idempotency_key, route, customer_id, request_hash, state, lease_token, \
@@ -63,6 +56,9 @@ pub(super) struct RecordRow<T> {
     created_at: T,
     completed_at: Option<T>,
     expires_at: T,
+    lease_live: i64,
+    expired: i64,
+    age_ms: i64,
 }
 
 impl<T: Timestamp> TryFrom<RecordRow<T>> for IdempotencyRecord {
@@ -103,6 +99,9 @@ impl<T: Timestamp> TryFrom<RecordRow<T>> for IdempotencyRecord {
             created_at: r.created_at.decode()?,
             completed_at: r.completed_at.map(Timestamp::decode).transpose()?,
             expires_at: r.expires_at.decode()?,
+            lease_live: r.lease_live != 0,
+            expired: r.expired != 0,
+            age: std::time::Duration::from_millis(u64::try_from(r.age_ms).unwrap_or(0)),
         })
     }
 }
