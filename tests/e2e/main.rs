@@ -2,6 +2,7 @@
 //! configured through their environment as a user would, driven over HTTP.
 #![allow(clippy::unwrap_used)]
 
+mod auth;
 mod skew;
 
 use payments_api::config::DEV_JWT_SECRET;

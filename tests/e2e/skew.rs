@@ -261,23 +261,7 @@ async fn behind_jobs_still_reap_and_prune(backend: Backend) {
     );
 }
 
-/// One test per clustered-capable backend: PostgreSQL and MariaDB.
-macro_rules! skew_tests {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn postgres() {
-                super::$name(payments_tests::Backend::Postgres).await;
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn mysql() {
-                super::$name(payments_tests::Backend::Mysql).await;
-            }
-        }
-    )*};
-}
-
-skew_tests!(
+payments_tests::network_backend_tests!(
     ahead_replica_replays_a_fresh_key,
     ahead_replica_never_takes_over_a_live_lease,
     behind_replica_writes_deadlines_that_hold,

@@ -60,6 +60,20 @@ macro_rules! backend_tests {
     )*};
 }
 
+/// Runs `$name` (an `async fn(Backend)`) once on each backend reached over
+/// a network connection: `name::postgres` and `name::mysql`. For what
+/// SQLite cannot have: a second host with another clock, a connection to
+/// lose.
+#[macro_export]
+macro_rules! network_backend_tests {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            $crate::backend_test!($name, postgres, Postgres);
+            $crate::backend_test!($name, mysql, Mysql);
+        }
+    )*};
+}
+
 /// One test of [`backend_tests!`].
 #[macro_export]
 macro_rules! backend_test {
@@ -429,6 +443,47 @@ impl TestDb {
         task
     }
 
+    /// Ends every other connection to this test's database from the server
+    /// side, as a database restart or a failover does to a pool. Returns
+    /// how many were ended. PostgreSQL and MySQL only.
+    pub async fn drop_connections(&self) -> u64 {
+        use sqlx::Connection;
+        // From a connection of its own, so every pooled one is ended.
+        match &self.concrete {
+            Concrete::Postgres(_) => {
+                let mut conn = sqlx::PgConnection::connect(&self.url)
+                    .await
+                    .expect("connect");
+                let ended: Vec<bool> = sqlx::query_scalar(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND pid <> pg_backend_pid()",
+                )
+                .fetch_all(&mut conn)
+                .await
+                .expect("terminate");
+                ended.iter().filter(|e| **e).count() as u64
+            }
+            Concrete::Mysql(_) => {
+                let url = self.url.replacen("mariadb://", "mysql://", 1);
+                let mut conn = sqlx::MySqlConnection::connect(&url).await.expect("connect");
+                let ids: Vec<i64> = sqlx::query_scalar(
+                    "SELECT ID FROM information_schema.PROCESSLIST \
+                     WHERE DB = DATABASE() AND ID <> CONNECTION_ID()",
+                )
+                .fetch_all(&mut conn)
+                .await
+                .expect("processlist");
+                for id in &ids {
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("KILL {id}")))
+                        .execute(&mut conn)
+                        .await;
+                }
+                ids.len() as u64
+            }
+            Concrete::Sqlite(_) => panic!("SQLite has no connection to drop"),
+        }
+    }
+
     /// Rows in `idempotent_requests`.
     pub async fn records(&self) -> i64 {
         self.count(
@@ -454,6 +509,8 @@ pub struct AppOptions {
     pub key_mode: KeyMode,
     /// The provider's key retention minus the margin.
     pub redrive_limit: Duration,
+    /// The server's header, body and idle timeouts.
+    pub http: payments_api::server::HttpTimeouts,
 }
 
 impl Default for AppOptions {
@@ -466,6 +523,7 @@ impl Default for AppOptions {
             sandbox: SandboxConfig::default(),
             key_mode: KeyMode::Required,
             redrive_limit: Duration::from_secs(23 * 3600),
+            http: payments_api::server::HttpTimeouts::default(),
         }
     }
 }
@@ -511,6 +569,7 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
         ),
         key_mode: options.key_mode,
         client_guide_url: "docs/client-guide.md".into(),
+        http: options.http,
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

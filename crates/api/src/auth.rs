@@ -1,11 +1,20 @@
 //! Bearer JWT authentication: `sub` is the customer id. HS256 with a shared
 //! secret, or RS256 with the issuer's public key.
+//!
+//! A token is accepted when its signature verifies with the configured
+//! algorithm, `exp` is present and not past, `exp` is at most
+//! [`JwtRules::max_lifetime`] ahead, `nbf` (when present) is not in the
+//! future, `iat` (when present) is not in the future, and, when configured,
+//! `iss` equals the issuer and `aud` contains the audience. Clock checks allow
+//! [`JwtRules::leeway`]. The reason for a refusal is logged at info level; the
+//! token never is.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
+use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use payments_domain::charge::CustomerId;
 use serde::{Deserialize, Serialize};
@@ -14,10 +23,54 @@ use crate::AppState;
 use crate::config::{ConfigError, JwtKey};
 use crate::error::ApiError;
 
-#[derive(Debug, Serialize, Deserialize)]
-struct Claims {
-    sub: String,
+/// What `mint_hs256` signs.
+#[derive(Debug, Serialize)]
+struct MintedClaims<'a> {
+    sub: &'a str,
     exp: u64,
+}
+
+/// What a token is read as. Every field is optional so that a missing claim
+/// is reported by the validation (`missing exp`) rather than as malformed
+/// JSON; the registered claims the validation checks (`exp`, `nbf`, `iss`,
+/// `aud`) are read by jsonwebtoken itself.
+#[derive(Debug, Deserialize)]
+struct Claims {
+    sub: Option<String>,
+    /// NumericDate: an integer or a float.
+    exp: Option<f64>,
+    iat: Option<f64>,
+}
+
+/// How tokens are validated besides their signature.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwtRules {
+    /// `exp` may be at most this far ahead of now: a token valid for a year
+    /// is refused.
+    pub max_lifetime: Duration,
+    /// Clock-skew allowance for `exp`, `nbf` and `iat`.
+    pub leeway: Duration,
+    /// When set, `iss` is required and must equal it.
+    pub issuer: Option<String>,
+    /// When set, `aud` is required and must contain it. When unset, `aud` is
+    /// not checked (identity providers always send one).
+    pub audience: Option<String>,
+}
+
+/// `JWT_MAX_LIFETIME`'s default: the default ttl of `payments-api token`.
+pub const DEFAULT_MAX_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
+/// `JWT_LEEWAY`'s default.
+pub const DEFAULT_LEEWAY: Duration = Duration::from_secs(30);
+
+impl Default for JwtRules {
+    fn default() -> Self {
+        Self {
+            max_lifetime: DEFAULT_MAX_LIFETIME,
+            leeway: DEFAULT_LEEWAY,
+            issuer: None,
+            audience: None,
+        }
+    }
 }
 
 /// Verifies bearer tokens.
@@ -25,18 +78,26 @@ struct Claims {
 pub struct Authenticator {
     key: DecodingKey,
     validation: Validation,
+    rules: JwtRules,
 }
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Authenticator")
             .field("algorithms", &self.validation.algorithms)
+            .field("rules", &self.rules)
             .finish()
     }
 }
 
 impl Authenticator {
+    /// An authenticator with the default [`JwtRules`].
     pub fn new(key: &JwtKey) -> Result<Self, ConfigError> {
+        Self::with_rules(key, JwtRules::default())
+    }
+
+    /// An authenticator with the configured rules.
+    pub fn with_rules(key: &JwtKey, rules: JwtRules) -> Result<Self, ConfigError> {
         let (key, algorithm) = match key {
             JwtKey::Hs256(secret) => (
                 DecodingKey::from_secret(secret.as_bytes())
@@ -52,29 +113,109 @@ impl Authenticator {
                 Algorithm::RS256,
             ),
         };
-        // `exp` is required; only the configured algorithm is accepted.
-        let validation = Validation::new(algorithm);
-        Ok(Self { key, validation })
+        // Only the configured algorithm is accepted.
+        let mut validation = Validation::new(algorithm);
+        validation.leeway = rules.leeway.as_secs();
+        validation.validate_exp = true;
+        validation.validate_nbf = true;
+        let mut required = vec!["exp", "sub"];
+        if let Some(issuer) = &rules.issuer {
+            validation.set_issuer(&[issuer]);
+            required.push("iss");
+        }
+        match &rules.audience {
+            Some(audience) => {
+                validation.set_audience(&[audience]);
+                validation.validate_aud = true;
+                required.push("aud");
+            }
+            // jsonwebtoken refuses every token with an `aud` when no audience
+            // is configured; identity providers always send one.
+            None => validation.validate_aud = false,
+        }
+        validation.set_required_spec_claims(&required);
+        Ok(Self {
+            key,
+            validation,
+            rules,
+        })
     }
 
-    /// The customer a bearer token speaks for.
+    /// The customer a bearer token speaks for. A refusal is logged at info
+    /// level with its reason, never with the token.
     pub fn verify(&self, token: &str) -> Result<CustomerId, ApiError> {
-        let data =
-            jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).map_err(|e| {
-                tracing::debug!(error = %e, "rejected bearer token");
-                ApiError::Unauthorized
-            })?;
-        CustomerId::parse(&data.claims.sub).map_err(|_| ApiError::Unauthorized)
+        self.check(token).map_err(|reason| {
+            tracing::info!(reason, "bearer token refused");
+            ApiError::Unauthorized
+        })
+    }
+
+    /// The customer, or why the token is refused.
+    fn check(&self, token: &str) -> Result<CustomerId, &'static str> {
+        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
+            .map_err(|e| reason(e.kind()))?;
+        let claims = data.claims;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        let leeway = self.rules.leeway.as_secs_f64();
+        // Present: `exp` is a required claim of the validation.
+        let exp = claims.exp.ok_or("missing exp")?;
+        if exp - now > self.rules.max_lifetime.as_secs_f64() + leeway {
+            return Err("lifetime too long");
+        }
+        // jsonwebtoken does not check `iat`.
+        if claims.iat.is_some_and(|iat| iat > now + leeway) {
+            return Err("issued in the future");
+        }
+        let sub = claims.sub.ok_or("missing sub")?;
+        CustomerId::parse(&sub).map_err(|_| "invalid sub")
+    }
+}
+
+/// A short, fixed reason for the log: never the token or a claim's value.
+fn reason(kind: &ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::ExpiredSignature => "expired",
+        ErrorKind::ImmatureSignature => "not yet valid",
+        ErrorKind::InvalidSignature => "bad signature",
+        ErrorKind::InvalidAlgorithm => "wrong algorithm",
+        ErrorKind::InvalidAudience => "wrong audience",
+        ErrorKind::InvalidIssuer => "wrong issuer",
+        ErrorKind::MissingRequiredClaim(claim) => match claim.as_str() {
+            "exp" => "missing exp",
+            "sub" => "missing sub",
+            "iss" => "missing iss",
+            "aud" => "missing aud",
+            _ => "missing claim",
+        },
+        ErrorKind::InvalidClaimFormat(claim) => match claim.as_str() {
+            "exp" => "malformed exp",
+            "nbf" => "malformed nbf",
+            "iss" => "malformed iss",
+            "aud" => "malformed aud",
+            _ => "malformed claim",
+        },
+        // The header's or the claims' JSON.
+        ErrorKind::InvalidToken
+        | ErrorKind::Base64(_)
+        | ErrorKind::Utf8(_)
+        | ErrorKind::Json(_) => "malformed token",
+        _ => "invalid token",
     }
 }
 
 /// Mints an HS256 token for development (`payments-api token`) and tests.
+///
+/// No `iat`: API replicas whose clocks run behind the minting host's would
+/// see it in the future and refuse the token.
 pub fn mint_hs256(secret: &str, customer: &str, ttl: Duration) -> Result<String, ConfigError> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    let claims = Claims {
-        sub: customer.to_owned(),
+    let claims = MintedClaims {
+        sub: customer,
         exp: (now + ttl).as_secs(),
     };
     let key = EncodingKey::from_secret(secret.as_bytes())
@@ -83,7 +224,8 @@ pub fn mint_hs256(secret: &str, customer: &str, ttl: Duration) -> Result<String,
         .map_err(|e| ConfigError(format!("cannot sign token: {e}")))
 }
 
-/// The authenticated customer. Rejects with 401 `unauthorized`.
+/// The authenticated customer. Rejects with 401 `unauthorized` and a
+/// `WWW-Authenticate: Bearer` challenge (RFC 6750).
 #[derive(Debug, Clone)]
 pub struct Customer(pub CustomerId);
 
@@ -91,16 +233,21 @@ impl FromRequestParts<AppState> for Customer {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let token = parts
-            .headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                let (scheme, token) = v.split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-            })
-            .ok_or(ApiError::Unauthorized)?;
-        state.auth.verify(token).map(Customer)
+        let Some(value) = parts.headers.get(AUTHORIZATION) else {
+            tracing::info!(reason = "no credentials", "bearer token refused");
+            return Err(ApiError::NoCredentials);
+        };
+        let Some((scheme, token)) = value.to_str().ok().and_then(|v| v.split_once(' ')) else {
+            tracing::info!(reason = "malformed authorization", "bearer token refused");
+            return Err(ApiError::Unauthorized);
+        };
+        if !scheme.eq_ignore_ascii_case("bearer") {
+            // RFC 6750 section 3.1: an unsupported authentication method is
+            // answered like no credentials, without an error code.
+            tracing::info!(reason = "not a bearer token", "bearer token refused");
+            return Err(ApiError::NoCredentials);
+        }
+        state.auth.verify(token.trim()).map(Customer)
     }
 }
 
@@ -112,24 +259,34 @@ mod tests {
     const PUBLIC: &str = include_str!("../tests/fixtures/jwt-rs256-public.pem");
     const SECRET: &str = "0123456789abcdef0123456789abcdef";
 
+    fn now() -> i64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or_default()
+    }
+
     fn rs256_token(sub: &str, exp: u64) -> String {
         let key = EncodingKey::from_rsa_pem(PRIVATE.as_bytes()).expect("test key");
         jsonwebtoken::encode(
             &Header::new(Algorithm::RS256),
-            &Claims {
-                sub: sub.into(),
-                exp,
-            },
+            &MintedClaims { sub, exp },
             &key,
         )
         .expect("sign")
     }
 
+    fn hs256(claims: serde_json::Value) -> String {
+        let key = EncodingKey::from_secret(SECRET.as_bytes()).expect("key");
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &key).expect("sign")
+    }
+
     fn in_an_hour() -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs() + 3600)
-            .unwrap_or_default()
+        (now() + 3600) as u64
+    }
+
+    fn hs_auth(rules: JwtRules) -> Authenticator {
+        Authenticator::with_rules(&JwtKey::Hs256(SECRET.to_owned()), rules).expect("secret")
     }
 
     #[test]
@@ -139,14 +296,14 @@ mod tests {
             .verify(&rs256_token("cus_rs", in_an_hour()))
             .expect("valid");
         assert_eq!(customer.as_str(), "cus_rs");
-        assert!(
-            auth.verify(&rs256_token("cus_rs", 1_000)).is_err(),
-            "expired"
+        assert_eq!(
+            auth.check(&rs256_token("cus_rs", 1_000)).err(),
+            Some("expired")
         );
         // An HS256 token signed with the public key text is the classic
         // algorithm-confusion forgery: refused.
         let forged = mint_hs256(PUBLIC, "cus_rs", Duration::from_secs(60)).expect("sign");
-        assert!(auth.verify(&forged).is_err());
+        assert_eq!(auth.check(&forged).err(), Some("wrong algorithm"));
         assert!(Authenticator::new(&JwtKey::Rs256("-----BEGIN nonsense".into())).is_err());
     }
 
@@ -161,13 +318,119 @@ mod tests {
             Duration::from_secs(60),
         )
         .expect("sign");
-        assert!(auth.verify(&other).is_err());
-        assert!(auth.verify("not.a.jwt").is_err());
+        assert_eq!(auth.check(&other).err(), Some("bad signature"));
+        assert_eq!(auth.check("not.a.jwt").err(), Some("malformed token"));
         assert!(
             auth.verify(&rs256_token("cus_hs", in_an_hour())).is_err(),
             "wrong algorithm"
         );
         let empty_sub = mint_hs256(SECRET, "", Duration::from_secs(60)).expect("sign");
-        assert!(auth.verify(&empty_sub).is_err());
+        assert_eq!(auth.check(&empty_sub).err(), Some("invalid sub"));
+    }
+
+    #[test]
+    fn the_default_token_ttl_fits_the_default_lifetime() {
+        let auth = hs_auth(JwtRules::default());
+        let day = mint_hs256(SECRET, "cus_day", Duration::from_secs(24 * 3600)).expect("sign");
+        assert!(auth.check(&day).is_ok());
+        let year =
+            mint_hs256(SECRET, "cus_year", Duration::from_secs(365 * 24 * 3600)).expect("sign");
+        assert_eq!(auth.check(&year).err(), Some("lifetime too long"));
+    }
+
+    #[test]
+    fn time_claims_are_checked_with_the_leeway() {
+        let auth = hs_auth(JwtRules::default());
+        let t = now();
+        let check = |claims: serde_json::Value| auth.check(&hs256(claims));
+        assert!(check(serde_json::json!({"sub": "c", "exp": t + 60})).is_ok());
+        assert_eq!(
+            check(serde_json::json!({"sub": "c"})).err(),
+            Some("missing exp")
+        );
+        assert_eq!(
+            check(serde_json::json!({"exp": t + 60})).err(),
+            Some("missing sub")
+        );
+        assert_eq!(
+            check(serde_json::json!({"sub": "c", "exp": t - 120})).err(),
+            Some("expired")
+        );
+        // Within the 30 s leeway.
+        assert!(check(serde_json::json!({"sub": "c", "exp": t - 10})).is_ok());
+        assert_eq!(
+            check(serde_json::json!({"sub": "c", "exp": t + 600, "nbf": t + 300})).err(),
+            Some("not yet valid")
+        );
+        assert!(check(serde_json::json!({"sub": "c", "exp": t + 600, "nbf": t + 10})).is_ok());
+        assert_eq!(
+            check(serde_json::json!({"sub": "c", "exp": t + 600, "iat": t + 300})).err(),
+            Some("issued in the future")
+        );
+        assert!(check(serde_json::json!({"sub": "c", "exp": t + 600, "iat": t + 10})).is_ok());
+        assert!(check(serde_json::json!({"sub": "c", "exp": (t + 600) as f64 + 0.5})).is_ok());
+        assert_eq!(
+            check(serde_json::json!({"sub": "c", "exp": "soon"})).err(),
+            Some("malformed token")
+        );
+
+        let strict = hs_auth(JwtRules {
+            leeway: Duration::ZERO,
+            max_lifetime: Duration::from_secs(300),
+            ..JwtRules::default()
+        });
+        let check = |claims: serde_json::Value| strict.check(&hs256(claims));
+        assert_eq!(
+            check(serde_json::json!({"sub": "c", "exp": t - 10})).err(),
+            Some("expired")
+        );
+        assert_eq!(
+            check(serde_json::json!({"sub": "c", "exp": t + 600})).err(),
+            Some("lifetime too long")
+        );
+    }
+
+    #[test]
+    fn issuer_and_audience_are_checked_when_configured() {
+        let t = now();
+        let open = hs_auth(JwtRules::default());
+        // Identity providers always send `aud`: accepted when none is configured.
+        let with_aud = hs256(serde_json::json!({"sub": "c", "exp": t + 60, "aud": "anything"}));
+        assert!(open.check(&with_aud).is_ok());
+        let with_auds = hs256(serde_json::json!({"sub": "c", "exp": t + 60, "aud": ["a", "b"]}));
+        assert!(open.check(&with_auds).is_ok());
+
+        let strict = hs_auth(JwtRules {
+            issuer: Some("https://idp.example".into()),
+            audience: Some("payments".into()),
+            ..JwtRules::default()
+        });
+        let check = |claims: serde_json::Value| strict.check(&hs256(claims));
+        let iss = "https://idp.example";
+        assert!(
+            check(serde_json::json!({"sub": "c", "exp": t + 60, "iss": iss, "aud": "payments"}))
+                .is_ok()
+        );
+        assert!(
+            check(serde_json::json!({"sub": "c", "exp": t + 60, "iss": iss, "aud": ["other", "payments"]}))
+                .is_ok()
+        );
+        assert_eq!(
+            check(serde_json::json!({"sub": "c", "exp": t + 60, "iss": iss, "aud": "other"})).err(),
+            Some("wrong audience")
+        );
+        assert_eq!(
+            check(serde_json::json!({"sub": "c", "exp": t + 60, "iss": "https://evil.example", "aud": "payments"}))
+                .err(),
+            Some("wrong issuer")
+        );
+        assert_eq!(
+            check(serde_json::json!({"sub": "c", "exp": t + 60, "aud": "payments"})).err(),
+            Some("missing iss")
+        );
+        assert_eq!(
+            check(serde_json::json!({"sub": "c", "exp": t + 60, "iss": iss})).err(),
+            Some("missing aud")
+        );
     }
 }

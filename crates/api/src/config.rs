@@ -9,10 +9,14 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use payments_jobs::settings::{DatabaseArgs, GatewayArgs, JobArgs, LogArgs};
 
+use crate::auth::JwtRules;
+
 /// The JWT secret `make run` and the README use. Refused next to a real provider.
 pub const DEV_JWT_SECRET: &str = "dev-only-secret-do-not-use-in-production";
 pub use payments_jobs::settings::{LogFormat, SANDBOX_SECRET_KEY};
 const MIN_HS256_SECRET_BYTES: usize = 32;
+/// The largest `JWT_LEEWAY`: an allowance for clock skew, not a lifetime.
+const MAX_JWT_LEEWAY: Duration = Duration::from_secs(5 * 60);
 
 #[derive(Debug, Parser)]
 #[command(
@@ -108,6 +112,20 @@ pub struct Settings {
     /// RS256 public key for bearer JWTs: PEM text, or the path of a PEM file.
     #[arg(long, env = "JWT_RS256_PUBLIC_KEY", global = true)]
     pub jwt_rs256_public_key: Option<String>,
+    /// The longest a token may still be valid for: a token whose `exp` is
+    /// further ahead is refused (a leaked year-long token is a year-long key).
+    #[arg(long, env = "JWT_MAX_LIFETIME", default_value = "24h", value_parser = humantime::parse_duration, global = true)]
+    pub jwt_max_lifetime: Duration,
+    /// Clock-skew allowance for the tokens' `exp`, `nbf` and `iat`.
+    #[arg(long, env = "JWT_LEEWAY", default_value = "30s", value_parser = humantime::parse_duration, global = true)]
+    pub jwt_leeway: Duration,
+    /// When set, tokens must carry `iss` equal to it.
+    #[arg(long, env = "JWT_ISSUER", global = true)]
+    pub jwt_issuer: Option<String>,
+    /// When set, tokens must carry an `aud` that contains it. When unset,
+    /// `aud` is not checked.
+    #[arg(long, env = "JWT_AUDIENCE", global = true)]
+    pub jwt_audience: Option<String>,
     /// The largest charge accepted, in minor units.
     #[arg(
         long,
@@ -118,6 +136,8 @@ pub struct Settings {
     pub max_amount_cents: i64,
     #[command(flatten)]
     pub log: LogArgs,
+    #[command(flatten)]
+    pub http: crate::server::HttpTimeouts,
 }
 
 /// Secrets stay out of `Debug` output.
@@ -139,8 +159,13 @@ impl fmt::Debug for Settings {
                 "jwt_rs256_public_key",
                 &self.jwt_rs256_public_key.as_ref().map(|_| "(set)"),
             )
+            .field("jwt_max_lifetime", &self.jwt_max_lifetime)
+            .field("jwt_leeway", &self.jwt_leeway)
+            .field("jwt_issuer", &self.jwt_issuer)
+            .field("jwt_audience", &self.jwt_audience)
             .field("max_amount_cents", &self.max_amount_cents)
             .field("log", &self.log)
+            .field("http", &self.http)
             .finish()
     }
 }
@@ -201,10 +226,41 @@ impl Settings {
         }
     }
 
+    /// How tokens are validated besides their signature, or why the
+    /// settings are refused.
+    pub fn jwt_rules(&self) -> Result<JwtRules, ConfigError> {
+        if self.jwt_max_lifetime.is_zero() {
+            return Err(ConfigError(
+                "JWT_MAX_LIFETIME must be greater than 0".into(),
+            ));
+        }
+        if self.jwt_leeway > MAX_JWT_LEEWAY {
+            return Err(ConfigError(format!(
+                "JWT_LEEWAY ({}) must be at most {}: it is an allowance for clock skew, and \
+                 tokens are accepted that long after they expire",
+                humantime::format_duration(self.jwt_leeway),
+                humantime::format_duration(MAX_JWT_LEEWAY)
+            )));
+        }
+        let non_empty = |name: &str, value: &Option<String>| match value.as_deref() {
+            Some(v) if v.trim().is_empty() => Err(ConfigError(format!(
+                "{name} is set but empty: unset it or name the expected value"
+            ))),
+            _ => Ok(value.clone()),
+        };
+        Ok(JwtRules {
+            max_lifetime: self.jwt_max_lifetime,
+            leeway: self.jwt_leeway,
+            issuer: non_empty("JWT_ISSUER", &self.jwt_issuer)?,
+            audience: non_empty("JWT_AUDIENCE", &self.jwt_audience)?,
+        })
+    }
+
     /// Validates the whole serving configuration.
     pub fn validate(&self) -> Result<(JwtKey, GatewayTarget), ConfigError> {
         self.database.validate().map_err(ConfigError)?;
         self.gateway.validate().map_err(ConfigError)?;
+        self.http.validate().map_err(ConfigError)?;
         let retention = self.gateway.provider_key_retention;
         if self.idempotency_ttl.is_zero() || self.idempotency_ttl > retention {
             return Err(ConfigError(format!(
@@ -228,6 +284,7 @@ impl Settings {
             self.jobs.validate(&self.gateway).map_err(ConfigError)?;
         }
         let jwt = self.jwt_key()?;
+        self.jwt_rules()?;
         let gateway = match self.gateway.remote().map_err(ConfigError)? {
             None => GatewayTarget::EmbeddedSandbox,
             Some((url, secret_key, real)) => {
@@ -306,6 +363,74 @@ mod tests {
             .validate()
             .is_ok()
         );
+    }
+
+    #[test]
+    fn dev_secrets_are_refused_next_to_any_real_provider_host() {
+        let refused = |args: &[&str]| settings(args).validate().expect_err("refused").0;
+        let dev = format!("--jwt-hs256-secret={DEV_JWT_SECRET}");
+        let live = "--gateway-secret-key=sk_live_x";
+        // Userinfo, and a backslash that hides the real host from some parsers.
+        let hidden = refused(&[&dev, r"--gateway-url=https://a.example\@localhost", live]);
+        assert!(hidden.contains("GATEWAY_URL"), "{hidden}");
+        let userinfo = refused(&[&dev, "--gateway-url=https://user:pass@localhost", live]);
+        assert!(userinfo.contains("user"), "{userinfo}");
+        for url in [
+            "https://localhost.example.com",
+            "http://127.0.0.1.example.com",
+            "http://10.0.0.1:12111",
+            "http://[::ffff:10.0.0.1]/",
+        ] {
+            let arg = format!("--gateway-url={url}");
+            assert!(
+                refused(&[&dev, &arg, live]).contains("development"),
+                "{url}"
+            );
+            let sandbox = refused(&[SECRET, &arg, "--gateway-secret-key=sk_test_sandbox"]);
+            assert!(sandbox.contains("sandbox"), "{url}: {sandbox}");
+        }
+        assert!(refused(&[&dev, "--gateway-url=ftp://localhost", live]).contains("http"));
+        // Every spelling of loopback is development.
+        for url in [
+            "http://localhost:12111",
+            "http://LOCALHOST:12111/v1",
+            "http://127.0.0.2:12111",
+            "http://127.1:12111",
+            "http://[::1]:12111",
+        ] {
+            let arg = format!("--gateway-url={url}");
+            assert!(
+                settings(&[&dev, &arg, "--gateway-secret-key=sk_test_sandbox"])
+                    .validate()
+                    .is_ok(),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn jwt_rules_have_defaults_and_limits() {
+        assert_eq!(
+            settings(&[SECRET]).jwt_rules().expect("valid"),
+            JwtRules::default()
+        );
+        let rules = settings(&[
+            SECRET,
+            "--jwt-max-lifetime=1h",
+            "--jwt-leeway=5s",
+            "--jwt-issuer=https://idp.example",
+            "--jwt-audience=payments",
+        ])
+        .jwt_rules()
+        .expect("valid");
+        assert_eq!(rules.max_lifetime, Duration::from_secs(3600));
+        assert_eq!(rules.leeway, Duration::from_secs(5));
+        assert_eq!(rules.issuer.as_deref(), Some("https://idp.example"));
+        assert_eq!(rules.audience.as_deref(), Some("payments"));
+        let refused = |args: &[&str]| settings(args).validate().expect_err("refused").0;
+        assert!(refused(&[SECRET, "--jwt-max-lifetime=0s"]).contains("JWT_MAX_LIFETIME"));
+        assert!(refused(&[SECRET, "--jwt-leeway=1h"]).contains("JWT_LEEWAY"));
+        assert!(refused(&[SECRET, "--jwt-audience= "]).contains("JWT_AUDIENCE"));
     }
 
     #[test]

@@ -7,11 +7,18 @@ use axum::response::{IntoResponse, Response};
 use payments_domain::charge::InvalidRequest;
 use payments_domain::envelope::ErrorEnvelope;
 use payments_domain::service::{ChargeError, RETRY_AFTER_SECS};
+use payments_domain::store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// A bearer token was sent but refused: `WWW-Authenticate: Bearer
+    /// error="invalid_token"` (RFC 6750).
     #[error("a valid bearer token is required")]
     Unauthorized,
+    /// No bearer token was sent: `WWW-Authenticate: Bearer`, without an
+    /// error code (RFC 6750 section 3.1).
+    #[error("a bearer token is required")]
+    NoCredentials,
     /// Carries the client guide's URL for the message.
     #[error(
         "the Idempotency-Key header is required: generate one key per payment and reuse it on every retry; see {0}"
@@ -38,7 +45,15 @@ pub enum ApiError {
     InProgress,
     #[error("the payment provider did not answer in time; retry with the same idempotency key")]
     GatewayUnavailable,
-    #[error("not ready: {0}")]
+    /// The database could not be reached (a dropped connection, a pool
+    /// timeout, a server restarting). Nothing half-done is visible to a
+    /// retry with the same key; the driver's text goes to the log only.
+    #[error("the service is temporarily unavailable; retry with the same idempotency key")]
+    DatabaseUnavailable(String),
+    #[error("the request body did not arrive in time")]
+    RequestTimeout,
+    /// `/readyz`: the detail goes to the log only.
+    #[error("not ready")]
     NotReady(String),
     #[error("internal error")]
     Internal(String),
@@ -47,7 +62,7 @@ pub enum ApiError {
 impl ApiError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
-            Self::Unauthorized => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::Unauthorized | Self::NoCredentials => (StatusCode::UNAUTHORIZED, "unauthorized"),
             Self::KeyMissing(_) => (StatusCode::BAD_REQUEST, "idempotency_key_missing"),
             Self::KeyInvalid(_) => (StatusCode::BAD_REQUEST, "idempotency_key_invalid"),
             Self::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
@@ -60,6 +75,10 @@ impl ApiError {
             Self::KeyReused => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused"),
             Self::InProgress => (StatusCode::CONFLICT, "request_in_progress"),
             Self::GatewayUnavailable => (StatusCode::SERVICE_UNAVAILABLE, "gateway_unavailable"),
+            Self::DatabaseUnavailable(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable")
+            }
+            Self::RequestTimeout => (StatusCode::REQUEST_TIMEOUT, "request_timeout"),
             Self::NotReady(_) => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error"),
         }
@@ -73,14 +92,17 @@ impl From<ChargeError> for ApiError {
             ChargeError::KeyReused => Self::KeyReused,
             ChargeError::InProgress => Self::InProgress,
             ChargeError::ProviderUnavailable(_) => Self::GatewayUnavailable,
-            ChargeError::Store(e) => Self::Internal(e.to_string()),
+            ChargeError::Store(e) => e.into(),
         }
     }
 }
 
-impl From<payments_domain::store::StoreError> for ApiError {
-    fn from(e: payments_domain::store::StoreError) -> Self {
-        Self::Internal(e.to_string())
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(detail) => Self::DatabaseUnavailable(detail),
+            other => Self::Internal(other.to_string()),
+        }
     }
 }
 
@@ -95,6 +117,9 @@ impl IntoResponse for ApiError {
                 metrics::counter!("payments_idempotency_key_reused_total").increment(1)
             }
             Self::Internal(detail) => tracing::error!(%detail, "internal error"),
+            Self::DatabaseUnavailable(detail) => {
+                tracing::error!(%detail, "database unavailable; answered 503")
+            }
             Self::NotReady(detail) => tracing::warn!(%detail, "not ready"),
             _ => {}
         }
@@ -111,8 +136,23 @@ impl IntoResponse for ApiError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        if matches!(self, Self::InProgress | Self::GatewayUnavailable) {
+        if matches!(
+            self,
+            Self::InProgress | Self::GatewayUnavailable | Self::DatabaseUnavailable(_)
+        ) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        match self {
+            Self::Unauthorized => {
+                headers.insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static(r#"Bearer error="invalid_token""#),
+                );
+            }
+            Self::NoCredentials => {
+                headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
         }
         response
     }

@@ -10,6 +10,7 @@ use payments_domain::charge::InvalidRequest;
 use payments_domain::idempotency::IdempotencyKey;
 use serde_json::Value;
 
+use crate::AppState;
 use crate::error::ApiError;
 
 /// Request bodies larger than this get 413.
@@ -68,18 +69,24 @@ impl<S: Send + Sync> FromRequestParts<S> for ChargeIdPath {
 }
 
 /// A JSON body: `Content-Type: application/json` (else 415), at most
-/// [`MAX_BODY_BYTES`] (else 413), syntactically valid JSON (else 400).
+/// [`MAX_BODY_BYTES`] (else 413), all of it within `HTTP_BODY_READ_TIMEOUT`
+/// (else 408: a client that trickles its body cannot hold a connection and
+/// a task), syntactically valid JSON (else 400).
 #[derive(Debug)]
 pub struct JsonBody(pub Value);
 
-impl<S: Send + Sync> FromRequest<S> for JsonBody {
+impl FromRequest<AppState> for JsonBody {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
         if !is_json(req.headers()) {
             return Err(ApiError::UnsupportedMediaType);
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+        let read = Bytes::from_request(req, state);
+        let bytes = tokio::time::timeout(state.http.http_body_read_timeout, read)
+            .await
+            .map_err(|_| ApiError::RequestTimeout)?;
+        let bytes = bytes.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::PayloadTooLarge
             } else {

@@ -1,6 +1,6 @@
 //! # payments-api
 //!
-//! The HTTP face of the payments server (DESIGN.md section 2).
+//! The HTTP face of the payments server; `openapi.yaml` is its contract.
 //!
 //! # Layout
 //!
@@ -11,6 +11,8 @@
 //! - [`routes`]: thin handlers.
 //! - [`error`]: `ApiError`, the one error type, and its envelope.
 //! - [`telemetry`]: Prometheus metrics and `GET /metrics`.
+//! - [`server`]: the HTTP/1.1 connection loop with header, body and idle
+//!   timeouts.
 //! - [`router`] and [`serve`]: wiring, middleware, graceful shutdown; tests
 //!   bind port 0 and call them directly.
 #![forbid(unsafe_code)]
@@ -20,6 +22,7 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod routes;
+pub mod server;
 pub mod telemetry;
 
 use std::future::Future;
@@ -47,6 +50,8 @@ pub struct AppState {
     pub key_mode: KeyMode,
     /// Linked from keyless answers (400 in `required` mode, a `Warning` header in `optional`).
     pub client_guide_url: Arc<str>,
+    /// Header, body and idle timeouts of the server.
+    pub http: server::HttpTimeouts,
 }
 
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -104,13 +109,13 @@ fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response<axum::
     response
 }
 
-/// Serves until `shutdown` resolves, then drains in-flight requests.
+/// Serves until `shutdown` resolves, then drains in-flight requests, with
+/// the state's header, body and idle timeouts.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let timeouts = state.http;
+    server::run(listener, router(state), timeouts, shutdown).await
 }

@@ -53,7 +53,7 @@ async fn migrate(settings: &Settings) -> anyhow::Result<()> {
 
 async fn run(settings: Settings) -> anyhow::Result<()> {
     let (jwt, target) = settings.validate()?;
-    let auth = Authenticator::new(&jwt)?;
+    let auth = Authenticator::with_rules(&jwt, settings.jwt_rules()?)?;
     let store = settings.database.open().await?;
     let (gateway_url, secret_key) = match target {
         GatewayTarget::Remote { url, secret_key } => (url, secret_key),
@@ -111,6 +111,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         auth: Arc::new(auth),
         key_mode: settings.idempotency_key_mode,
         client_guide_url: settings.client_guide_url.as_str().into(),
+        http: settings.http,
     };
     let listener = tokio::net::TcpListener::bind(settings.listen_addr)
         .await

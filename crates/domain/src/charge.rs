@@ -158,6 +158,10 @@ impl fmt::Debug for CardToken {
 const MAX_DESCRIPTION: usize = 1000;
 const MAX_METADATA_KEYS: usize = 50;
 const MAX_METADATA_KEY: usize = 40;
+/// PostgreSQL text cannot hold U+0000 and other backends would store it
+/// silently; the provider's form encoding would pass it on. Refused alike
+/// everywhere.
+const NUL_REFUSED: &str = "text must not contain the NUL character (\\u0000)";
 const MAX_METADATA_VALUE: usize = 500;
 
 /// A valid `POST /api/charges` body.
@@ -195,6 +199,9 @@ impl ChargeRequest {
         let card_token = CardToken::parse(required_str(object, "card_token")?)?;
         let description = match object.get("description") {
             None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.contains('\0') => {
+                return Err(InvalidRequest::param("description", NUL_REFUSED));
+            }
             Some(Value::String(s)) if s.chars().count() <= MAX_DESCRIPTION => Some(s.clone()),
             Some(_) => {
                 return Err(InvalidRequest::param(
@@ -244,7 +251,13 @@ fn metadata(m: &Map<String, Value>) -> Result<BTreeMap<String, String>, InvalidR
     }
     m.iter()
         .map(|(k, v)| {
+            if k.contains('\0') {
+                return Err(InvalidRequest::param("metadata", NUL_REFUSED));
+            }
             let param = format!("metadata[{k}]");
+            if v.as_str().is_some_and(|s| s.contains('\0')) {
+                return Err(InvalidRequest::param(&param, NUL_REFUSED));
+            }
             if k.is_empty() || k.chars().count() > MAX_METADATA_KEY || k.contains(['[', ']']) {
                 return Err(InvalidRequest::param(
                     &param,

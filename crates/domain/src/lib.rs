@@ -12,10 +12,12 @@
 //!   lease tokens, and the stored record and response of a keyed request.
 //! - [`provider`]: the [`provider::Gateway`] port to the payment provider and
 //!   the three outcomes every provider answer is classified into.
-//! - [`service`]: [`service::ChargeService`], the idempotency state machine of
-//!   DESIGN.md section 3 (claim, replay, 409, 422, takeover, finish, 503).
-//! - [`store`]: the [`store::Store`] port and its backends (SQLite, PostgreSQL),
-//!   each with its own SQL and migrations.
+//! - [`service`]: [`service::ChargeService`], the idempotency state machine
+//!   (claim, replay, 409, 422, takeover, finish, 503, abandon), explained in
+//!   `docs/design-decisions.md`.
+//! - [`store`]: the [`store::Store`] port and its backends (SQLite,
+//!   PostgreSQL, MySQL/MariaDB), each with its own SQL and migrations; time
+//!   is the database's.
 //! - [`envelope`]: the JSON error envelope shared by stored and live answers.
 #![forbid(unsafe_code)]
 

@@ -1,4 +1,4 @@
-//! The idempotency state machine of DESIGN.md section 3.
+//! The idempotency state machine (`docs/design-decisions.md` gives the why).
 //!
 //! 1. Claim: the record and a pending charge in one transaction; the unique
 //!    index on (key, route) decides who is first.

@@ -1,7 +1,7 @@
 //! # payments-gateway
 //!
-//! The provider adapter: a reqwest client speaking the Stripe-compatible
-//! subset of DESIGN.md section 4 behind the domain's [`Gateway`] port.
+//! The provider adapter: a reqwest client speaking a Stripe-compatible
+//! subset of the provider's API behind the domain's [`Gateway`] port.
 //!
 //! # Layout
 //!

@@ -1,7 +1,7 @@
 //! # payments-jobs
 //!
-//! The background work that keeps exactly-once true over time (DESIGN.md
-//! section 6): the reaper finishes requests nobody else will (a crashed API
+//! The background work that keeps exactly-once true over time
+//! (`docs/operations.md`): the reaper finishes requests nobody else will (a crashed API
 //! process, a client that never came back after a 503) with the provider's
 //! real outcome, and the pruner keeps the key table small.
 //!

@@ -167,13 +167,12 @@ impl GatewayArgs {
         let Some(url) = &self.gateway_url else {
             return Ok(None);
         };
-        let host =
-            url_host(url).ok_or_else(|| format!("GATEWAY_URL {url:?} is not an http(s) URL"))?;
+        let parsed = parse_gateway_url(url)?;
         let secret_key = self
             .gateway_secret_key
             .clone()
             .ok_or("GATEWAY_URL is set but GATEWAY_SECRET_KEY is not")?;
-        let real = !is_loopback(&host);
+        let real = !parsed.host().is_some_and(|host| host_is_loopback(&host));
         if real && secret_key == SANDBOX_SECRET_KEY {
             return Err(
                 "refusing to start: a real GATEWAY_URL with the sandbox's GATEWAY_SECRET_KEY"
@@ -184,27 +183,74 @@ impl GatewayArgs {
     }
 }
 
-/// The host of an `http://` or `https://` URL.
-pub fn url_host(url: &str) -> Option<String> {
-    let rest = url
-        .strip_prefix("http://")
-        .or_else(|| url.strip_prefix("https://"))?;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let host_port = authority.rsplit('@').next()?;
-    let host = if let Some(v6) = host_port.strip_prefix('[') {
-        v6.split(']').next()?
-    } else {
-        host_port.split(':').next()?
-    };
-    (!host.is_empty()).then(|| host.to_ascii_lowercase())
+/// GATEWAY_URL, parsed as the HTTP client will parse it (WHATWG, the `url`
+/// crate): `http` or `https`, a host, and no user info. A backslash is
+/// refused too: parsers disagree on the host of `https://a.example\@localhost`
+/// (`a.example` for the `url` crate, `localhost` for others), and the host
+/// decides whether development secrets are allowed.
+pub fn parse_gateway_url(raw: &str) -> Result<url::Url, String> {
+    if raw.contains('\\') {
+        return Err(format!(
+            "GATEWAY_URL {raw:?} contains a backslash: parsers disagree on which host it names; \
+             write the URL without it"
+        ));
+    }
+    let url = url::Url::parse(raw)
+        .map_err(|e| format!("GATEWAY_URL {raw:?} is not an http(s) URL: {e}"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(format!(
+            "GATEWAY_URL {raw:?} is not an http(s) URL (scheme {:?})",
+            url.scheme()
+        ));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(format!(
+            "GATEWAY_URL must not contain user info (user:password@): the provider is \
+             authenticated with GATEWAY_SECRET_KEY, and user info can disguise the real host \
+             (got a URL whose host is {:?})",
+            url.host_str().unwrap_or_default()
+        ));
+    }
+    if url.host().is_none() {
+        return Err(format!("GATEWAY_URL {raw:?} has no host"));
+    }
+    Ok(url)
 }
 
-/// Loopback hosts are development; anything else may be real.
+/// The host of an `http://` or `https://` URL, lower-cased; an IPv6 address
+/// without its brackets.
+pub fn url_host(url: &str) -> Option<String> {
+    let url = url::Url::parse(url).ok()?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return None;
+    }
+    match url.host()? {
+        url::Host::Domain(domain) => (!domain.is_empty()).then(|| domain.to_owned()),
+        url::Host::Ipv4(ip) => Some(ip.to_string()),
+        url::Host::Ipv6(ip) => Some(ip.to_string()),
+    }
+}
+
+/// Loopback hosts are development; anything else may be real. `host` is a
+/// host as [`url_host`] returns it (an IPv6 address with or without brackets).
 pub fn is_loopback(host: &str) -> bool {
-    host == "localhost"
-        || host
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+    let bracketed;
+    let host = if host.contains(':') && !host.starts_with('[') {
+        bracketed = format!("[{host}]");
+        bracketed.as_str()
+    } else {
+        host
+    };
+    url::Host::parse(host).is_ok_and(|host| host_is_loopback(&host))
+}
+
+/// `localhost`, 127.0.0.0/8 or ::1.
+pub fn host_is_loopback<S: AsRef<str>>(host: &url::Host<S>) -> bool {
+    match host {
+        url::Host::Domain(domain) => domain.as_ref().eq_ignore_ascii_case("localhost"),
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+    }
 }
 
 /// The jobs' own settings.
@@ -373,6 +419,72 @@ mod tests {
         assert_eq!(url_host("http://[::1]:9/").as_deref(), Some("::1"));
         assert_eq!(url_host("ftp://x"), None);
         assert!(is_loopback("::1") && is_loopback("localhost") && !is_loopback("10.0.0.1"));
+    }
+
+    #[test]
+    fn loopback_is_decided_by_the_parsed_host() {
+        assert!(is_loopback("[::1]") && is_loopback("127.0.0.2") && is_loopback("127.1"));
+        assert!(is_loopback("LOCALHOST"));
+        for host in [
+            "localhost.example.com",
+            "127.0.0.1.example.com",
+            "::ffff:10.0.0.1",
+            "10.0.0.1",
+            "",
+        ] {
+            assert!(!is_loopback(host), "{host}");
+        }
+        assert_eq!(url_host("http://127.1:9/").as_deref(), Some("127.0.0.1"));
+        assert_eq!(
+            url_host("http://LocalHost:9/").as_deref(),
+            Some("localhost")
+        );
+    }
+
+    #[test]
+    fn gateway_urls_with_user_info_or_odd_schemes_are_refused() {
+        let remote = |url: &str, key: &str| {
+            let url = format!("--gateway-url={url}");
+            let key = format!("--gateway-secret-key={key}");
+            parse(&[&url, &key]).gateway.remote()
+        };
+        let hidden = remote(r"https://a.example\@localhost", "sk_live_x").expect_err("refused");
+        assert!(hidden.contains("backslash"), "{hidden}");
+        for url in [
+            "https://user:pass@api.example.com",
+            "https://user@localhost",
+            "http://a.example:@127.0.0.1",
+        ] {
+            let e = remote(url, "sk_live_x").expect_err("refused");
+            assert!(e.contains("user info"), "{url}: {e}");
+        }
+        for url in [
+            "ftp://localhost",
+            "file:///tmp/x",
+            "localhost:12111",
+            "https://",
+        ] {
+            assert!(remote(url, "sk_live_x").is_err(), "{url}");
+        }
+        // The sandbox's key next to any non-loopback host.
+        for url in [
+            "https://localhost.example.com",
+            "http://127.0.0.1.example.com",
+            "http://[::ffff:10.0.0.1]:12111",
+        ] {
+            let e = remote(url, SANDBOX_SECRET_KEY).expect_err("refused");
+            assert!(e.contains("sandbox"), "{url}: {e}");
+        }
+        for url in ["http://localhost:1", "http://127.1:1", "http://[::1]:1/v1"] {
+            assert!(
+                matches!(remote(url, SANDBOX_SECRET_KEY), Ok(Some((_, _, false)))),
+                "{url}"
+            );
+        }
+        assert!(matches!(
+            remote("https://api.example.com", "sk_live_x"),
+            Ok(Some((_, _, true)))
+        ));
     }
 }
 

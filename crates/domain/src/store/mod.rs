@@ -45,7 +45,11 @@ pub enum StoreError {
     /// and may succeed if run again (see [`retrying`]).
     #[error("transaction conflict, retry: {0}")]
     Retryable(String),
-    /// The database is unreachable, misconfigured or failed.
+    /// The database could not be reached or dropped the connection: a
+    /// retry later may succeed (the API answers 503 with `Retry-After`).
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// The database is misconfigured or failed.
     #[error("database error: {0}")]
     Other(String),
 }
@@ -56,6 +60,8 @@ impl From<sqlx::Error> for StoreError {
             StoreError::Conflict(e.to_string())
         } else if is_retryable(&e) {
             StoreError::Retryable(e.to_string())
+        } else if is_unavailable(&e) {
+            StoreError::Unavailable(e.to_string())
         } else {
             StoreError::Other(e.to_string())
         }
@@ -81,6 +87,25 @@ pub fn is_unique_violation(e: &sqlx::Error) -> bool {
 /// (PostgreSQL's deadlock).
 pub fn is_retryable(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
+}
+
+/// The connection, not the statement, failed: an I/O error (a dropped or
+/// reset connection), a pool that could not hand out a connection in time,
+/// or a server refusing work while it shuts down or starts (SQLSTATE class
+/// 08, connection exception; 57P01-57P03, PostgreSQL's admin shutdown,
+/// crash shutdown and cannot-connect-now).
+pub fn is_unavailable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Tls(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || matches!(&*c, "57P01" | "57P02" | "57P03")),
+        _ => false,
+    }
 }
 
 /// How often a transaction that failed with a retryable conflict is run.

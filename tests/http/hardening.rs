@@ -1,0 +1,315 @@
+//! What a security review asked for: no database text in answers, bounded
+//! metric labels, cut-off slow clients, NUL refused alike everywhere, one
+//! fingerprint for `null` and absent, and 503 for a lost database.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use payments_api::server::HttpTimeouts;
+use payments_domain::idempotency::RequestFingerprint;
+use payments_tests::{
+    AppOptions, Backend, TestApp, backend_tests, charge_body, network_backend_tests, new_key,
+    spawn_app,
+};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn app(backend: Backend) -> Option<Arc<TestApp>> {
+    spawn_app(backend, AppOptions::default())
+        .await
+        .map(Arc::new)
+}
+
+/// `/readyz` answers 503 with a generic message when the database is not
+/// ready; what the database said goes to the log only.
+async fn readyz_hides_database_errors(backend: Backend) {
+    let Some(app) = app(backend).await else {
+        return;
+    };
+    let ready = app
+        .http
+        .get(format!("{}/readyz", app.base_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 200);
+    app.db
+        .execute(
+            "DROP TABLE _sqlx_migrations",
+            "DROP TABLE _sqlx_migrations",
+            "DROP TABLE _sqlx_migrations",
+        )
+        .await;
+    let r = app
+        .http
+        .get(format!("{}/readyz", app.base_url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let body = r.text().await.unwrap();
+    let envelope: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(envelope["error"]["code"], "not_ready");
+    assert_eq!(envelope["error"]["message"], "not ready");
+    assert!(!body.contains("_sqlx_migrations"), "{body}");
+}
+
+/// A client can send any method token; the metrics label only the known
+/// ones and call the rest `other`, so `/metrics` does not grow with them.
+async fn invented_methods_are_labelled_other(backend: Backend) {
+    let Some(app) = app(backend).await else {
+        return;
+    };
+    for i in 0..200 {
+        let method = reqwest::Method::from_bytes(format!("INVENTED{i}").as_bytes()).unwrap();
+        let r = app
+            .http
+            .request(method, format!("{}/api/charges", app.base_url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 405);
+    }
+    let metrics = app
+        .http
+        .get(format!("{}/metrics", app.base_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !metrics.contains("INVENTED"),
+        "invented methods became labels"
+    );
+    assert!(
+        metrics.lines().any(
+            |l| l.starts_with("payments_http_requests_total") && l.contains("method=\"other\"")
+        ),
+        "{metrics}"
+    );
+}
+
+/// A NUL character in the description or the metadata is a 400 naming the
+/// field, on every backend, and nothing is stored or charged.
+async fn nul_characters_are_refused_alike(backend: Backend) {
+    let Some(app) = app(backend).await else {
+        return;
+    };
+    let cases = [
+        (json!({"description": "tea\u{0}"}), "description"),
+        (json!({"metadata": {"order": "4\u{0}2"}}), "metadata[order]"),
+        (json!({"metadata": {"or\u{0}der": "42"}}), "metadata"),
+    ];
+    for (extra, param) in cases {
+        let mut body = json!({"amount_cents": 100, "currency": "GBP", "card_token": "tok_visa"});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let r = app
+            .post_charge("cus_1", Some(&new_key()), &body.to_string())
+            .await;
+        assert_eq!(r.status(), 400, "{body}");
+        let error: Value = r.json().await.unwrap();
+        assert_eq!(error["error"]["code"], "invalid_request");
+        assert_eq!(error["error"]["param"], param);
+    }
+    assert_eq!(app.db.records().await, 0);
+    assert_eq!(app.db.charges().await, 0);
+    assert_eq!(app.sandbox_stats().await["requests"], 0);
+}
+
+/// `"description": null` and no description are the same request: retries
+/// mixing the two, eight at once, get one charge and no 422. A record
+/// written before the change (first-version fingerprint of a body with
+/// explicit nulls) still replays that body's retry.
+async fn null_and_absent_fields_are_one_request(backend: Backend) {
+    let Some(app) = app(backend).await else {
+        return;
+    };
+    let key = new_key();
+    let absent = charge_body(4900, "tok_visa");
+    let null = r#"{"amount_cents":4900,"currency":"GBP","card_token":"tok_visa","description":null,"metadata":null}"#;
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (app, key, barrier) = (app.clone(), key.clone(), barrier.clone());
+            let body = if i % 2 == 0 {
+                absent.clone()
+            } else {
+                null.to_owned()
+            };
+            tokio::spawn(async move {
+                barrier.wait().await;
+                app.post_charge("cus_1", Some(&key), &body)
+                    .await
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    for t in tasks {
+        let status = t.await.unwrap();
+        assert!(status == 201 || status == 409, "got {status}");
+    }
+    for body in [absent.as_str(), null] {
+        let r = app.post_charge("cus_1", Some(&key), body).await;
+        assert_eq!(r.status(), 201);
+        assert_eq!(r.headers()["idempotent-replay"], "true");
+    }
+    assert_eq!(app.sandbox_charges().await.len(), 1);
+
+    // As the server before the change stored it.
+    let old_key = new_key();
+    let r = app.post_charge("cus_2", Some(&old_key), null).await;
+    assert_eq!(r.status(), 201);
+    let v1 = RequestFingerprint::of_v1(&serde_json::from_str::<Value>(null).unwrap()).to_hex();
+    let set = format!(
+        "UPDATE idempotent_requests SET request_hash = '{v1}' WHERE idempotency_key = '{old_key}'"
+    );
+    assert_eq!(app.db.execute(&set, &set, &set).await, 1);
+    let retry = app.post_charge("cus_2", Some(&old_key), null).await;
+    assert_eq!(retry.status(), 201, "a retry across the upgrade replays");
+    assert_eq!(retry.headers()["idempotent-replay"], "true");
+    assert_eq!(app.sandbox_charges().await.len(), 2);
+}
+
+/// A connection the database dropped (a restart, a failover) answers 503
+/// with `Retry-After`, never a 500 carrying the driver's message; the
+/// retry with the same key charges once.
+async fn a_lost_database_connection_answers_503(backend: Backend) {
+    let Some(app) = app(backend).await else {
+        return;
+    };
+    let warm = app
+        .post_charge("cus_1", Some(&new_key()), &charge_body(100, "tok_visa"))
+        .await;
+    assert_eq!(warm.status(), 201);
+    assert!(app.db.drop_connections().await >= 1);
+    let key = new_key();
+    let r = app
+        .post_charge("cus_1", Some(&key), &charge_body(4900, "tok_visa"))
+        .await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "2");
+    let body = r.text().await.unwrap();
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["error"]["code"], "service_unavailable");
+    for driver_text in [
+        "sqlx",
+        "connection",
+        "terminat",
+        "Lost",
+        "broken pipe",
+        "database",
+    ] {
+        assert!(!body.contains(driver_text), "{body}");
+    }
+    // The pool replaces dead connections; the same key then charges once.
+    let mut status = 503;
+    for _ in 0..10 {
+        let r = app
+            .post_charge("cus_1", Some(&key), &charge_body(4900, "tok_visa"))
+            .await;
+        status = r.status().as_u16();
+        if status == 201 {
+            break;
+        }
+        assert!(status == 503 || status == 409, "got {status}");
+    }
+    assert_eq!(status, 201);
+    assert_eq!(
+        app.sandbox_charges().await.len(),
+        2,
+        "the warm-up and this one"
+    );
+}
+
+fn quick_timeouts() -> AppOptions {
+    AppOptions {
+        http: HttpTimeouts {
+            http_header_read_timeout: Duration::from_secs(1),
+            http_body_read_timeout: Duration::from_secs(1),
+            http_idle_timeout: Duration::from_secs(1),
+        },
+        ..AppOptions::default()
+    }
+}
+
+/// Reads until the server closes the connection (within `within`);
+/// returns what it sent.
+async fn read_until_closed(stream: &mut tokio::net::TcpStream, within: Duration) -> String {
+    let mut seen = Vec::new();
+    let read = tokio::time::timeout(within, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the server kept the connection open");
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+/// A client that sends half a header, one that trickles its body, and an
+/// idle keep-alive connection are each cut off by the server's timeouts
+/// (1 s here; 10 s, 30 s and 60 s by default). The trickled charge is
+/// answered 408 and nothing is stored.
+async fn slow_clients_are_cut_off(backend: Backend) {
+    let Some(app) = spawn_app(backend, quick_timeouts()).await else {
+        return;
+    };
+    let addr = app.base_url.trim_start_matches("http://").to_owned();
+
+    let mut half = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    half.write_all(b"POST /api/charges HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    read_until_closed(&mut half, Duration::from_secs(5)).await;
+
+    let body = charge_body(4900, "tok_visa");
+    let head = format!(
+        "POST /api/charges HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+         Idempotency-Key: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        app.token("cus_1"),
+        new_key(),
+        body.len()
+    );
+    let mut trickle = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    trickle.write_all(head.as_bytes()).await.unwrap();
+    // A few bytes of the body, slowly, then nothing: the body never ends.
+    // (Writing on after the server closed would reset the connection and
+    // could discard its answer before this test reads it.)
+    for byte in body.bytes().take(4) {
+        trickle.write_all(&[byte]).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let answer = read_until_closed(&mut trickle, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("request_timeout"), "{answer}");
+    assert_eq!(app.db.records().await, 0);
+    assert_eq!(app.db.charges().await, 0);
+
+    let mut idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut idle, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}
+
+backend_tests!(
+    serializable;
+    readyz_hides_database_errors,
+    nul_characters_are_refused_alike,
+    null_and_absent_fields_are_one_request,
+);
+backend_tests!(
+    invented_methods_are_labelled_other,
+    slow_clients_are_cut_off
+);
+network_backend_tests!(a_lost_database_connection_answers_503);
