@@ -11,7 +11,8 @@
 //!
 //! PostgreSQL and MariaDB only: SQLite is a file read by the process that
 //! writes it, so its clock is that process's clock, and one SQLite database
-//! has one host.
+//! has one host. The last test here, the key-retention guard through the
+//! binaries' own settings, runs on every backend.
 
 use std::time::Duration;
 
@@ -268,3 +269,70 @@ payments_tests::network_backend_tests!(
     ahead_jobs_keep_fresh_records_and_live_leases,
     behind_jobs_still_reap_and_prune,
 );
+
+/// The key-retention guard through the real binaries and their settings:
+/// with `PROVIDER_KEY_RETENTION=2h` and `PROVIDER_KEY_MARGIN=1h`, a request
+/// the provider charged (its answer lost) and then forgot, retried 90
+/// minutes later, is abandoned without a provider call, by the API for the
+/// client's retry and by `payments-jobs reap --once` for one nobody retried.
+/// Every backend: this is the guard, not clock skew.
+async fn binaries_never_redrive_past_the_key_retention(backend: Backend) {
+    let Some(db) = TestDb::new(backend, 2).await else {
+        return;
+    };
+    let sandbox = Process::start("payments-sandbox", &["--listen", "127.0.0.1:0"], &[]).await;
+    let retention = [
+        ("PROVIDER_KEY_RETENTION", "2h"),
+        ("PROVIDER_KEY_MARGIN", "1h"),
+        ("IDEMPOTENCY_TTL", "1h"),
+    ];
+    let mut env = api_env(&db, &sandbox);
+    env.extend(retention);
+    let api = Process::start("payments-api", &[], &env).await;
+    let r = Replicas {
+        db,
+        skewed: Process::detached(api.url.clone()),
+        api,
+        sandbox,
+        skew: Skew { secs: 0 },
+    };
+    r.configure_sandbox(json!({"drop_after_charge": true}))
+        .await;
+    let (retried, forgotten) = (new_key(), new_key());
+    for key in [&retried, &forgotten] {
+        let (status, body) = r.post(&r.api, key).await;
+        assert_eq!(status, 503, "{body}");
+    }
+    // The provider forgets every key now; a re-drive would charge again.
+    r.configure_sandbox(json!({"key_retention_secs": 0})).await;
+    r.db.age(None, Duration::from_secs(90 * 60)).await;
+
+    let (status, body) = r.post(&r.api, &retried).await;
+    assert_eq!(status, 500, "{body}");
+    assert_eq!(body["error"]["code"], "request_abandoned");
+    let mut jobs_env = vec![
+        ("DATABASE_URL", r.db.url.as_str()),
+        ("GATEWAY_URL", r.sandbox.url.as_str()),
+        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+        ("ABANDON_AFTER", "15m"),
+    ];
+    jobs_env.extend(retention);
+    let (ok, _, log) =
+        payments_tests::run_binary("payments-jobs", &["reap", "--once"], &jobs_env).await;
+    assert!(ok, "{log}");
+    assert!(log.contains("abandoned=1"), "{log}");
+    assert_eq!(
+        r.provider_requests().await,
+        2,
+        "no re-drive reached the provider"
+    );
+    assert_eq!(r.provider_charges().await, 2);
+    assert_eq!(r.db.charges_with_status("unknown").await, 2);
+    assert_eq!(
+        r.db.records_for_key(&forgotten, "abandoned", Some(500))
+            .await,
+        1
+    );
+}
+
+payments_tests::backend_tests!(binaries_never_redrive_past_the_key_retention);
