@@ -70,15 +70,7 @@ async fn invented_methods_are_labelled_other(backend: Backend) {
             .unwrap();
         assert_eq!(r.status(), 405);
     }
-    let metrics = app
-        .http
-        .get(format!("{}/metrics", app.base_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics_text().await;
     assert!(
         !metrics.contains("INVENTED"),
         "invented methods became labels"

@@ -11,20 +11,7 @@ use serde_json::Value;
 
 /// The sum of every sample of `name` (all label sets) in `/metrics`.
 async fn metric(app: &TestApp, name: &str) -> f64 {
-    let response = app
-        .http
-        .get(format!("{}/metrics", app.base_url))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    assert!(
-        response.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/plain")
-    );
-    let text = response.text().await.unwrap();
+    let text = app.metrics_text().await;
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
@@ -98,15 +85,7 @@ async fn metrics_count_replays_conflicts_and_keyless_requests(backend: Backend) 
         let now = metric(&app, n).await;
         assert!(now >= was + 1.0, "{n} went from {was} to {now}");
     }
-    let text = app
-        .http
-        .get(format!("{}/metrics", app.base_url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics_text().await;
     assert!(
         text.contains(r#"route="/api/charges/{id}""#) || text.contains(r#"route="/api/charges""#),
         "requests are labelled by route pattern"

@@ -659,6 +659,24 @@ impl TestApp {
         all["data"].as_array().cloned().unwrap_or_default()
     }
 
+    /// `GET /metrics`: the Prometheus text (asserting a 200 in text/plain).
+    pub async fn metrics_text(&self) -> String {
+        let response = self
+            .http
+            .get(format!("{}/metrics", self.base_url))
+            .send()
+            .await
+            .expect("metrics");
+        assert_eq!(response.status(), 200);
+        let text_plain = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/plain"));
+        assert!(text_plain, "metrics are Prometheus text");
+        response.text().await.expect("metrics text")
+    }
+
     /// The sandbox's counters (`requests`, `in_flight`, `max_in_flight`, `charges`).
     pub async fn sandbox_stats(&self) -> Value {
         self.http
