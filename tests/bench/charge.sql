@@ -15,8 +15,9 @@
 -- random number), so the claim always inserts, as for a new charge. Values
 -- have the server's shapes: a UUID-length idempotency key, a 32-hex-digit
 -- lease token, a 64-hex-digit request hash, `ch_` + 32 characters, metadata
--- JSONB as payments-load sends it, and a ~340-byte stored 201 body. The
--- server binds its own clock where this script says now().
+-- JSONB as payments-load sends it, and a ~340-byte stored 201 body. Every
+-- time is the database's clock when the row is written, as in the store;
+-- the record's clock flags are computed in the same statement.
 
 \set n random(1, 1000000000000000000)
 
@@ -27,7 +28,10 @@
 WITH existing AS (
   SELECT id, idempotency_key, route, customer_id, request_hash, state, lease_token,
     locked_until, charge_id, response_status, response_body, response_content_type,
-    response_location, created_at, completed_at, expires_at
+    response_location, created_at, completed_at, expires_at,
+    (locked_until IS NOT NULL AND locked_until > date_trunc('milliseconds', clock_timestamp()))::int::int8 AS lease_live,
+    (expires_at <= date_trunc('milliseconds', clock_timestamp()))::int::int8 AS expired,
+    (EXTRACT(EPOCH FROM (date_trunc('milliseconds', clock_timestamp()) - created_at)) * 1000)::int8 AS age_ms
     FROM idempotent_requests
    WHERE idempotency_key = 'bench-' || lpad(:client_id::text, 11, '0') || '-' || lpad(:n::text, 19, '0')
      AND route = 'POST /api/charges'),
@@ -39,14 +43,17 @@ claimed AS (
           'POST /api/charges', 'cus_load',
           '43d26cb3be1892bd67af724e50c40ccd7ae629f1b3f2e1a2e86dac7d2c6717d3',
           'in_progress', 'lease' || lpad(:client_id::text, 8, '0') || lpad(:n::text, 19, '0'),
-          now() + interval '60 seconds',
+          date_trunc('milliseconds', clock_timestamp()) + (60000::float8 * interval '1 millisecond'),
           'ch_' || lpad(:client_id::text, 13, '0') || lpad(:n::text, 19, '0'),
-          now(), now() + interval '24 hours'
+          date_trunc('milliseconds', clock_timestamp()), date_trunc('milliseconds', clock_timestamp()) + (86400000::float8 * interval '1 millisecond')
   WHERE NOT EXISTS (SELECT 1 FROM existing)
   ON CONFLICT (idempotency_key, route) DO NOTHING
   RETURNING id, idempotency_key, route, customer_id, request_hash, state, lease_token,
     locked_until, charge_id, response_status, response_body, response_content_type,
-    response_location, created_at, completed_at, expires_at),
+    response_location, created_at, completed_at, expires_at,
+    (locked_until IS NOT NULL AND locked_until > date_trunc('milliseconds', clock_timestamp()))::int::int8 AS lease_live,
+    (expires_at <= date_trunc('milliseconds', clock_timestamp()))::int::int8 AS expired,
+    (EXTRACT(EPOCH FROM (date_trunc('milliseconds', clock_timestamp()) - created_at)) * 1000)::int8 AS age_ms),
 charge AS (
   INSERT INTO charges (id, customer_id, amount_cents, currency, card_token,
     description, metadata, status, provider_key, gateway_charge_id,
@@ -56,17 +63,11 @@ charge AS (
          ('{"load_op":"new-' || :n || '","load_run":"load-0123456789abcdef0123456789abcdef"}')::jsonb,
          'pending',
          'payments-charge-ch_' || lpad(:client_id::text, 13, '0') || lpad(:n::text, 19, '0'),
-         NULL, NULL, now(), now()
+         NULL, NULL, created_at, created_at
   FROM claimed)
-SELECT true AS claimed, id, idempotency_key, route, customer_id, request_hash, state, lease_token,
-    locked_until, charge_id, response_status, response_body, response_content_type,
-    response_location, created_at, completed_at, expires_at
-  FROM claimed
+SELECT true AS claimed, * FROM claimed
 UNION ALL
-SELECT false, id, idempotency_key, route, customer_id, request_hash, state, lease_token,
-    locked_until, charge_id, response_status, response_body, response_content_type,
-    response_location, created_at, completed_at, expires_at
-  FROM existing \gset
+SELECT false, * FROM existing \gset
 
 -- (The provider call happens here, with no transaction or connection held.)
 
@@ -81,13 +82,13 @@ WITH done AS (
         || '"gateway_charge_id":"ch_whF4sGDcKVkjbo1t4xc9syZW","created_at":"2026-11-30T00:29:50.929Z"}',
     response_content_type = 'application/json',
     response_location = '/api/charges/ch_' || lpad(:client_id::text, 13, '0') || lpad(:n::text, 19, '0'),
-    completed_at = now(), lease_token = NULL, locked_until = NULL
+    completed_at = date_trunc('milliseconds', clock_timestamp()), lease_token = NULL, locked_until = NULL
   WHERE id = :id AND state = 'in_progress'
     AND lease_token = 'lease' || lpad(:client_id::text, 8, '0') || lpad(:n::text, 19, '0')
   RETURNING charge_id),
 settled AS (
   UPDATE charges SET status = 'succeeded', gateway_charge_id = 'ch_whF4sGDcKVkjbo1t4xc9syZW',
-    decline_code = NULL, updated_at = now()
+    decline_code = NULL, updated_at = date_trunc('milliseconds', clock_timestamp())
   FROM done WHERE charges.id = done.charge_id
     AND charges.id = 'ch_' || lpad(:client_id::text, 13, '0') || lpad(:n::text, 19, '0')
   RETURNING charges.id)
