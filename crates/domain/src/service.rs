@@ -237,10 +237,13 @@ impl ChargeService {
                 .drive(record.id, &lease.token, charge, OnUnknown::ReleaseLease)
                 .await;
         }
-        if self
-            .store
-            .take_over(record.id, expected, &lease, ClaimAge::AtLeast(limit))
-            .await?
+        // Only a record the database already measured as that old is worth
+        // the second attempt; the statement checks the age again.
+        if record.age >= limit
+            && self
+                .store
+                .take_over(record.id, expected, &lease, ClaimAge::AtLeast(limit))
+                .await?
         {
             let charge = load().await?;
             tracing::error!(
