@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use payments_domain::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId};
 use payments_domain::idempotency::{
-    CHARGES_ROUTE, IdempotencyRecord, JSON, RecordState, RequestFingerprint, StoredResponse,
+    CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, LeaseToken, RecordId, RecordState,
+    RequestFingerprint, StoredResponse,
 };
 use payments_domain::store::{
     ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Store,
@@ -36,20 +37,20 @@ fn claim(key: &str, customer: &str, body: &Value) -> Claim {
     let request = ChargeRequest::from_json(body, 1_000_000).unwrap();
     let customer_id = CustomerId::parse(customer).unwrap();
     Claim {
-        key: key.to_owned(),
-        route: CHARGES_ROUTE.to_owned(),
-        customer_id: customer.to_owned(),
-        request_hash: RequestFingerprint::of(body).to_hex(),
+        key: IdempotencyKey::parse(key).unwrap(),
+        route: CHARGES_ROUTE,
+        customer: customer_id.clone(),
+        fingerprint: RequestFingerprint::of(body),
         lease: NewLease::new(LEASE),
         ttl: TTL,
         charge: Charge::pending(&customer_id, &request),
     }
 }
 
-fn finish(c: &Claim, record_id: i64, token: &str, marker: &str) -> Finish {
+fn finish(c: &Claim, record_id: RecordId, token: &LeaseToken, marker: &str) -> Finish {
     Finish {
         record_id,
-        lease_token: token.to_owned(),
+        lease_token: token.clone(),
         state: RecordState::Complete,
         outcome: ChargeOutcome {
             charge_id: c.charge.id.clone(),
@@ -66,7 +67,7 @@ fn finish(c: &Claim, record_id: i64, token: &str, marker: &str) -> Finish {
     }
 }
 
-async fn claimed(store: &Arc<dyn Store>, c: &Claim) -> i64 {
+async fn claimed(store: &Arc<dyn Store>, c: &Claim) -> RecordId {
     match store.claim(c).await.unwrap() {
         ClaimOutcome::Claimed { record_id, .. } => record_id,
         ClaimOutcome::Existing(r) => panic!("expected a claim, got existing {r:?}"),
@@ -161,7 +162,12 @@ async fn concurrent_finishers_have_one_winner(backend: Backend) {
     assert_eq!(charge.status, ChargeStatus::Succeeded);
     assert_eq!(charge.gateway_charge_id, winner.outcome.gateway_charge_id);
     // A finisher with a wrong token, or after completion, loses.
-    let late = finish(&c, record_id, "not-the-token", "gw_late");
+    let late = finish(
+        &c,
+        record_id,
+        &LeaseToken::from_stored("not-the-token".to_owned()),
+        "gw_late",
+    );
     assert_eq!(store.finish(&late).await.unwrap(), FinishOutcome::Lost);
 }
 
@@ -565,7 +571,7 @@ async fn keys_are_scoped_per_route(backend: Backend) {
     let store = db.store();
     let a = claim("shared-key", "cus_1", &body(100));
     let mut b = claim("shared-key", "cus_1", &body(100));
-    b.route = "POST /api/refunds".to_owned();
+    b.route = "POST /api/refunds";
     let ra = claimed(&store, &a).await;
     let rb = claimed(&store, &b).await;
     assert_ne!(ra, rb);
@@ -650,7 +656,7 @@ async fn known_keys_are_answered_from_their_record(backend: Backend) {
     assert_eq!(in_flight.charge_id, c.charge.id);
     assert!(in_flight.lease_live);
     let mut other_route = claim("known-key", "cus_1", &body(100));
-    other_route.route = "POST /api/refunds".to_owned();
+    other_route.route = "POST /api/refunds";
     assert_ne!(claimed(&store, &other_route).await, record_id);
     let other_case = claim("KNOWN-KEY", "cus_1", &body(100));
     assert_ne!(

@@ -21,9 +21,10 @@ use payments_api::auth::{Authenticator, mint_hs256};
 use payments_api::config::{JwtKey, KeyMode};
 use payments_api::{AppState, serve};
 use payments_domain::service::{ChargeService, Policy};
-use payments_domain::store::{MySqlStore, PoolSettings, PostgresStore, SqliteStore, Store};
+use payments_domain::store::Store;
 use payments_gateway::HttpGateway;
 use payments_sandbox::{SandboxConfig, SandboxHandle};
+use payments_store::{DatabaseUrl, MySqlStore, PoolSettings, PostgresStore, SqliteStore};
 use serde_json::Value;
 
 /// A database backend under test.
@@ -109,6 +110,10 @@ enum Concrete {
     Mysql(MySqlStore),
 }
 
+fn database_url(url: &str) -> DatabaseUrl {
+    DatabaseUrl::parse(url).expect("a test database's URL")
+}
+
 /// One test's own database, migrated, with its `Store`.
 pub struct TestDb {
     pub url: String,
@@ -140,7 +145,7 @@ impl TestDb {
                     uuid::Uuid::new_v4().simple()
                 ));
                 let url = format!("sqlite://{}", path.display());
-                let store = SqliteStore::connect(&url, &pool)
+                let store = SqliteStore::connect(&database_url(&url), &pool)
                     .await
                     .expect("open sqlite");
                 (
@@ -171,7 +176,7 @@ impl TestDb {
                         .expect("make the database serializable");
                 }
                 let url = db.url.clone();
-                let store = PostgresStore::connect(&url, &pool)
+                let store = PostgresStore::connect(&database_url(&url), &pool)
                     .await
                     .expect("open postgres");
                 if backend == Backend::PostgresSerializable {
@@ -197,7 +202,9 @@ impl TestDb {
                     }
                 };
                 let url = db.url.clone();
-                let store = MySqlStore::connect(&url, &pool).await.expect("open mysql");
+                let store = MySqlStore::connect(&database_url(&url), &pool)
+                    .await
+                    .expect("open mysql");
                 (
                     url,
                     Guard::Mysql(db),
@@ -293,21 +300,21 @@ impl TestDb {
         ago: Duration,
     ) -> (i64, String) {
         use payments_domain::charge::{Charge, ChargeRequest, CustomerId};
-        use payments_domain::idempotency::{CHARGES_ROUTE, RequestFingerprint};
+        use payments_domain::idempotency::{CHARGES_ROUTE, IdempotencyKey, RequestFingerprint};
         use payments_domain::store::{Claim, ClaimOutcome, NewLease};
         let request = ChargeRequest::from_json(body, i64::MAX).expect("valid body");
         let charge = Charge::pending(&CustomerId::parse(customer).expect("customer"), &request);
         let claim = Claim {
-            key: key.to_owned(),
-            route: CHARGES_ROUTE.to_owned(),
-            customer_id: customer.to_owned(),
-            request_hash: RequestFingerprint::of(body).to_hex(),
+            key: IdempotencyKey::parse(key).expect("key"),
+            route: CHARGES_ROUTE,
+            customer: CustomerId::parse(customer).expect("customer"),
+            fingerprint: RequestFingerprint::of(body),
             lease: NewLease::new(Duration::from_secs(1)),
             ttl: Duration::from_secs(24 * 3600),
             charge,
         };
         let stuck = match self.store.claim(&claim).await.expect("claim") {
-            ClaimOutcome::Claimed { record_id, charge } => (record_id, charge.id),
+            ClaimOutcome::Claimed { record_id, charge } => (record_id.0, charge.id),
             ClaimOutcome::Existing(_) => panic!("key {key} already claimed"),
         };
         if !ago.is_zero() {

@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub(crate) use payments_domain::store::redact;
+/// A URL with its password hidden, for messages.
+pub(crate) fn redact(url: &str) -> String {
+    payments_store::DatabaseUrl::parse(url).map_or_else(|_| url.to_owned(), |u| u.to_string())
+}
 
 /// Why a backend's tests are skipped: no server was configured and none can
 /// be started on this machine.

@@ -100,7 +100,7 @@ impl From<ChargeError> for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Unavailable(detail) => Self::DatabaseUnavailable(detail),
+            StoreError::Unavailable(_) => Self::DatabaseUnavailable(e.to_string()),
             other => Self::Internal(other.to_string()),
         }
     }

@@ -140,8 +140,45 @@ impl fmt::Debug for RequestFingerprint {
 /// on the token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
-    pub token: String,
+    pub token: LeaseToken,
     pub until: DateTime<Utc>,
+}
+
+/// A lease's token: whoever holds it drives the request, and every write
+/// that depends on the lease compares it (compare-and-set).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LeaseToken(String);
+
+impl LeaseToken {
+    /// A fresh, unguessable token.
+    pub fn generate() -> Self {
+        Self(uuid::Uuid::new_v4().simple().to_string())
+    }
+
+    /// A token as a store read it back.
+    pub fn from_stored(token: String) -> Self {
+        Self(token)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The id of a row of `idempotent_requests`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordId(pub i64);
+
+impl fmt::Display for RecordId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -195,7 +232,7 @@ pub const JSON: &str = "application/json";
 /// of it when it was read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdempotencyRecord {
-    pub id: i64,
+    pub id: RecordId,
     pub key: String,
     pub route: String,
     pub customer_id: String,

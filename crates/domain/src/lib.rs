@@ -14,10 +14,10 @@
 //!   the three outcomes every provider answer is classified into.
 //! - [`service`]: [`service::ChargeService`], the idempotency state machine
 //!   (claim, replay, 409, 422, takeover, finish, 503, abandon), explained in
-//!   `docs/design-decisions.md`.
-//! - [`store`]: the [`store::Store`] port and its backends (SQLite,
-//!   PostgreSQL, MySQL/MariaDB), each with its own SQL and migrations; time
-//!   is the database's.
+//!   `docs/architecture.md`.
+//! - [`store`]: the [`store::Store`] port; its backends (SQLite,
+//!   PostgreSQL, MySQL/MariaDB) are the `payments-store` crate. Time is the
+//!   database's.
 //! - [`envelope`]: the JSON error envelope shared by stored and live answers.
 #![forbid(unsafe_code)]
 

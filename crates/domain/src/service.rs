@@ -25,8 +25,8 @@ use serde_json::Value;
 use crate::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId, InvalidRequest};
 use crate::envelope::ErrorEnvelope;
 use crate::idempotency::{
-    CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, RecordState, RequestFingerprint,
-    StoredResponse,
+    CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, LeaseToken, RecordId, RecordState,
+    RequestFingerprint, StoredResponse,
 };
 use crate::provider::{Gateway, ProviderChargeRequest, ProviderOutcome};
 use crate::store::{
@@ -130,17 +130,17 @@ impl ChargeService {
         let request = ChargeRequest::from_json(body, self.policy.max_amount_cents)?;
         let fingerprint = RequestFingerprint::of(body);
         let claim = Claim {
-            key: key.as_str().to_owned(),
-            route: CHARGES_ROUTE.to_owned(),
-            customer_id: customer.as_str().to_owned(),
-            request_hash: fingerprint.to_hex(),
+            key: key.clone(),
+            route: CHARGES_ROUTE,
+            customer: customer.clone(),
+            fingerprint,
             lease: NewLease::new(self.policy.lease),
             ttl: self.policy.ttl,
             charge: Charge::pending(customer, &request),
         };
         match self.store.claim(&claim).await? {
             ClaimOutcome::Claimed { record_id, charge } => {
-                tracing::debug!(record_id, charge_id = %charge.id, "claimed");
+                tracing::debug!(%record_id, charge_id = %charge.id, "claimed");
                 self.drive(
                     record_id,
                     &claim.lease.token,
@@ -183,20 +183,20 @@ impl ChargeService {
         let first = record.matches(customer.as_str(), &RequestFingerprint::of_v1(body));
         if !(current | first) {
             tracing::info!(
-                record_id = record.id,
+                record_id = %record.id,
                 "key reused with another body or customer"
             );
             return Err(ChargeError::KeyReused);
         }
         match (record.state, &record.response) {
             (state, Some(response)) if state.is_answered() => {
-                tracing::debug!(record_id = record.id, status = response.status, "replay");
+                tracing::debug!(record_id = %record.id, status = response.status, "replay");
                 Ok(Reply {
                     response: response.clone(),
                     replayed: true,
                 })
             }
-            (state, _) if state.is_answered() => Err(StoreError::Other(format!(
+            (state, _) if state.is_answered() => Err(StoreError::Invariant(format!(
                 "answered record {} has no stored response",
                 record.id
             ))
@@ -212,18 +212,20 @@ impl ChargeService {
     /// take it over only to abandon it. Both are compare-and-sets with the
     /// age guard in the statement; losing either means another driver has it.
     async fn take_over(&self, record: &IdempotencyRecord) -> Result<Reply, ChargeError> {
-        let expected = record
-            .lease
-            .as_ref()
-            .map(|l| l.token.as_str())
-            .unwrap_or_default();
+        // An in-progress record always has a token (release keeps it); one
+        // without can match no compare-and-set, so another driver has it.
+        let Some(expected) = record.lease.as_ref().map(|l| &l.token) else {
+            return Err(ChargeError::InProgress);
+        };
         let lease = NewLease::new(self.policy.lease);
         let limit = self.policy.redrive_limit;
         let load = || async {
-            self.store
-                .charge(&record.charge_id)
-                .await?
-                .ok_or_else(|| StoreError::NotFound(format!("charge {}", record.charge_id)))
+            self.store.charge(&record.charge_id).await?.ok_or_else(|| {
+                StoreError::Invariant(format!(
+                    "charge {} of a record is missing",
+                    record.charge_id
+                ))
+            })
         };
         if self
             .store
@@ -232,7 +234,7 @@ impl ChargeService {
         {
             metrics::counter!("payments_lease_takeovers_total").increment(1);
             let charge = load().await?;
-            tracing::info!(record_id = record.id, charge_id = %charge.id, "took over expired lease; re-driving");
+            tracing::info!(record_id = %record.id, charge_id = %charge.id, "took over expired lease; re-driving");
             return self
                 .drive(record.id, &lease.token, charge, OnUnknown::ReleaseLease)
                 .await;
@@ -247,7 +249,7 @@ impl ChargeService {
         {
             let charge = load().await?;
             tracing::error!(
-                record_id = record.id,
+                record_id = %record.id,
                 charge_id = %charge.id,
                 provider_key = %charge.provider_key,
                 "ABANDONED: claimed longer ago than the provider's key retention allows a \
@@ -272,8 +274,8 @@ impl ChargeService {
     /// whether the lease ends now. Used by the API and by the reaper.
     pub async fn drive(
         &self,
-        record_id: i64,
-        lease_token: &str,
+        record_id: RecordId,
+        lease_token: &LeaseToken,
         charge: Charge,
         on_unknown: OnUnknown,
     ) -> Result<Reply, ChargeError> {
@@ -284,7 +286,7 @@ impl ChargeService {
         let (outcome, response) = match settle(&charge, outcome) {
             Ok(settled) => settled,
             Err(reason) => {
-                tracing::warn!(record_id, charge_id = %charge.id, %reason, ?on_unknown, "provider outcome unknown");
+                tracing::warn!(%record_id, charge_id = %charge.id, %reason, ?on_unknown, "provider outcome unknown");
                 if on_unknown == OnUnknown::ReleaseLease {
                     self.store.release(record_id, lease_token).await?;
                 }
@@ -293,7 +295,7 @@ impl ChargeService {
         };
         let finish = Finish {
             record_id,
-            lease_token: lease_token.to_owned(),
+            lease_token: lease_token.clone(),
             state: RecordState::Complete,
             outcome,
             response,
@@ -308,12 +310,12 @@ impl ChargeService {
     /// like any finish.
     pub async fn abandon(
         &self,
-        record_id: i64,
-        lease_token: &str,
+        record_id: RecordId,
+        lease_token: &LeaseToken,
         charge: &Charge,
         reason: &str,
     ) -> Result<Reply, ChargeError> {
-        tracing::debug!(record_id, charge_id = %charge.id, reason, "abandoning");
+        tracing::debug!(%record_id, charge_id = %charge.id, reason, "abandoning");
         let mut envelope = ErrorEnvelope::new(
             ABANDONED,
             "the payment provider's outcome could not be determined; the charge is \
@@ -322,7 +324,7 @@ impl ChargeService {
         envelope.error.charge_id = Some(charge.id.clone());
         let finish = Finish {
             record_id,
-            lease_token: lease_token.to_owned(),
+            lease_token: lease_token.clone(),
             state: RecordState::Abandoned,
             outcome: ChargeOutcome {
                 charge_id: charge.id.clone(),
@@ -352,7 +354,7 @@ impl ChargeService {
         let charge_id = &finish.outcome.charge_id;
         match self.store.finish(&finish).await? {
             FinishOutcome::Finished => {
-                tracing::info!(record_id, %charge_id, status = finish.response.status, state = finish.state.as_str(), "finished");
+                tracing::info!(%record_id, %charge_id, status = finish.response.status, state = finish.state.as_str(), "finished");
                 Ok(Reply {
                     response: finish.response,
                     replayed: false,
@@ -366,7 +368,7 @@ impl ChargeService {
                     ..
                 }) if state.is_answered() && held == charge_id => {
                     tracing::info!(
-                        record_id,
+                        %record_id,
                         %charge_id,
                         "another driver finished this operation first; answering with its response"
                     );
@@ -380,7 +382,7 @@ impl ChargeService {
                     ..
                 }) if held == charge_id => {
                     tracing::info!(
-                        record_id,
+                        %record_id,
                         %charge_id,
                         "another driver holds this operation; leaving it to that driver"
                     );
@@ -389,7 +391,7 @@ impl ChargeService {
                 other => {
                     let settled = self.store.settle_charge(&finish.outcome).await?;
                     tracing::warn!(
-                        record_id,
+                        %record_id,
                         %charge_id,
                         now_holds = ?other.as_ref().map(|r| r.charge_id.as_str()),
                         status = finish.outcome.status.as_str(),

@@ -125,7 +125,7 @@ impl Reaper {
                 }
                 Err(e) => {
                     first_error
-                        .get_or_insert(StoreError::Other(format!("reaper task failed: {e}")));
+                        .get_or_insert(StoreError::Invariant(format!("reaper task failed: {e}")));
                 }
             }
         }
@@ -201,11 +201,11 @@ impl Reaper {
         match self.store().charge(&record.charge_id).await {
             Ok(Some(charge)) => Some(charge),
             Ok(None) => {
-                tracing::error!(record_id = record.id, charge_id = %record.charge_id, "record's charge is missing");
+                tracing::error!(record_id = %record.id, charge_id = %record.charge_id, "record's charge is missing");
                 None
             }
             Err(e) => {
-                tracing::error!(record_id = record.id, error = %e, "reading the charge failed");
+                tracing::error!(record_id = %record.id, error = %e, "reading the charge failed");
                 None
             }
         }
@@ -237,7 +237,7 @@ impl Reaper {
         match drive {
             Ok(reply) if reply.replayed => {
                 tracing::info!(
-                    record_id = record.id,
+                    record_id = %record.id,
                     charge_id = %charge.id,
                     status = reply.response.status,
                     "finished by another driver while the reaper drove it"
@@ -246,7 +246,7 @@ impl Reaper {
             }
             Ok(reply) => {
                 tracing::info!(
-                    record_id = record.id,
+                    record_id = %record.id,
                     charge_id = %charge.id,
                     key = %record.key,
                     status = reply.response.status,
@@ -257,7 +257,7 @@ impl Reaper {
             Err(ChargeError::ProviderUnavailable(reason)) => {
                 // The record's age is the database's, read when it was taken.
                 if record.age < self.settings.abandon_after {
-                    tracing::warn!(record_id = record.id, charge_id = %charge.id, %reason, "provider unreachable; left for the next pass");
+                    tracing::warn!(record_id = %record.id, charge_id = %charge.id, %reason, "provider unreachable; left for the next pass");
                     return Handled::Left;
                 }
                 let reason = format!("provider unreachable past --abandon-after: {reason}");
@@ -265,11 +265,11 @@ impl Reaper {
             }
             // Another driver took the record over, or it moved on.
             Err(ChargeError::InProgress) => {
-                tracing::info!(record_id = record.id, charge_id = %charge.id, "another driver holds the record now; left to it");
+                tracing::info!(record_id = %record.id, charge_id = %charge.id, "another driver holds the record now; left to it");
                 Handled::Left
             }
             Err(e) => {
-                tracing::error!(record_id = record.id, charge_id = %charge.id, error = %e, "re-drive failed");
+                tracing::error!(record_id = %record.id, charge_id = %charge.id, error = %e, "re-drive failed");
                 Handled::Failed
             }
         }
@@ -291,7 +291,7 @@ impl Reaper {
         {
             Ok(reply) if !reply.replayed => {
                 tracing::error!(
-                    record_id = record.id,
+                    record_id = %record.id,
                     charge_id = %charge.id,
                     provider_key = %charge.provider_key,
                     customer_id = %charge.customer_id,
@@ -306,7 +306,7 @@ impl Reaper {
             Ok(_) => Handled::FinishedByOther,
             Err(ChargeError::InProgress) => Handled::Left,
             Err(e) => {
-                tracing::error!(record_id = record.id, error = %e, "abandoning failed");
+                tracing::error!(record_id = %record.id, error = %e, "abandoning failed");
                 Handled::Failed
             }
         }
@@ -321,7 +321,7 @@ impl Reaper {
         let limit = self.redrive_limit();
         for r in &records {
             tracing::info!(
-                record_id = r.id,
+                record_id = %r.id,
                 charge_id = %r.charge_id,
                 key = %r.key,
                 claimed_at = %time::rfc3339(r.created_at),

@@ -6,25 +6,26 @@ use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
-use payments_domain::store::{self, PoolSettings, Store};
+use payments_domain::store::Store;
+use payments_store::{DatabaseUrl, PoolSettings};
 
 /// How long Stripe remembers its idempotency keys: the default of
 /// `PROVIDER_KEY_RETENTION`. Every re-drive must happen inside it.
 pub const PROVIDER_KEY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The database.
-#[derive(Clone, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct DatabaseArgs {
-    /// sqlite://PATH or postgres://USER@HOST/DB.
+    /// sqlite://PATH, postgres://USER@HOST/DB or mysql://USER@HOST/DB
+    /// (MariaDB too, also as mariadb://).
     #[arg(
         long,
         env = "DATABASE_URL",
         default_value = "sqlite://data/payments.db",
         global = true
     )]
-    pub database_url: String,
+    pub database_url: DatabaseUrl,
     /// Connections in the database pool.
     #[arg(
         long,
@@ -36,16 +37,6 @@ pub struct DatabaseArgs {
     /// How long a caller waits for a pooled connection.
     #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, global = true)]
     pub database_acquire_timeout: Duration,
-}
-
-impl fmt::Debug for DatabaseArgs {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DatabaseArgs")
-            .field("database_url", &store::redact(&self.database_url))
-            .field("database_max_connections", &self.database_max_connections)
-            .field("database_acquire_timeout", &self.database_acquire_timeout)
-            .finish()
-    }
 }
 
 impl DatabaseArgs {
@@ -62,10 +53,13 @@ impl DatabaseArgs {
             max_connections: self.database_max_connections,
             acquire_timeout: self.database_acquire_timeout,
         };
-        let store = store::connect(&self.database_url, &pool)
+        let store = payments_store::connect(&self.database_url, &pool)
             .await
-            .with_context(|| format!("opening {}", store::redact(&self.database_url)))?;
-        store.migrate().await.context("applying migrations")?;
+            .map_err(|e| anyhow::anyhow!("opening {}: {}", self.database_url, e))?;
+        store
+            .migrate()
+            .await
+            .map_err(|e| anyhow::anyhow!("applying migrations: {}", e))?;
         Ok(store)
     }
 }

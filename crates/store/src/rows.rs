@@ -4,25 +4,34 @@
 
 use chrono::{DateTime, Utc};
 
-use super::StoreError;
-use crate::charge::{CardToken, Charge, ChargeStatus};
-use crate::idempotency::{IdempotencyRecord, Lease, RecordState, StoredResponse};
+use payments_domain::charge::{CardToken, Charge, ChargeStatus};
+use payments_domain::idempotency::{
+    IdempotencyRecord, JSON, Lease, LeaseToken, RecordId, RecordState, StoredResponse,
+};
+
+use crate::Error;
 
 /// A backend's timestamp column type.
-pub(super) trait Timestamp: Sized {
-    fn decode(self) -> Result<DateTime<Utc>, StoreError>;
+pub trait Timestamp: Sized + Send + Unpin + std::fmt::Debug + 'static {
+    /// The time, or `None` when it is out of range.
+    fn utc(&self) -> Option<DateTime<Utc>>;
+}
+
+/// A stored time as UTC.
+pub(crate) fn decode<T: Timestamp>(t: T) -> Result<DateTime<Utc>, Error> {
+    t.utc()
+        .ok_or_else(|| Error::Invariant(format!("timestamp out of range: {t:?}")))
 }
 
 impl Timestamp for i64 {
-    fn decode(self) -> Result<DateTime<Utc>, StoreError> {
-        DateTime::from_timestamp_millis(self)
-            .ok_or_else(|| StoreError::Other(format!("timestamp out of range: {self}")))
+    fn utc(&self) -> Option<DateTime<Utc>> {
+        DateTime::from_timestamp_millis(*self)
     }
 }
 
 impl Timestamp for DateTime<Utc> {
-    fn decode(self) -> Result<DateTime<Utc>, StoreError> {
-        Ok(self)
+    fn utc(&self) -> Option<DateTime<Utc>> {
+        Some(*self)
     }
 }
 
@@ -36,10 +45,10 @@ macro_rules! record_columns {
          response_location, created_at, completed_at, expires_at"
     };
 }
-pub(super) use record_columns;
+pub(crate) use record_columns;
 
 #[derive(Debug, sqlx::FromRow)]
-pub(super) struct RecordRow<T> {
+pub(crate) struct RecordRow<T> {
     id: i64,
     idempotency_key: String,
     route: String,
@@ -62,32 +71,30 @@ pub(super) struct RecordRow<T> {
 }
 
 impl<T: Timestamp> TryFrom<RecordRow<T>> for IdempotencyRecord {
-    type Error = StoreError;
+    type Error = Error;
 
-    fn try_from(r: RecordRow<T>) -> Result<Self, StoreError> {
+    fn try_from(r: RecordRow<T>) -> Result<Self, Error> {
         let state = RecordState::parse(&r.state)
-            .ok_or_else(|| StoreError::Other(format!("unknown record state {:?}", r.state)))?;
+            .ok_or_else(|| Error::Invariant(format!("unknown record state {:?}", r.state)))?;
         let lease = match (r.lease_token, r.locked_until) {
             (Some(token), Some(until)) => Some(Lease {
-                token,
-                until: until.decode()?,
+                token: LeaseToken::from_stored(token),
+                until: decode(until)?,
             }),
             _ => None,
         };
         let response = match (r.response_status, r.response_body) {
             (Some(status), Some(body)) => Some(StoredResponse {
                 status: u16::try_from(status)
-                    .map_err(|_| StoreError::Other(format!("bad stored status {status}")))?,
+                    .map_err(|_| Error::Invariant(format!("bad stored status {status}")))?,
                 body,
-                content_type: r
-                    .response_content_type
-                    .unwrap_or_else(|| crate::idempotency::JSON.to_owned()),
+                content_type: r.response_content_type.unwrap_or_else(|| JSON.to_owned()),
                 location: r.response_location,
             }),
             _ => None,
         };
         Ok(IdempotencyRecord {
-            id: r.id,
+            id: RecordId(r.id),
             key: r.idempotency_key,
             route: r.route,
             customer_id: r.customer_id,
@@ -96,9 +103,9 @@ impl<T: Timestamp> TryFrom<RecordRow<T>> for IdempotencyRecord {
             lease,
             charge_id: r.charge_id,
             response,
-            created_at: r.created_at.decode()?,
-            completed_at: r.completed_at.map(Timestamp::decode).transpose()?,
-            expires_at: r.expires_at.decode()?,
+            created_at: decode(r.created_at)?,
+            completed_at: r.completed_at.map(decode).transpose()?,
+            expires_at: decode(r.expires_at)?,
             lease_live: r.lease_live != 0,
             expired: r.expired != 0,
             age: std::time::Duration::from_millis(u64::try_from(r.age_ms).unwrap_or(0)),
@@ -107,7 +114,7 @@ impl<T: Timestamp> TryFrom<RecordRow<T>> for IdempotencyRecord {
 }
 
 #[derive(Debug, sqlx::FromRow)]
-pub(super) struct ChargeRow<T> {
+pub(crate) struct ChargeRow<T> {
     id: String,
     customer_id: String,
     amount_cents: i64,
@@ -124,16 +131,16 @@ pub(super) struct ChargeRow<T> {
 }
 
 impl<T: Timestamp> TryFrom<ChargeRow<T>> for Charge {
-    type Error = StoreError;
+    type Error = Error;
 
-    fn try_from(r: ChargeRow<T>) -> Result<Self, StoreError> {
-        let bad = |what: &str| StoreError::Other(format!("charge {}: bad {what}", r.id));
+    fn try_from(r: ChargeRow<T>) -> Result<Self, Error> {
+        let bad = |what: &str| Error::Invariant(format!("charge {}: bad {what}", r.id));
         Ok(Charge {
             status: ChargeStatus::parse(&r.status).ok_or_else(|| bad("status"))?,
             metadata: serde_json::from_str(&r.metadata).map_err(|_| bad("metadata"))?,
             card_token: CardToken::parse(&r.card_token).map_err(|_| bad("card token"))?,
-            created_at: r.created_at.decode()?,
-            updated_at: r.updated_at.decode()?,
+            created_at: decode(r.created_at)?,
+            updated_at: decode(r.updated_at)?,
             id: r.id,
             customer_id: r.customer_id,
             amount_cents: r.amount_cents,
@@ -147,6 +154,7 @@ impl<T: Timestamp> TryFrom<ChargeRow<T>> for Charge {
 }
 
 /// A charge's metadata as the JSON text the backends store.
-pub(super) fn metadata_json(charge: &Charge) -> String {
-    serde_json::to_string(&charge.metadata).unwrap_or_else(|_| "{}".to_owned())
+pub(crate) fn metadata_json(charge: &Charge) -> String {
+    serde_json::to_string(&charge.metadata)
+        .expect("metadata is a JSON object with string keys, which always serialises")
 }

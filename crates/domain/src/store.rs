@@ -1,0 +1,226 @@
+//! The `Store` port: what the charge service needs from persistence. The
+//! backends (SQLite, PostgreSQL, MySQL/MariaDB) live in the `payments-store`
+//! crate; `docs/architecture.md` says where each one differs.
+//!
+//! Time is the database's. No method takes the caller's `now`: every
+//! comparison that decides who owns a record or whether it still exists
+//! (lease expiry, takeover, TTL reclaim, the reaper's and the pruner's
+//! choices) is made in SQL against the database's clock, and every stored
+//! time is computed there when the row is written. Application hosts'
+//! clocks differ; they never decide. Tests move time by ageing rows.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::charge::{Charge, ChargeStatus, CustomerId};
+use crate::idempotency::{
+    IdempotencyKey, IdempotencyRecord, LeaseToken, RecordId, RecordState, RequestFingerprint,
+    StoredResponse,
+};
+
+/// A backend's error, boxed: the domain knows no database driver.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What a backend can fail with. The driver's error is kept as the source
+/// (and its message is part of this one's, for logs that print one line).
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// A unique constraint other than the claim's arbitration was violated.
+    #[error("unique constraint violated: {0}")]
+    Conflict(#[source] BoxError),
+    /// A serialization failure or deadlock: the transaction was rolled back
+    /// and may succeed if run again (the store retries it).
+    #[error("transaction conflict: {0}")]
+    Retryable(#[source] BoxError),
+    /// The database could not be reached or dropped the connection: a
+    /// retry later may succeed (the API answers 503 with `Retry-After`).
+    #[error("database unavailable: {0}")]
+    Unavailable(#[source] BoxError),
+    /// The database is misconfigured or failed.
+    #[error("database error: {0}")]
+    Database(#[source] BoxError),
+    /// What the database holds breaks an invariant of this program (a row
+    /// the caller relies on is missing, a value cannot be decoded).
+    #[error("{0}")]
+    Invariant(String),
+}
+
+/// A lease to take: a fresh token, held for `duration` from the database's
+/// clock at the moment the row is written, so a claim that waited for a
+/// lock, or a record taken late in a reaper's pass, still gets all of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewLease {
+    pub token: LeaseToken,
+    pub duration: Duration,
+}
+
+impl NewLease {
+    pub fn new(duration: Duration) -> Self {
+        Self {
+            token: LeaseToken::generate(),
+            duration,
+        }
+    }
+}
+
+/// Which in-progress records a takeover may take, by how long ago they were
+/// claimed (by the database's clock). Re-drives take only records
+/// `Under` the provider's key retention minus the margin; records `AtLeast`
+/// that old are taken only to be abandoned, without a provider call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimAge {
+    Under(Duration),
+    AtLeast(Duration),
+}
+
+/// A request to claim a key: the record to insert and the pending charge
+/// that goes in the same transaction.
+#[derive(Debug, Clone)]
+pub struct Claim {
+    pub key: IdempotencyKey,
+    pub route: &'static str,
+    pub customer: CustomerId,
+    pub fingerprint: RequestFingerprint,
+    pub lease: NewLease,
+    /// How long the key is remembered once claimed.
+    pub ttl: Duration,
+    /// The pending charge; the store sets its timestamps.
+    pub charge: Charge,
+}
+
+/// The result of a claim.
+#[derive(Debug, Clone)]
+pub enum ClaimOutcome {
+    /// This caller inserted (or reclaimed an expired) record and holds the
+    /// lease; the charge is as stored, with the database's timestamps.
+    Claimed {
+        record_id: RecordId,
+        charge: Box<Charge>,
+    },
+    /// Someone else has this key; the caller decides from the record.
+    Existing(Box<IdempotencyRecord>),
+}
+
+/// What the provider said about a charge, as the `charges` row records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChargeOutcome {
+    pub charge_id: String,
+    pub status: ChargeStatus,
+    pub gateway_charge_id: Option<String>,
+    pub decline_code: Option<String>,
+}
+
+/// The final outcome of a charge, written with its record in one
+/// transaction: the record becomes `state` (complete, or abandoned).
+#[derive(Debug, Clone)]
+pub struct Finish {
+    pub record_id: RecordId,
+    pub lease_token: LeaseToken,
+    pub state: RecordState,
+    pub outcome: ChargeOutcome,
+    pub response: StoredResponse,
+}
+
+/// Whether this finisher was the one that completed the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishOutcome {
+    Finished,
+    /// The record was not in progress under this lease token any more.
+    Lost,
+}
+
+/// Persistence for idempotency records and charges.
+#[async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug {
+    /// Applies this backend's migrations.
+    async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// Reachable, and every migration this build knows is applied.
+    async fn ready(&self) -> Result<(), StoreError>;
+
+    /// Inserts the record (`in_progress`) and its pending charge in one
+    /// transaction. The unique index on (key, route) arbitrates: a loser gets
+    /// the existing record. A complete record past `expires_at` is treated
+    /// as absent and reclaimed by a conditional update; an in-progress or
+    /// abandoned one never is.
+    ///
+    /// A key already known (a replay, a duplicate in flight) is answered
+    /// without writing or taking a lock: it is the common retry, and on
+    /// SQLite a write lock would queue it behind every new charge.
+    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError>;
+
+    /// Takes over an in-progress record whose lease has expired, by
+    /// compare-and-set on the expected lease token, if it was claimed
+    /// `age` ago (the guard is in the statement). True if this caller won.
+    async fn take_over(
+        &self,
+        record_id: RecordId,
+        expected_token: &LeaseToken,
+        lease: &NewLease,
+        age: ClaimAge,
+    ) -> Result<bool, StoreError>;
+
+    /// Ends the lease now (outcome unknown), keeping the record in progress
+    /// so a retry or the reaper can take it over at once.
+    async fn release(
+        &self,
+        record_id: RecordId,
+        lease_token: &LeaseToken,
+    ) -> Result<bool, StoreError>;
+
+    /// Completes (or abandons) the record and updates its charge in one
+    /// transaction, guarded by `state = 'in_progress' AND lease_token = mine`.
+    async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError>;
+
+    /// Inserts a charge with no idempotency record: the keyless requests of
+    /// `IDEMPOTENCY_KEY_MODE=optional`, which nothing protects. Returns it
+    /// as stored, with the database's timestamps.
+    async fn insert_charge(&self, charge: &Charge) -> Result<Charge, StoreError>;
+
+    /// Records the outcome of a charge still `pending`, outside a finish: a
+    /// keyless charge, or the charge of a driver that lost its record. False
+    /// when the charge is not pending (another driver settled it) or absent.
+    async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<bool, StoreError>;
+
+    /// Takes over the in-progress record whose lease expired longest ago
+    /// among those claimed `age` ago, giving it `lease`; `None` when there
+    /// is none. Several reapers at once never get the same record (a
+    /// conditional update under the row lock, `FOR UPDATE SKIP LOCKED`
+    /// where the backend has it).
+    async fn claim_expired(
+        &self,
+        lease: &NewLease,
+        age: ClaimAge,
+    ) -> Result<Option<IdempotencyRecord>, StoreError>;
+
+    /// In-progress records whose lease has expired, oldest lease first,
+    /// changing nothing (the reaper's dry run).
+    async fn expired_in_progress(&self, limit: u32) -> Result<Vec<IdempotencyRecord>, StoreError>;
+
+    /// Deletes at most `batch` complete records past `expires_at` in one
+    /// short statement; returns how many. Never in-progress or abandoned
+    /// records, never charges.
+    async fn prune(&self, batch: u32) -> Result<u64, StoreError>;
+
+    /// Rows the pruner deletes per statement unless told otherwise.
+    fn default_prune_batch(&self) -> u32 {
+        5000
+    }
+
+    /// The shortest rest a bulk writer (the pruner) should take between
+    /// batches so that the API's writes get in. Zero where writers do not
+    /// block each other's rows.
+    fn batch_pause_floor(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    /// How many complete records are past `expires_at` (the pruner's dry run).
+    async fn count_prunable(&self) -> Result<u64, StoreError>;
+
+    /// A record by id.
+    async fn record(&self, record_id: RecordId) -> Result<Option<IdempotencyRecord>, StoreError>;
+
+    /// A charge by id.
+    async fn charge(&self, charge_id: &str) -> Result<Option<Charge>, StoreError>;
+}

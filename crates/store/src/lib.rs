@@ -1,0 +1,284 @@
+//! # payments-store
+//!
+//! The backends of the domain's [`Store`] port: SQLite (the embedded
+//! default), PostgreSQL and MySQL/MariaDB. Each statement is written once,
+//! in [`sql`], against a small [`Dialect`] (placeholders, the database's
+//! clock, intervals, `RETURNING`, `SKIP LOCKED`); the backends' own files
+//! hold their connection settings and the few places where behaviour truly
+//! differs. `docs/architecture.md` has the table of those differences.
+//!
+//! Time is the database's: every time that decides who owns a record or
+//! whether it exists is computed in SQL, never read from this host.
+
+mod dialect;
+mod mysql;
+mod postgres;
+mod rows;
+mod sql;
+mod sqlite;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use payments_domain::store::{BoxError, Store, StoreError};
+
+pub use dialect::Dialect;
+pub use mysql::{MySql, MySqlStore};
+pub use postgres::{Postgres, PostgresStore};
+pub use sql::SqlStore;
+pub use sqlite::{Sqlite, SqliteStore};
+
+/// Which backend a [`DatabaseUrl`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Sqlite,
+    Postgres,
+    MySql,
+}
+
+/// A database URL: `sqlite:`, `postgres://` (`postgresql://`) or
+/// `mysql://` (`mariadb://`). Its `Debug` and `Display` hide the password,
+/// so it can be logged and kept in settings that are printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl {
+    url: String,
+    kind: BackendKind,
+}
+
+impl DatabaseUrl {
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let kind = if url.starts_with("sqlite:") {
+            BackendKind::Sqlite
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            BackendKind::Postgres
+        } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
+            BackendKind::MySql
+        } else {
+            return Err(format!(
+                "unsupported database URL {:?}: use sqlite:, postgres:// or mysql:// (mariadb://)",
+                redact(url)
+            ));
+        };
+        Ok(Self {
+            url: url.to_owned(),
+            kind,
+        })
+    }
+
+    pub fn kind(&self) -> BackendKind {
+        self.kind
+    }
+
+    /// The URL with its password, for the driver only.
+    pub fn expose(&self) -> &str {
+        &self.url
+    }
+}
+
+impl std::str::FromStr for DatabaseUrl {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::parse(s)
+    }
+}
+
+impl fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&redact(&self.url))
+    }
+}
+
+impl fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DatabaseUrl({self})")
+    }
+}
+
+/// A URL with its password replaced.
+fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let authority_end = url[scheme_end + 3..]
+        .find('/')
+        .map_or(url.len(), |i| scheme_end + 3 + i);
+    match url[..authority_end].rfind('@') {
+        Some(at) if at > scheme_end => match url[scheme_end + 3..at].find(':') {
+            Some(colon) => format!("{}:***{}", &url[..scheme_end + 3 + colon], &url[at..]),
+            None => url.to_owned(),
+        },
+        _ => url.to_owned(),
+    }
+}
+
+/// Pool settings shared by the backends.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub max_connections: u32,
+    pub acquire_timeout: Duration,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A pooled connection idle longer than this is pinged before use.
+const PING_IF_IDLE_FOR: Duration = Duration::from_secs(30);
+
+impl PoolSettings {
+    /// The pool options every backend starts from, with `max` connections.
+    ///
+    /// sqlx pings every connection before handing it out, by default: one
+    /// more round trip per statement. Only a connection that sat idle for
+    /// [`PING_IF_IDLE_FOR`] (long enough for a server restart or a
+    /// middlebox to have dropped it) is pinged here, and a failed ping
+    /// replaces it. A busy connection that breaks fails its statement,
+    /// which the request answers as an error to retry with the same key.
+    pub(crate) fn options<DB: sqlx::Database>(&self, max: u32) -> sqlx::pool::PoolOptions<DB> {
+        sqlx::pool::PoolOptions::new()
+            .max_connections(max)
+            .acquire_timeout(self.acquire_timeout)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_IF_IDLE_FOR {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
+    }
+}
+
+/// Opens the backend the URL names. Does not migrate.
+pub async fn connect(url: &DatabaseUrl, pool: &PoolSettings) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(match url.kind() {
+        BackendKind::Sqlite => Arc::new(SqliteStore::connect(url, pool).await?),
+        BackendKind::Postgres => Arc::new(PostgresStore::connect(url, pool).await?),
+        BackendKind::MySql => Arc::new(MySqlStore::connect(url, pool).await?),
+    })
+}
+
+/// What a statement failed with, inside this crate: the driver's error, or
+/// rows that break an invariant. [`classify`] turns it into a
+/// [`StoreError`] at the port.
+#[derive(Debug)]
+pub(crate) enum Error {
+    Sql(sqlx::Error),
+    Invariant(String),
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        Error::Sql(e)
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for Error {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        Error::Sql(sqlx::Error::Migrate(Box::new(e)))
+    }
+}
+
+/// The port's error for a driver error, by the driver's error kind and
+/// SQLSTATE, never by message text:
+/// - a unique violation (PostgreSQL 23505, SQLite 2067/1555, MySQL 1062);
+/// - retryable: 40001 (PostgreSQL's serialization failure, MySQL's deadlock
+///   1213) and 40P01 (PostgreSQL's deadlock);
+/// - unavailable: the connection, not the statement, failed (I/O, pool
+///   timeout, TLS; SQLSTATE class 08; PostgreSQL's 57P01-57P03, a server
+///   shutting down or starting).
+pub(crate) fn classify(e: Error) -> StoreError {
+    let e = match e {
+        Error::Invariant(what) => return StoreError::Invariant(what),
+        Error::Sql(e) => e,
+    };
+    let code = match &e {
+        sqlx::Error::Database(db) if db.is_unique_violation() => {
+            return StoreError::Conflict(e.into());
+        }
+        sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
+        _ => None,
+    };
+    let unavailable = matches!(
+        e,
+        sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::Tls(_)
+    );
+    let boxed: BoxError = e.into();
+    match code.as_deref() {
+        Some("40001" | "40P01") => StoreError::Retryable(boxed),
+        Some(c) if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => {
+            StoreError::Unavailable(boxed)
+        }
+        _ if unavailable => StoreError::Unavailable(boxed),
+        _ => StoreError::Database(boxed),
+    }
+}
+
+/// How often an operation that failed with a retryable conflict is run.
+const RETRY_ATTEMPTS: u32 = 10;
+
+/// Runs one store operation to its end at the port: again while it fails
+/// with a serialization failure or deadlock (at most [`RETRY_ATTEMPTS`]
+/// times, with a short jittered backoff so racers spread), its error
+/// classified. Every operation is one transaction, or one statement, so
+/// running it again is safe. The only place the store retries.
+pub(crate) async fn run<T, F, Fut>(mut op: F) -> Result<T, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Error>>,
+{
+    let mut attempt = 1;
+    loop {
+        match op().await.map_err(classify) {
+            Err(StoreError::Retryable(reason)) if attempt < RETRY_ATTEMPTS => {
+                let backoff_ms =
+                    (1u64 << attempt.min(6)) + u64::from(uuid::Uuid::new_v4().as_bytes()[0] % 8);
+                tracing::debug!(attempt, %reason, backoff_ms, "retrying a conflicted transaction");
+                tokio::time::sleep(Duration::from_millis(backoff_ms)).await;
+                attempt += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A duration as whole milliseconds for SQL, saturating.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX / 4)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DatabaseUrl, redact};
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(
+            redact("mysql://u:s@cret@h:3306/db?x=1"),
+            "mysql://u:***@h:3306/db?x=1"
+        );
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact("sqlite://data/p@1.db"), "sqlite://data/p@1.db");
+        let url = DatabaseUrl::parse("postgres://u:secret@h/db").expect("valid");
+        assert!(!format!("{url} {url:?}").contains("secret"));
+    }
+
+    #[test]
+    fn refuses_unknown_schemes_without_the_password() {
+        let err = DatabaseUrl::parse("oracle://u:secret@h/db").expect_err("refused");
+        assert!(err.contains("oracle://u:***@h/db"), "{err}");
+    }
+}

@@ -1,0 +1,87 @@
+//! MySQL 8.0+ and MariaDB 10.6+ (InnoDB), for teams whose database is
+//! MySQL. Only syntax both share: no `RETURNING`, no `ON CONFLICT`.
+//!
+//! The claim is a plain `INSERT` whose duplicate-key error (number 1062,
+//! recognised by the driver's error kind: SQLSTATE 23000 alone also covers
+//! other violations) means "someone has this key". InnoDB rolls back only
+//! the failed statement, so the transaction reads the existing row next. No
+//! `INSERT IGNORE`: it would turn every other error into a warning too.
+//! Sessions run at READ COMMITTED (each statement sees the latest committed
+//! rows and InnoDB takes no gap locks), and deadlocks (1213, SQLSTATE
+//! 40001) are retried.
+//!
+//! Time: `SYSDATE(3)`, the time when the expression runs (`NOW()` would be
+//! the statement's start, before any lock wait), with the session time zone
+//! at UTC. `SYSDATE` is not safe for statement-based replication; MySQL and
+//! MariaDB replicate row images by default, and Galera requires them.
+
+use sqlx::Executor;
+use sqlx::mysql::{MySqlConnectOptions, MySqlQueryResult};
+
+use crate::dialect::{Dialect, question_marks};
+use crate::{DatabaseUrl, PoolSettings, SqlStore, classify};
+use payments_domain::store::StoreError;
+
+/// MySQL's and MariaDB's dialect.
+#[derive(Debug)]
+pub struct MySql;
+
+impl Dialect for MySql {
+    type Db = sqlx::MySql;
+    type Ts = chrono::DateTime<chrono::Utc>;
+    const NOW: &'static str = "SYSDATE(3)";
+    const RETURNING: bool = false;
+    const DELETE_LIMIT: bool = true;
+
+    fn interval(param: &str) -> String {
+        format!("INTERVAL ({param} * 1000) MICROSECOND")
+    }
+
+    fn ms_since(column: &str) -> String {
+        format!(
+            "TIMESTAMPDIFF(MICROSECOND, {column}, {}) DIV 1000",
+            Self::NOW
+        )
+    }
+
+    fn migrator() -> &'static sqlx::migrate::Migrator {
+        static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/mysql");
+        &MIGRATOR
+    }
+
+    /// The driver asks for `CLIENT_FOUND_ROWS`: rows matched, not changed.
+    fn rows_affected(done: &MySqlQueryResult) -> u64 {
+        done.rows_affected()
+    }
+
+    fn finish_sql(sql: String) -> String {
+        question_marks(&sql)
+    }
+}
+
+/// A `Store` on a MySQL or MariaDB database.
+pub type MySqlStore = SqlStore<MySql>;
+
+impl MySqlStore {
+    pub async fn connect(url: &DatabaseUrl, settings: &PoolSettings) -> Result<Self, StoreError> {
+        let url = url.expose().replacen("mariadb://", "mysql://", 1);
+        let options: MySqlConnectOptions =
+            url.parse().map_err(|e: sqlx::Error| classify(e.into()))?;
+        let pool = settings
+            .options(settings.max_connections)
+            .after_connect(|conn: &mut sqlx::MySqlConnection, _| {
+                Box::pin(async move {
+                    // DATETIME columns hold UTC; SYSDATE answers in the
+                    // session's time zone.
+                    conn.execute("SET SESSION time_zone = '+00:00'").await?;
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(|e| classify(e.into()))?;
+        Ok(Self::new(pool.clone(), pool))
+    }
+}

@@ -1,0 +1,783 @@
+//! Every statement of the store, written once, and the one implementation
+//! of the `Store` port over them. A newcomer looking for a statement's SQL
+//! finds it in [`Statements::render`]; the per-backend choices are the
+//! [`Dialect`]'s, and the only branches on them here are where behaviour
+//! truly differs: PostgreSQL's one-statement claim and finish, MySQL's
+//! duplicate-key claim and read-back (no `RETURNING`) and `DELETE .. LIMIT`,
+//! SQLite's single writer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use payments_domain::charge::Charge;
+use payments_domain::idempotency::{IdempotencyRecord, LeaseToken, RecordId};
+use payments_domain::store::{
+    ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Store,
+    StoreError,
+};
+use sqlx::migrate::Migrate;
+use sqlx::query::Query;
+use sqlx::{
+    AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool,
+    Row, Transaction, Type,
+};
+
+use crate::dialect::Dialect;
+use crate::rows::{ChargeRow, RecordRow, metadata_json, record_columns};
+use crate::{Error, millis, run};
+
+/// The columns of a `charges` row, in the order [`bind_charge`] binds them,
+/// then its two times.
+const CHARGE_COLUMNS: &str = "id, customer_id, amount_cents, currency, card_token, description, \
+     metadata, status, provider_key, gateway_charge_id, decline_code, created_at, updated_at";
+
+/// The columns a claim writes to a new `idempotent_requests` row.
+const NEW_RECORD_COLUMNS: &str = "idempotency_key, route, customer_id, request_hash, state, \
+     lease_token, locked_until, charge_id, created_at, expires_at";
+
+/// Claims loop at most this often when the row they saw changes under them
+/// (reclaimed by another caller, or pruned between the insert and the read).
+const CLAIM_ATTEMPTS: usize = 5;
+
+/// The statements, rendered once for a dialect when a store is opened.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    record_by_key: String,
+    record_by_id: String,
+    expired_in_progress: String,
+    insert_record: String,
+    stamp_by_key: String,
+    reclaim: String,
+    insert_claimed_charge: String,
+    insert_charge: String,
+    charge_created_at: String,
+    take_over: [String; 2],
+    release: String,
+    finish_record: String,
+    settle: String,
+    claim_expired: [String; 2],
+    candidate: [String; 2],
+    lease_by_id: String,
+    prune: String,
+    count_prunable: String,
+    charge: String,
+    applied_migrations: String,
+    claim_or_read: Option<String>,
+    finish_one: Option<String>,
+}
+
+impl Statements {
+    fn render<D: Dialect>() -> Self {
+        let now = D::NOW;
+        let ms = |n: usize| D::interval(&format!("${n}"));
+        let sql = |s: String| D::finish_sql(s);
+        let returning = |cols: &str| {
+            if D::RETURNING {
+                format!(" RETURNING {cols}")
+            } else {
+                String::new()
+            }
+        };
+        let select_record = format!(
+            "SELECT {}, {} AS lease_live, {} AS expired, {} AS age_ms FROM idempotent_requests",
+            record_columns!(),
+            D::flag(&format!(
+                "locked_until IS NOT NULL AND locked_until > {now}"
+            )),
+            D::flag(&format!("expires_at <= {now}")),
+            D::ms_since("created_at"),
+        );
+        // A new record's values from parameter `p` on: key, route,
+        // customer, fingerprint, lease token and duration, charge id, TTL.
+        let new_record = |p: usize| {
+            format!(
+                "${}, ${}, ${}, ${}, 'in_progress', ${}, {now} + {}, ${}, {now}, {now} + {}",
+                p,
+                p + 1,
+                p + 2,
+                p + 3,
+                p + 4,
+                ms(p + 5),
+                p + 6,
+                ms(p + 7)
+            )
+        };
+        // A charge's eleven values from parameter `p` on (see bind_charge).
+        let charge_values = |p: usize| {
+            (p..p + 11)
+                .map(|n| {
+                    if n == p + 6 {
+                        D::json(&format!("${n}"))
+                    } else {
+                        format!("${n}")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        // Records claimed under / at least the bound milliseconds ago.
+        let age =
+            |p: usize| [">", "<="].map(|op| format!(" AND created_at {op} {now} - {}", ms(p)));
+        let prunable = format!("state = 'complete' AND expires_at <= {now}");
+        let candidate = |p: usize| {
+            age(p).map(|guard| {
+                format!(
+                    "SELECT id FROM idempotent_requests WHERE state = 'in_progress' \
+                     AND locked_until <= {now}{guard} ORDER BY locked_until LIMIT 1{}",
+                    D::SKIP_LOCKED
+                )
+            })
+        };
+        let finish_record = format!(
+            "UPDATE idempotent_requests SET state = $1, response_status = $2, \
+             response_body = $3, response_content_type = $4, response_location = $5, \
+             completed_at = {now}, lease_token = NULL, locked_until = NULL \
+             WHERE id = $6 AND state = 'in_progress' AND lease_token = $7"
+        );
+        let [under, at_least] = candidate(3);
+        let [recheck_under, recheck_at_least] = age(4);
+        Self {
+            record_by_key: sql(format!(
+                "{select_record} WHERE idempotency_key = $1 AND route = $2"
+            )),
+            record_by_id: sql(format!("{select_record} WHERE id = $1")),
+            expired_in_progress: sql(format!(
+                "{select_record} WHERE state = 'in_progress' AND locked_until <= {now} \
+                 ORDER BY locked_until LIMIT $1"
+            )),
+            insert_record: sql(format!(
+                "INSERT INTO idempotent_requests ({NEW_RECORD_COLUMNS}) VALUES ({}){}",
+                new_record(1),
+                if D::RETURNING {
+                    " ON CONFLICT (idempotency_key, route) DO NOTHING RETURNING id, created_at"
+                } else {
+                    ""
+                }
+            )),
+            stamp_by_key: sql("SELECT id, created_at FROM idempotent_requests \
+                 WHERE idempotency_key = $1 AND route = $2"
+                .to_owned()),
+            // Past its TTL with a final answer a record behaves as absent:
+            // reclaimed, but only if it still is that record.
+            reclaim: sql(format!(
+                "UPDATE idempotent_requests SET customer_id = $1, request_hash = $2, \
+                 state = 'in_progress', lease_token = $3, locked_until = {now} + {}, \
+                 charge_id = $5, response_status = NULL, response_body = NULL, \
+                 response_content_type = NULL, response_location = NULL, created_at = {now}, \
+                 completed_at = NULL, expires_at = {now} + {} \
+                 WHERE id = $7 AND {prunable}{}",
+                ms(4),
+                ms(6),
+                returning("id, created_at")
+            )),
+            insert_claimed_charge: sql(format!(
+                "INSERT INTO charges ({CHARGE_COLUMNS}) SELECT {}, created_at, created_at \
+                 FROM idempotent_requests WHERE id = $12",
+                charge_values(1)
+            )),
+            // One reading of the clock for both times.
+            insert_charge: sql(format!(
+                "INSERT INTO charges ({CHARGE_COLUMNS}) SELECT {}, at, at \
+                 FROM (SELECT {now} AS at) AS clock{}",
+                charge_values(1),
+                returning("created_at")
+            )),
+            charge_created_at: sql("SELECT created_at FROM charges WHERE id = $1".to_owned()),
+            take_over: age(5).map(|guard| {
+                sql(format!(
+                    "UPDATE idempotent_requests SET lease_token = $1, locked_until = {now} + {} \
+                     WHERE id = $3 AND state = 'in_progress' AND lease_token = $4 \
+                     AND locked_until <= {now}{guard}",
+                    ms(2)
+                ))
+            }),
+            release: sql(format!(
+                "UPDATE idempotent_requests SET locked_until = {now} \
+                 WHERE id = $1 AND state = 'in_progress' AND lease_token = $2"
+            )),
+            // Outside a finish, only a charge still pending is settled.
+            settle: sql(format!(
+                "UPDATE charges SET status = $1, gateway_charge_id = $2, decline_code = $3, \
+                 updated_at = {now} WHERE id = $4 AND (NOT $5 OR status = 'pending')"
+            )),
+            // The candidate is picked, then re-checked as it is once locked.
+            claim_expired: [(under, recheck_under), (at_least, recheck_at_least)].map(
+                |(pick, recheck)| {
+                    sql(format!(
+                        "UPDATE idempotent_requests SET lease_token = $1, \
+                         locked_until = {now} + {} WHERE id = ({pick}) \
+                         AND state = 'in_progress' AND locked_until <= {now}{recheck} \
+                         RETURNING {}, {} AS lease_live, {} AS expired, {} AS age_ms",
+                        ms(2),
+                        record_columns!(),
+                        D::flag(&format!(
+                            "locked_until IS NOT NULL AND locked_until > {now}"
+                        )),
+                        D::flag(&format!("expires_at <= {now}")),
+                        D::ms_since("created_at"),
+                    ))
+                },
+            ),
+            candidate: candidate(1).map(sql),
+            lease_by_id: sql(format!(
+                "UPDATE idempotent_requests SET lease_token = $1, locked_until = {now} + {} \
+                 WHERE id = $3",
+                ms(2)
+            )),
+            prune: sql(if D::DELETE_LIMIT {
+                format!("DELETE FROM idempotent_requests WHERE {prunable} LIMIT $1")
+            } else {
+                format!(
+                    "DELETE FROM idempotent_requests WHERE id IN (SELECT id \
+                     FROM idempotent_requests WHERE {prunable} LIMIT $1{})",
+                    D::SKIP_LOCKED
+                )
+            }),
+            count_prunable: sql(format!(
+                "SELECT COUNT(*) FROM idempotent_requests WHERE {prunable}"
+            )),
+            charge: sql(format!(
+                "SELECT id, customer_id, amount_cents, currency, card_token, description, \
+                 {}, status, provider_key, gateway_charge_id, decline_code, created_at, \
+                 updated_at FROM charges WHERE id = $1",
+                D::METADATA
+            )),
+            applied_migrations: sql(
+                "SELECT version FROM _sqlx_migrations WHERE success = TRUE".to_owned()
+            ),
+            // A known key's record comes back and nothing is attempted; a
+            // fresh key inserts the record and its pending charge (the
+            // charge takes the record's `created_at`). No row: the key
+            // exists but this statement's snapshot cannot see it.
+            claim_or_read: D::ONE_STATEMENT.then(|| {
+                sql(format!(
+                    "WITH existing AS ({select_record} \
+                       WHERE idempotency_key = $1 AND route = $2), \
+                     claimed AS (INSERT INTO idempotent_requests ({NEW_RECORD_COLUMNS}) \
+                       SELECT {} WHERE NOT EXISTS (SELECT 1 FROM existing) \
+                       ON CONFLICT (idempotency_key, route) DO NOTHING \
+                       RETURNING {}, {} AS lease_live, {} AS expired, {} AS age_ms), \
+                     charge AS (INSERT INTO charges ({CHARGE_COLUMNS}) \
+                       SELECT {}, created_at, created_at FROM claimed) \
+                     SELECT true AS claimed, * FROM claimed \
+                     UNION ALL SELECT false, * FROM existing",
+                    new_record(3),
+                    record_columns!(),
+                    D::flag(&format!(
+                        "locked_until IS NOT NULL AND locked_until > {now}"
+                    )),
+                    D::flag(&format!("expires_at <= {now}")),
+                    D::ms_since("created_at"),
+                    charge_values(11),
+                ))
+            }),
+            // The record (only under this lease) and its charge together.
+            finish_one: D::ONE_STATEMENT.then(|| {
+                sql(format!(
+                    "WITH done AS ({finish_record} RETURNING charge_id), \
+                     settled AS (UPDATE charges SET status = $8, gateway_charge_id = $9, \
+                       decline_code = $10, updated_at = {now} FROM done \
+                       WHERE charges.id = done.charge_id AND charges.id = $11 \
+                       RETURNING charges.id) \
+                     SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM settled)"
+                ))
+            }),
+            finish_record: sql(finish_record),
+        }
+    }
+}
+
+/// A `Store` on one SQL database: a pool for reads, and the pool writes go
+/// through (the same pool, except on SQLite: one connection).
+pub struct SqlStore<D: Dialect> {
+    pool: Pool<D::Db>,
+    writer: Pool<D::Db>,
+    sql: Arc<Statements>,
+}
+
+impl<D: Dialect> Clone for SqlStore<D> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            writer: self.writer.clone(),
+            sql: self.sql.clone(),
+        }
+    }
+}
+
+impl<D: Dialect> std::fmt::Debug for SqlStore<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("dialect", &std::any::type_name::<D>())
+            .field("pool", &self.pool)
+            .finish()
+    }
+}
+
+impl<D: Dialect> SqlStore<D> {
+    pub(crate) fn new(pool: Pool<D::Db>, writer: Pool<D::Db>) -> Self {
+        Self {
+            pool,
+            writer,
+            sql: Arc::new(Statements::render::<D>()),
+        }
+    }
+
+    /// The pool, for tests and tools that count rows.
+    pub fn pool(&self) -> &Pool<D::Db> {
+        &self.pool
+    }
+}
+
+type Q<'q, D> = Query<'q, <D as Dialect>::Db, <<D as Dialect>::Db as Database>::Arguments>;
+
+/// The eleven values of a new charge, in [`CHARGE_COLUMNS`] order.
+fn bind_charge<'q, D: Dialect>(q: Q<'q, D>, c: &'q Charge) -> Q<'q, D>
+where
+    for<'a> &'a str: Encode<'a, D::Db> + Type<D::Db>,
+    for<'a> String: Encode<'a, D::Db> + Type<D::Db>,
+    for<'a> Option<String>: Encode<'a, D::Db> + Type<D::Db>,
+    for<'a> i64: Encode<'a, D::Db> + Type<D::Db>,
+{
+    q.bind(c.id.as_str())
+        .bind(c.customer_id.as_str())
+        .bind(c.amount_cents)
+        .bind(c.currency.as_str())
+        .bind(c.card_token.as_str())
+        .bind(&c.description)
+        .bind(metadata_json(c))
+        .bind(c.status.as_str())
+        .bind(c.provider_key.as_str())
+        .bind(&c.gateway_charge_id)
+        .bind(&c.decline_code)
+}
+
+/// The driver capabilities the generic code needs, written once.
+macro_rules! sql_impl {
+    ($(#[$attr:meta])* $($port:ident for)? { $($body:tt)* }) => {
+        $(#[$attr])*
+        // The bounds name this crate's row types; every dialect's store
+        // meets them.
+        #[allow(private_bounds)]
+        impl<D: Dialect> $($port for)? SqlStore<D>
+        where
+            for<'c> &'c mut <D::Db as Database>::Connection: Executor<'c, Database = D::Db>,
+            <D::Db as Database>::Connection: Migrate,
+            <D::Db as Database>::Arguments: IntoArguments<D::Db>,
+            for<'a> &'a str: Encode<'a, D::Db> + Type<D::Db>,
+            for<'a> String: Encode<'a, D::Db> + Type<D::Db>,
+            for<'a> Option<String>: Encode<'a, D::Db> + Type<D::Db>,
+            for<'a> i64: Encode<'a, D::Db> + Decode<'a, D::Db> + Type<D::Db>,
+            for<'a> i32: Encode<'a, D::Db> + Type<D::Db>,
+            for<'a> bool: Encode<'a, D::Db> + Decode<'a, D::Db> + Type<D::Db>,
+            for<'a> D::Ts: Decode<'a, D::Db> + Type<D::Db>,
+            for<'r> RecordRow<D::Ts>: FromRow<'r, <D::Db as Database>::Row>,
+            for<'r> ChargeRow<D::Ts>: FromRow<'r, <D::Db as Database>::Row>,
+            usize: ColumnIndex<<D::Db as Database>::Row>,
+            for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
+        {
+            $($body)*
+        }
+    };
+}
+
+sql_impl! {{
+    fn q<'q>(sql: &'q str) -> Q<'q, D> {
+        sqlx::query(AssertSqlSafe(sql))
+    }
+
+    async fn begin_write(&self) -> Result<Transaction<'static, D::Db>, Error> {
+        Ok(self.writer.begin_with(D::BEGIN_WRITE).await?)
+    }
+
+    /// A record from the statement `sql`, binding `key` and `route` or an id.
+    async fn read_record<'e>(
+        e: impl Executor<'e, Database = D::Db>,
+        q: Q<'_, D>,
+    ) -> Result<Option<IdempotencyRecord>, Error> {
+        match q.fetch_optional(e).await? {
+            Some(row) => Ok(Some(IdempotencyRecord::try_from(RecordRow::<D::Ts>::from_row(&row)?)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn by_key<'q>(&'q self, c: &'q Claim) -> Q<'q, D> {
+        Self::q(&self.sql.record_by_key).bind(c.key.as_str()).bind(c.route)
+    }
+
+    /// A new record's eight values (see `new_record` in `Statements::render`).
+    fn new_record<'q>(q: Q<'q, D>, c: &'q Claim) -> Q<'q, D> {
+        q.bind(c.key.as_str())
+            .bind(c.route)
+            .bind(c.customer.as_str())
+            .bind(c.fingerprint.to_hex())
+            .bind(c.lease.token.as_str())
+            .bind(millis(c.lease.duration))
+            .bind(c.charge.id.as_str())
+            .bind(millis(c.ttl))
+    }
+
+    /// The id and `created_at` of the claim's record.
+    fn stamp<'q>(&'q self, c: &'q Claim) -> Q<'q, D> {
+        Self::q(&self.sql.stamp_by_key).bind(c.key.as_str()).bind(c.route)
+    }
+
+    /// Runs a write that stamps a row with the database's time, and returns
+    /// the stamp: from `RETURNING` where the backend has it, otherwise read
+    /// back by `read` on the same connection. `None` when no row was written.
+    async fn stamped<O>(
+        conn: &mut <D::Db as Database>::Connection,
+        write: Q<'_, D>,
+        read: Q<'_, D>,
+    ) -> Result<Option<O>, sqlx::Error>
+    where
+        O: for<'r> FromRow<'r, <D::Db as Database>::Row>,
+    {
+        let row = if D::RETURNING {
+            write.fetch_optional(&mut *conn).await?
+        } else if D::rows_affected(&write.execute(&mut *conn).await?) == 0 {
+            None
+        } else {
+            read.fetch_optional(&mut *conn).await?
+        };
+        row.map(|r| O::from_row(&r)).transpose()
+    }
+
+    /// One claim attempt in a transaction: `Ok(None)` when the row it saw
+    /// changed under it (reclaimed by someone else, or pruned between the
+    /// insert and the read).
+    async fn try_claim(&self, c: &Claim) -> Result<Option<ClaimOutcome>, Error> {
+        let mut tx = self.begin_write().await?;
+        let insert = Self::new_record(Self::q(&self.sql.insert_record), c);
+        // Without ON CONFLICT (MySQL), a duplicate key is the error; InnoDB
+        // rolls back only the failed statement.
+        let inserted: Option<(i64, D::Ts)> =
+            match Self::stamped(&mut tx, insert, self.stamp(c)).await {
+                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => None,
+                other => other?,
+            };
+        let (record_id, at) = match inserted {
+            Some(row) => row,
+            None => {
+                let Some(existing) = Self::read_record(&mut *tx, self.by_key(c)).await? else {
+                    return Ok(None);
+                };
+                if !existing.reclaimable() {
+                    tx.rollback().await?;
+                    return Ok(Some(ClaimOutcome::Existing(Box::new(existing))));
+                }
+                let reclaim = Self::q(&self.sql.reclaim)
+                    .bind(c.customer.as_str())
+                    .bind(c.fingerprint.to_hex())
+                    .bind(c.lease.token.as_str())
+                    .bind(millis(c.lease.duration))
+                    .bind(c.charge.id.as_str())
+                    .bind(millis(c.ttl))
+                    .bind(existing.id.0);
+                match Self::stamped(&mut tx, reclaim, self.stamp(c)).await? {
+                    Some(row) => row,
+                    None => return Ok(None),
+                }
+            }
+        };
+        bind_charge::<D>(Self::q(&self.sql.insert_claimed_charge), &c.charge)
+            .bind(record_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let at = crate::rows::decode(at)?;
+        Ok(Some(ClaimOutcome::Claimed {
+            record_id: RecordId(record_id),
+            charge: Box::new(Charge {
+                created_at: at,
+                updated_at: at,
+                ..c.charge.clone()
+            }),
+        }))
+    }
+
+    /// PostgreSQL's claim in one statement. `None` when the key exists but
+    /// the statement's snapshot cannot see it (a racer committed while the
+    /// insert waited).
+    async fn claim_or_read(&self, sql: &str, c: &Claim) -> Result<Option<ClaimOutcome>, Error> {
+        let q = Self::new_record(Self::q(sql).bind(c.key.as_str()).bind(c.route), c);
+        let Some(row) = bind_charge::<D>(q, &c.charge).fetch_optional(&self.pool).await? else {
+            return Ok(None);
+        };
+        let record = IdempotencyRecord::try_from(RecordRow::<D::Ts>::from_row(&row)?)?;
+        Ok(Some(if row.try_get::<bool, _>("claimed")? {
+            ClaimOutcome::Claimed {
+                record_id: record.id,
+                charge: Box::new(Charge {
+                    created_at: record.created_at,
+                    updated_at: record.created_at,
+                    ..c.charge.clone()
+                }),
+            }
+        } else {
+            ClaimOutcome::Existing(Box::new(record))
+        }))
+    }
+
+    async fn claim(&self, c: &Claim) -> Result<ClaimOutcome, Error> {
+        // A known key is answered without writing or taking a lock.
+        let found = match &self.sql.claim_or_read {
+            Some(sql) => match self.claim_or_read(sql, c).await? {
+                Some(ClaimOutcome::Existing(record)) => Some(*record),
+                Some(claimed) => return Ok(claimed),
+                None => None,
+            },
+            None => Self::read_record(&self.pool, self.by_key(c)).await?,
+        };
+        if let Some(record) = found.filter(|r| !r.reclaimable()) {
+            return Ok(ClaimOutcome::Existing(Box::new(record)));
+        }
+        for _ in 0..CLAIM_ATTEMPTS {
+            if let Some(outcome) = self.try_claim(c).await? {
+                return Ok(outcome);
+            }
+        }
+        Err(Error::Invariant(format!(
+            "claim of key {:?} did not settle after {CLAIM_ATTEMPTS} attempts",
+            c.key
+        )))
+    }
+
+    fn settle<'q>(q: Q<'q, D>, o: &'q ChargeOutcome) -> Q<'q, D> {
+        q.bind(o.status.as_str())
+            .bind(&o.gateway_charge_id)
+            .bind(&o.decline_code)
+            .bind(o.charge_id.as_str())
+    }
+
+    async fn finish(&self, f: &Finish) -> Result<FinishOutcome, Error> {
+        let record = |sql| {
+            Self::q(sql)
+                .bind(f.state.as_str())
+                .bind(i32::from(f.response.status))
+                .bind(&f.response.body)
+                .bind(&f.response.content_type)
+                .bind(&f.response.location)
+                .bind(f.record_id.0)
+                .bind(f.lease_token.as_str())
+        };
+        let (finished, settled) = if let Some(sql) = &self.sql.finish_one {
+            let row = Self::settle(record(sql), &f.outcome).fetch_one(&self.pool).await?;
+            let count = |i: usize| row.try_get::<i64, _>(i).map(|n| u64::try_from(n).unwrap_or(0));
+            (count(0)?, count(1)?)
+        } else {
+            let mut tx = self.begin_write().await?;
+            let finished = D::rows_affected(&record(&self.sql.finish_record).execute(&mut *tx).await?);
+            let settled = if finished == 1 {
+                let q = Self::settle(Self::q(&self.sql.settle), &f.outcome).bind(false);
+                D::rows_affected(&q.execute(&mut *tx).await?)
+            } else {
+                0
+            };
+            if (finished, settled) == (1, 1) {
+                tx.commit().await?;
+            } else {
+                tx.rollback().await?;
+            }
+            (finished, settled)
+        };
+        match (finished, settled) {
+            (0, _) => Ok(FinishOutcome::Lost),
+            (1, 1) => Ok(FinishOutcome::Finished),
+            // A claim writes a record and its charge together and charges
+            // are never deleted, so this is a broken invariant: say so loudly.
+            _ => Err(Error::Invariant(format!(
+                "record {} completed but its charge {} was not updated",
+                f.record_id, f.outcome.charge_id
+            ))),
+        }
+    }
+
+    /// A single-statement write, on the writer; how many rows it changed.
+    async fn write(&self, q: Q<'_, D>) -> Result<u64, Error> {
+        Ok(D::rows_affected(&q.execute(&self.writer).await?))
+    }
+
+    async fn claim_expired(
+        &self,
+        lease: &NewLease,
+        age: ClaimAge,
+    ) -> Result<Option<IdempotencyRecord>, Error> {
+        let (i, age_ms) = age_index(age);
+        let lease_q = |sql| Self::q(sql).bind(lease.token.as_str()).bind(millis(lease.duration));
+        if D::RETURNING {
+            let q = lease_q(&self.sql.claim_expired[i]).bind(age_ms).bind(age_ms);
+            return Self::read_record(&self.writer, q).await;
+        }
+        // No UPDATE .. RETURNING: lock one candidate (SKIP LOCKED, so a
+        // second reaper takes another), lease it, read it back.
+        let mut tx = self.begin_write().await?;
+        let picked = Self::q(&self.sql.candidate[i]).bind(age_ms).fetch_optional(&mut *tx).await?;
+        let Some(id) = picked.map(|row| row.try_get::<i64, _>(0)).transpose()? else {
+            tx.rollback().await?;
+            return Ok(None);
+        };
+        lease_q(&self.sql.lease_by_id).bind(id).execute(&mut *tx).await?;
+        let record = Self::read_record(&mut *tx, Self::q(&self.sql.record_by_id).bind(id)).await?;
+        tx.commit().await?;
+        Ok(record)
+    }
+
+    async fn insert_charge(&self, charge: &Charge) -> Result<Charge, Error> {
+        let mut conn = self.writer.acquire().await?;
+        let write = bind_charge::<D>(Self::q(&self.sql.insert_charge), charge);
+        let read = Self::q(&self.sql.charge_created_at).bind(charge.id.as_str());
+        let (at,): (D::Ts,) = Self::stamped(&mut conn, write, read)
+            .await?
+            .ok_or_else(|| Error::Invariant(format!("charge {} was not inserted", charge.id)))?;
+        let at = crate::rows::decode(at)?;
+        Ok(Charge {
+            created_at: at,
+            updated_at: at,
+            ..charge.clone()
+        })
+    }
+}}
+
+/// Which of a pair of age-guarded statements applies, and its milliseconds.
+fn age_index(age: ClaimAge) -> (usize, i64) {
+    match age {
+        ClaimAge::Under(d) => (0, millis(d)),
+        ClaimAge::AtLeast(d) => (1, millis(d)),
+    }
+}
+
+sql_impl! {#[async_trait] Store for {
+    async fn migrate(&self) -> Result<(), StoreError> {
+        run(|| async { Ok(D::migrator().run(&self.writer).await?) }).await
+    }
+
+    async fn ready(&self) -> Result<(), StoreError> {
+        let applied: Vec<i64> = run(|| async {
+            let rows = Self::q(&self.sql.applied_migrations).fetch_all(&self.pool).await?;
+            Ok(rows.iter().map(|r| r.try_get::<i64, _>(0)).collect::<Result<_, _>>()?)
+        })
+        .await?;
+        let missing: Vec<i64> = D::migrator()
+            .iter()
+            .map(|m| m.version)
+            .filter(|v| !applied.contains(v))
+            .collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Invariant(format!(
+                "migrations not applied: {missing:?} (run `payments-api migrate`)"
+            )))
+        }
+    }
+
+    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
+        run(|| self.claim(claim)).await
+    }
+
+    async fn take_over(
+        &self,
+        record_id: RecordId,
+        expected_token: &LeaseToken,
+        lease: &NewLease,
+        age: ClaimAge,
+    ) -> Result<bool, StoreError> {
+        let (i, age_ms) = age_index(age);
+        run(|| {
+            self.write(
+                Self::q(&self.sql.take_over[i])
+                    .bind(lease.token.as_str())
+                    .bind(millis(lease.duration))
+                    .bind(record_id.0)
+                    .bind(expected_token.as_str())
+                    .bind(age_ms),
+            )
+        })
+        .await
+        .map(|n| n == 1)
+    }
+
+    async fn release(&self, record_id: RecordId, token: &LeaseToken) -> Result<bool, StoreError> {
+        run(|| self.write(Self::q(&self.sql.release).bind(record_id.0).bind(token.as_str())))
+            .await
+            .map(|n| n == 1)
+    }
+
+    async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError> {
+        run(|| self.finish(finish)).await
+    }
+
+    async fn insert_charge(&self, charge: &Charge) -> Result<Charge, StoreError> {
+        run(|| self.insert_charge(charge)).await
+    }
+
+    async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<bool, StoreError> {
+        run(|| self.write(Self::settle(Self::q(&self.sql.settle), outcome).bind(true)))
+            .await
+            .map(|n| n > 0)
+    }
+
+    async fn claim_expired(
+        &self,
+        lease: &NewLease,
+        age: ClaimAge,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        run(|| self.claim_expired(lease, age)).await
+    }
+
+    async fn expired_in_progress(&self, limit: u32) -> Result<Vec<IdempotencyRecord>, StoreError> {
+        run(|| async {
+            let rows = Self::q(&self.sql.expired_in_progress)
+                .bind(i64::from(limit))
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter()
+                .map(|row| IdempotencyRecord::try_from(RecordRow::<D::Ts>::from_row(row)?))
+                .collect()
+        })
+        .await
+    }
+
+    async fn prune(&self, batch: u32) -> Result<u64, StoreError> {
+        run(|| self.write(Self::q(&self.sql.prune).bind(i64::from(batch)))).await
+    }
+
+    // SQLite: a batch holds the only write lock, and the API's writes queue
+    // behind it; 250 rows hold it for about 2 ms (docs/benchmarks.md).
+    fn default_prune_batch(&self) -> u32 {
+        if D::SINGLE_WRITER { 250 } else { 5000 }
+    }
+
+    // SQLite's lock is not fair: a writer in another process that finds it
+    // taken sleeps in the busy handler (1, 2, 5, 10, 15, 20, 25 ms ...); a
+    // 25 ms rest between batches is sure to contain its next attempt.
+    fn batch_pause_floor(&self) -> Duration {
+        Duration::from_millis(if D::SINGLE_WRITER { 25 } else { 0 })
+    }
+
+    async fn count_prunable(&self) -> Result<u64, StoreError> {
+        run(|| async {
+            let row = Self::q(&self.sql.count_prunable).fetch_one(&self.pool).await?;
+            Ok(u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn record(&self, record_id: RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
+        run(|| Self::read_record(&self.pool, Self::q(&self.sql.record_by_id).bind(record_id.0)))
+            .await
+    }
+
+    async fn charge(&self, charge_id: &str) -> Result<Option<Charge>, StoreError> {
+        run(|| async {
+            let q = Self::q(&self.sql.charge).bind(charge_id);
+            match q.fetch_optional(&self.pool).await? {
+                Some(row) => Ok(Some(Charge::try_from(ChargeRow::<D::Ts>::from_row(&row)?)?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+}}

@@ -1,0 +1,81 @@
+//! SQLite, the embedded default. WAL with `synchronous = FULL` (a committed
+//! charge survives power loss), and a busy timeout so writers in other
+//! processes (`payments-jobs`, a second server) queue instead of failing.
+//!
+//! One writer: SQLite has one write lock. Writers sharing the reader pool
+//! would each take it and, finding it taken, sleep and poll in the busy
+//! handler: throughput drops and the tail grows to the handler's back-off.
+//! So every write goes through a pool of one connection, where writers
+//! queue in order and the next starts the moment the last commits; reads
+//! use the pool and never wait for it (WAL). A transaction that reads
+//! before it writes starts with `BEGIN IMMEDIATE`, taking the lock up
+//! front, so it cannot fail with `SQLITE_BUSY_SNAPSHOT` when another write
+//! commits between its read and its write; a single write statement takes
+//! the lock when it starts.
+//!
+//! Time: the clock of the process that opens the file, so one SQLite
+//! database has one clock. Times are integer Unix milliseconds.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteQueryResult, SqliteSynchronous};
+
+use crate::dialect::Dialect;
+use crate::{DatabaseUrl, Error, PoolSettings, SqlStore, classify};
+use payments_domain::store::StoreError;
+
+/// SQLite's dialect.
+#[derive(Debug)]
+pub struct Sqlite;
+
+impl Dialect for Sqlite {
+    type Db = sqlx::Sqlite;
+    type Ts = i64;
+    const NOW: &'static str = "CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER)";
+    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
+    const SKIP_LOCKED: &'static str = "";
+    const SINGLE_WRITER: bool = true;
+
+    fn interval(param: &str) -> String {
+        param.to_owned()
+    }
+
+    fn ms_since(column: &str) -> String {
+        format!("({} - {column})", Self::NOW)
+    }
+
+    fn migrator() -> &'static sqlx::migrate::Migrator {
+        static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
+        &MIGRATOR
+    }
+
+    fn rows_affected(done: &SqliteQueryResult) -> u64 {
+        done.rows_affected()
+    }
+}
+
+/// A `Store` on one SQLite database file.
+pub type SqliteStore = SqlStore<Sqlite>;
+
+impl SqliteStore {
+    pub async fn connect(url: &DatabaseUrl, settings: &PoolSettings) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::from_str(url.expose())
+            .map_err(|e| classify(e.into()))?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(10));
+        if let Some(dir) = options.get_filename().parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir).map_err(|e| classify(Error::Sql(e.into())))?;
+        }
+        let open = |max| settings.options(max).connect_with(options.clone());
+        let writer = open(1).await.map_err(|e| classify(e.into()))?;
+        let pool = open(settings.max_connections)
+            .await
+            .map_err(|e| classify(e.into()))?;
+        Ok(Self::new(pool, writer))
+    }
+}
