@@ -191,6 +191,7 @@ impl fmt::Debug for JwtKey {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GatewayTarget {
     /// Start an in-process sandbox.
+    #[cfg(feature = "dev-sandbox")]
     EmbeddedSandbox,
     /// A provider at this URL with this secret key.
     Remote { url: String, secret_key: String },
@@ -286,7 +287,17 @@ impl Settings {
         let jwt = self.jwt_key()?;
         self.jwt_rules()?;
         let gateway = match self.gateway.remote().map_err(ConfigError)? {
+            #[cfg(feature = "dev-sandbox")]
             None => GatewayTarget::EmbeddedSandbox,
+            #[cfg(not(feature = "dev-sandbox"))]
+            None => {
+                return Err(ConfigError(
+                    "GATEWAY_URL is not set, and this build has no in-process sandbox \
+                     (it was built without the `dev-sandbox` feature): set GATEWAY_URL \
+                     and GATEWAY_SECRET_KEY to the provider's"
+                        .into(),
+                ));
+            }
             Some((url, secret_key, real)) => {
                 if real && matches!(&jwt, JwtKey::Hs256(s) if s == DEV_JWT_SECRET) {
                     return Err(ConfigError(
@@ -320,9 +331,20 @@ mod tests {
     const SECRET: &str = "--jwt-hs256-secret=0123456789abcdef0123456789abcdef-x";
 
     #[test]
+    #[cfg(feature = "dev-sandbox")]
     fn defaults_are_valid_with_a_secret() {
         let (_, gateway) = settings(&[SECRET]).validate().expect("valid");
         assert_eq!(gateway, GatewayTarget::EmbeddedSandbox);
+    }
+
+    #[test]
+    #[cfg(not(feature = "dev-sandbox"))]
+    fn without_the_sandbox_a_gateway_url_is_required() {
+        let refused = settings(&[SECRET]).validate().expect_err("refused").0;
+        assert!(
+            refused.contains("GATEWAY_URL") && refused.contains("`dev-sandbox`"),
+            "{refused}"
+        );
     }
 
     #[test]

@@ -5,14 +5,15 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use payments_api::auth::{self, Authenticator};
-use payments_api::config::{Cli, Command, GatewayTarget, SANDBOX_SECRET_KEY, Settings};
+#[cfg(feature = "dev-sandbox")]
+use payments_api::config::SANDBOX_SECRET_KEY;
+use payments_api::config::{Cli, Command, GatewayTarget, Settings};
 use payments_api::{AppState, serve};
 use payments_domain::provider::Gateway;
 use payments_domain::service::{ChargeService, Policy};
 use payments_gateway::HttpGateway;
 use payments_jobs::runner::Jobs;
 use payments_jobs::settings::init_logging;
-use payments_sandbox::SandboxConfig;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
@@ -56,29 +57,8 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     let store = settings.database.open().await?;
     let (gateway_url, secret_key) = match target {
         GatewayTarget::Remote { url, secret_key } => (url, secret_key),
-        GatewayTarget::EmbeddedSandbox => {
-            let listener = tokio::net::TcpListener::bind(settings.sandbox_listen_addr)
-                .await
-                .with_context(|| {
-                    format!(
-                        "binding the in-process sandbox on {} (set SANDBOX_LISTEN_ADDR)",
-                        settings.sandbox_listen_addr
-                    )
-                })?;
-            let url = format!("http://{}", listener.local_addr()?);
-            // Lives as long as the process.
-            tokio::spawn(payments_sandbox::serve(
-                listener,
-                SandboxConfig::default(),
-                std::future::pending(),
-            ));
-            tracing::warn!(
-                sandbox = %url,
-                "GATEWAY_URL is not set: charging against an in-process SANDBOX. NO REAL MONEY MOVES. \
-                 Fault injection: POST {url}/_sandbox/config"
-            );
-            (url, SANDBOX_SECRET_KEY.to_owned())
-        }
+        #[cfg(feature = "dev-sandbox")]
+        GatewayTarget::EmbeddedSandbox => embedded_sandbox(&settings).await?,
     };
     let gateway: Arc<dyn Gateway> = Arc::new(
         HttpGateway::new(&gateway_url, &secret_key, settings.gateway.gateway_timeout)
@@ -155,4 +135,30 @@ async fn shutdown_signal() {
         () = terminate => {}
     }
     tracing::info!("shutdown signal received; draining in-flight requests");
+}
+
+/// Starts the in-process sandbox of `make run`; its URL and secret key.
+#[cfg(feature = "dev-sandbox")]
+async fn embedded_sandbox(settings: &Settings) -> anyhow::Result<(String, String)> {
+    let listener = tokio::net::TcpListener::bind(settings.sandbox_listen_addr)
+        .await
+        .with_context(|| {
+            format!(
+                "binding the in-process sandbox on {} (set SANDBOX_LISTEN_ADDR)",
+                settings.sandbox_listen_addr
+            )
+        })?;
+    let url = format!("http://{}", listener.local_addr()?);
+    // Lives as long as the process.
+    tokio::spawn(payments_sandbox::serve(
+        listener,
+        payments_sandbox::SandboxConfig::default(),
+        std::future::pending(),
+    ));
+    tracing::warn!(
+        sandbox = %url,
+        "GATEWAY_URL is not set: charging against an in-process SANDBOX. NO REAL MONEY MOVES. \
+         Fault injection: POST {url}/_sandbox/config"
+    );
+    Ok((url, SANDBOX_SECRET_KEY.to_owned()))
 }

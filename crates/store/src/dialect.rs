@@ -2,8 +2,9 @@
 //! statement once.
 //!
 //! Statements are written with `$1`, `$2`, ... in ascending order, each
-//! once; SQLite and PostgreSQL take them as they are (sqlx's SQLite driver
-//! binds `$N` by number), MySQL gets `?` ([`Dialect::finish_sql`]).
+//! once, and `{..}` pieces that [`render`] puts in the dialect's words.
+//! SQLite and PostgreSQL take `$N` as it is (sqlx's SQLite driver binds
+//! `$N` by number); MySQL gets `?` ([`Dialect::finish_sql`]).
 
 use sqlx::Database;
 
@@ -59,6 +60,82 @@ pub trait Dialect: Send + Sync + Sized + std::fmt::Debug + 'static {
     fn finish_sql(sql: String) -> String {
         sql
     }
+}
+
+/// A statement template in the dialect's words:
+/// - `$N`: the next parameter (checked: they come in order);
+/// - `{now}`: the database's clock; `{ms}`: the next parameter, as an
+///   interval of milliseconds;
+/// - `{record}`: a record's columns and what the clock says of it
+///   (`lease_live`, `expired`, `age_ms`);
+/// - `{new_record}`, `{charge}`: the eight values of a new record and the
+///   eleven of a new charge, in the order the store binds them;
+/// - `{returning cols}`, `{skip_locked}`, `{metadata}`: where the backend has
+///   them.
+pub(crate) fn render<D: Dialect>(template: &str) -> String {
+    let mut out = String::with_capacity(template.len() * 2);
+    expand::<D>(template, &mut out, &mut 1);
+    D::finish_sql(out)
+}
+
+fn expand<D: Dialect>(template: &str, out: &mut String, next: &mut usize) {
+    fn param(next: &mut usize) -> String {
+        *next += 1;
+        format!("${}", *next - 1)
+    }
+    let mut rest = template;
+    while let Some(at) = rest.find(['{', '$']) {
+        out.push_str(&rest[..at]);
+        let token_end = if rest[at..].starts_with('$') {
+            let digits = rest[at + 1..]
+                .find(|c: char| !c.is_ascii_digit())
+                .map_or(rest.len(), |i| at + 1 + i);
+            let p = param(next);
+            assert_eq!(p, rest[at..digits], "parameters out of order in {template}");
+            out.push_str(&p);
+            rest = &rest[digits..];
+            continue;
+        } else {
+            at + rest[at..].find('}').expect("a `{` piece is closed")
+        };
+        let token = &rest[at + 1..token_end];
+        rest = &rest[token_end + 1..];
+        match token.split_once(' ').unwrap_or((token, "")) {
+            ("now", _) => out.push_str(D::NOW),
+            ("p", _) => out.push_str(&param(next)),
+            ("ms", _) => out.push_str(&D::interval(&param(next))),
+            ("json", _) => out.push_str(&D::json(&param(next))),
+            ("returning", columns) if D::RETURNING => {
+                out.push_str(" RETURNING ");
+                out.push_str(columns);
+            }
+            ("returning", _) => {}
+            ("skip_locked", _) => out.push_str(D::SKIP_LOCKED),
+            ("metadata", _) => out.push_str(D::METADATA),
+            ("record", _) => out.push_str(&format!(
+                "{}, {} AS lease_live, {} AS expired, {} AS age_ms",
+                crate::rows::record_columns!(),
+                D::flag(&format!(
+                    "locked_until IS NOT NULL AND locked_until > {}",
+                    D::NOW
+                )),
+                D::flag(&format!("expires_at <= {}", D::NOW)),
+                D::ms_since("created_at"),
+            )),
+            ("new_record", _) => expand::<D>(
+                "{p}, {p}, {p}, {p}, 'in_progress', {p}, {now} + {ms}, {p}, {now}, {now} + {ms}",
+                out,
+                next,
+            ),
+            ("charge", _) => expand::<D>(
+                "{p}, {p}, {p}, {p}, {p}, {p}, {json}, {p}, {p}, {p}, {p}",
+                out,
+                next,
+            ),
+            _ => panic!("unknown piece {{{token}}} in {template}"),
+        }
+    }
+    out.push_str(rest);
 }
 
 /// `$1`, `$2`, ... as `?`, checking that each appears once and in order

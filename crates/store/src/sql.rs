@@ -24,7 +24,7 @@ use sqlx::{
 };
 
 use crate::dialect::Dialect;
-use crate::rows::{ChargeRow, RecordRow, metadata_json, record_columns};
+use crate::rows::{ChargeRow, RecordRow, metadata_json};
 use crate::{Error, millis, run};
 
 /// The columns of a `charges` row, in the order [`bind_charge`] binds them,
@@ -68,222 +68,125 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
+    /// Each statement in the dialect's words; `{..}` are the dialect's
+    /// pieces (see [`crate::dialect::render`]).
     fn render<D: Dialect>() -> Self {
-        let now = D::NOW;
-        let ms = |n: usize| D::interval(&format!("${n}"));
-        let sql = |s: String| D::finish_sql(s);
-        let returning = |cols: &str| {
-            if D::RETURNING {
-                format!(" RETURNING {cols}")
-            } else {
-                String::new()
-            }
-        };
-        let select_record = format!(
-            "SELECT {}, {} AS lease_live, {} AS expired, {} AS age_ms FROM idempotent_requests",
-            record_columns!(),
-            D::flag(&format!(
-                "locked_until IS NOT NULL AND locked_until > {now}"
-            )),
-            D::flag(&format!("expires_at <= {now}")),
-            D::ms_since("created_at"),
-        );
-        // A new record's values from parameter `p` on: key, route,
-        // customer, fingerprint, lease token and duration, charge id, TTL.
-        let new_record = |p: usize| {
-            format!(
-                "${}, ${}, ${}, ${}, 'in_progress', ${}, {now} + {}, ${}, {now}, {now} + {}",
-                p,
-                p + 1,
-                p + 2,
-                p + 3,
-                p + 4,
-                ms(p + 5),
-                p + 6,
-                ms(p + 7)
-            )
-        };
-        // A charge's eleven values from parameter `p` on (see bind_charge).
-        let charge_values = |p: usize| {
-            (p..p + 11)
-                .map(|n| {
-                    if n == p + 6 {
-                        D::json(&format!("${n}"))
-                    } else {
-                        format!("${n}")
-                    }
-                })
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
+        let r = crate::dialect::render::<D>;
         // Records claimed under / at least the bound milliseconds ago.
-        let age =
-            |p: usize| [">", "<="].map(|op| format!(" AND created_at {op} {now} - {}", ms(p)));
-        let prunable = format!("state = 'complete' AND expires_at <= {now}");
-        let candidate = |p: usize| {
-            age(p).map(|guard| {
-                format!(
-                    "SELECT id FROM idempotent_requests WHERE state = 'in_progress' \
-                     AND locked_until <= {now}{guard} ORDER BY locked_until LIMIT 1{}",
-                    D::SKIP_LOCKED
-                )
-            })
-        };
-        let finish_record = format!(
-            "UPDATE idempotent_requests SET state = $1, response_status = $2, \
-             response_body = $3, response_content_type = $4, response_location = $5, \
-             completed_at = {now}, lease_token = NULL, locked_until = NULL \
-             WHERE id = $6 AND state = 'in_progress' AND lease_token = $7"
-        );
-        let [under, at_least] = candidate(3);
-        let [recheck_under, recheck_at_least] = age(4);
+        let aged = |t: &str| [">", "<="].map(|op| r(&t.replace("{age}", op)));
+        let finish_record = "UPDATE idempotent_requests SET state = $1, response_status = $2, \
+            response_body = $3, response_content_type = $4, response_location = $5, \
+            completed_at = {now}, lease_token = NULL, locked_until = NULL \
+            WHERE id = $6 AND state = 'in_progress' AND lease_token = $7";
+        let pick = "SELECT id FROM idempotent_requests WHERE state = 'in_progress' \
+            AND locked_until <= {now} AND created_at {age} {now} - {ms}";
+        let prunable = "state = 'complete' AND expires_at <= {now}";
         Self {
-            record_by_key: sql(format!(
-                "{select_record} WHERE idempotency_key = $1 AND route = $2"
-            )),
-            record_by_id: sql(format!("{select_record} WHERE id = $1")),
-            expired_in_progress: sql(format!(
-                "{select_record} WHERE state = 'in_progress' AND locked_until <= {now} \
-                 ORDER BY locked_until LIMIT $1"
-            )),
-            insert_record: sql(format!(
-                "INSERT INTO idempotent_requests ({NEW_RECORD_COLUMNS}) VALUES ({}){}",
-                new_record(1),
+            record_by_key: r("SELECT {record} FROM idempotent_requests \
+                WHERE idempotency_key = $1 AND route = $2"),
+            record_by_id: r("SELECT {record} FROM idempotent_requests WHERE id = $1"),
+            expired_in_progress: r("SELECT {record} FROM idempotent_requests \
+                WHERE state = 'in_progress' AND locked_until <= {now} \
+                ORDER BY locked_until LIMIT $1"),
+            insert_record: r(&format!(
+                "INSERT INTO idempotent_requests ({NEW_RECORD_COLUMNS}) VALUES ({{new_record}}){}",
                 if D::RETURNING {
                     " ON CONFLICT (idempotency_key, route) DO NOTHING RETURNING id, created_at"
                 } else {
                     ""
                 }
             )),
-            stamp_by_key: sql("SELECT id, created_at FROM idempotent_requests \
-                 WHERE idempotency_key = $1 AND route = $2"
-                .to_owned()),
+            stamp_by_key: r("SELECT id, created_at FROM idempotent_requests \
+                WHERE idempotency_key = $1 AND route = $2"),
             // Past its TTL with a final answer a record behaves as absent:
             // reclaimed, but only if it still is that record.
-            reclaim: sql(format!(
+            reclaim: r(&format!(
                 "UPDATE idempotent_requests SET customer_id = $1, request_hash = $2, \
-                 state = 'in_progress', lease_token = $3, locked_until = {now} + {}, \
+                 state = 'in_progress', lease_token = $3, locked_until = {{now}} + {{ms}}, \
                  charge_id = $5, response_status = NULL, response_body = NULL, \
-                 response_content_type = NULL, response_location = NULL, created_at = {now}, \
-                 completed_at = NULL, expires_at = {now} + {} \
-                 WHERE id = $7 AND {prunable}{}",
-                ms(4),
-                ms(6),
-                returning("id, created_at")
+                 response_content_type = NULL, response_location = NULL, \
+                 created_at = {{now}}, completed_at = NULL, expires_at = {{now}} + {{ms}} \
+                 WHERE id = $7 AND {prunable}{{returning id, created_at}}"
             )),
-            insert_claimed_charge: sql(format!(
-                "INSERT INTO charges ({CHARGE_COLUMNS}) SELECT {}, created_at, created_at \
-                 FROM idempotent_requests WHERE id = $12",
-                charge_values(1)
+            insert_claimed_charge: r(&format!(
+                "INSERT INTO charges ({CHARGE_COLUMNS}) SELECT {{charge}}, created_at, \
+                 created_at FROM idempotent_requests WHERE id = $12"
             )),
             // One reading of the clock for both times.
-            insert_charge: sql(format!(
-                "INSERT INTO charges ({CHARGE_COLUMNS}) SELECT {}, at, at \
-                 FROM (SELECT {now} AS at) AS clock{}",
-                charge_values(1),
-                returning("created_at")
+            insert_charge: r(&format!(
+                "INSERT INTO charges ({CHARGE_COLUMNS}) SELECT {{charge}}, at, at \
+                 FROM (SELECT {{now}} AS at) AS clock{{returning created_at}}"
             )),
-            charge_created_at: sql("SELECT created_at FROM charges WHERE id = $1".to_owned()),
-            take_over: age(5).map(|guard| {
-                sql(format!(
-                    "UPDATE idempotent_requests SET lease_token = $1, locked_until = {now} + {} \
-                     WHERE id = $3 AND state = 'in_progress' AND lease_token = $4 \
-                     AND locked_until <= {now}{guard}",
-                    ms(2)
-                ))
-            }),
-            release: sql(format!(
-                "UPDATE idempotent_requests SET locked_until = {now} \
-                 WHERE id = $1 AND state = 'in_progress' AND lease_token = $2"
-            )),
-            // Outside a finish, only a charge still pending is settled.
-            settle: sql(format!(
-                "UPDATE charges SET status = $1, gateway_charge_id = $2, decline_code = $3, \
-                 updated_at = {now} WHERE id = $4 AND (NOT $5 OR status = 'pending')"
-            )),
-            // The candidate is picked, then re-checked as it is once locked.
-            claim_expired: [(under, recheck_under), (at_least, recheck_at_least)].map(
-                |(pick, recheck)| {
-                    sql(format!(
-                        "UPDATE idempotent_requests SET lease_token = $1, \
-                         locked_until = {now} + {} WHERE id = ({pick}) \
-                         AND state = 'in_progress' AND locked_until <= {now}{recheck} \
-                         RETURNING {}, {} AS lease_live, {} AS expired, {} AS age_ms",
-                        ms(2),
-                        record_columns!(),
-                        D::flag(&format!(
-                            "locked_until IS NOT NULL AND locked_until > {now}"
-                        )),
-                        D::flag(&format!("expires_at <= {now}")),
-                        D::ms_since("created_at"),
-                    ))
-                },
+            charge_created_at: r("SELECT created_at FROM charges WHERE id = $1"),
+            take_over: aged(
+                "UPDATE idempotent_requests SET lease_token = $1, locked_until = {now} + {ms} \
+                 WHERE id = $3 AND state = 'in_progress' AND lease_token = $4 \
+                 AND locked_until <= {now} AND created_at {age} {now} - {ms}",
             ),
-            candidate: candidate(1).map(sql),
-            lease_by_id: sql(format!(
-                "UPDATE idempotent_requests SET lease_token = $1, locked_until = {now} + {} \
-                 WHERE id = $3",
-                ms(2)
+            release: r("UPDATE idempotent_requests SET locked_until = {now} \
+                WHERE id = $1 AND state = 'in_progress' AND lease_token = $2"),
+            // Outside a finish, only a charge still pending is settled.
+            settle: r("UPDATE charges SET status = $1, gateway_charge_id = $2, \
+                decline_code = $3, updated_at = {now} \
+                WHERE id = $4 AND (NOT $5 OR status = 'pending')"),
+            // The candidate is picked, then re-checked as it is once locked.
+            claim_expired: aged(&format!(
+                "UPDATE idempotent_requests SET lease_token = $1, locked_until = {{now}} + {{ms}} \
+                 WHERE id = ({pick} ORDER BY locked_until LIMIT 1{{skip_locked}}) \
+                 AND state = 'in_progress' AND locked_until <= {{now}} \
+                 AND created_at {{age}} {{now}} - {{ms}} RETURNING {{record}}"
             )),
-            prune: sql(if D::DELETE_LIMIT {
+            candidate: aged(&format!(
+                "{pick} ORDER BY locked_until LIMIT 1{{skip_locked}}"
+            )),
+            lease_by_id: r("UPDATE idempotent_requests \
+                SET lease_token = $1, locked_until = {now} + {ms} WHERE id = $3"),
+            prune: r(&if D::DELETE_LIMIT {
                 format!("DELETE FROM idempotent_requests WHERE {prunable} LIMIT $1")
             } else {
                 format!(
                     "DELETE FROM idempotent_requests WHERE id IN (SELECT id \
-                     FROM idempotent_requests WHERE {prunable} LIMIT $1{})",
-                    D::SKIP_LOCKED
+                     FROM idempotent_requests WHERE {prunable} LIMIT $1{{skip_locked}})"
                 )
             }),
-            count_prunable: sql(format!(
+            count_prunable: r(&format!(
                 "SELECT COUNT(*) FROM idempotent_requests WHERE {prunable}"
             )),
-            charge: sql(format!(
-                "SELECT id, customer_id, amount_cents, currency, card_token, description, \
-                 {}, status, provider_key, gateway_charge_id, decline_code, created_at, \
-                 updated_at FROM charges WHERE id = $1",
-                D::METADATA
-            )),
-            applied_migrations: sql(
-                "SELECT version FROM _sqlx_migrations WHERE success = TRUE".to_owned()
+            charge: r(
+                "SELECT id, customer_id, amount_cents, currency, card_token, \
+                description, {metadata}, status, provider_key, gateway_charge_id, \
+                decline_code, created_at, updated_at FROM charges WHERE id = $1",
             ),
+            applied_migrations: r("SELECT version FROM _sqlx_migrations WHERE success = TRUE"),
             // A known key's record comes back and nothing is attempted; a
             // fresh key inserts the record and its pending charge (the
             // charge takes the record's `created_at`). No row: the key
             // exists but this statement's snapshot cannot see it.
             claim_or_read: D::ONE_STATEMENT.then(|| {
-                sql(format!(
-                    "WITH existing AS ({select_record} \
+                r(&format!(
+                    "WITH existing AS (SELECT {{record}} FROM idempotent_requests \
                        WHERE idempotency_key = $1 AND route = $2), \
                      claimed AS (INSERT INTO idempotent_requests ({NEW_RECORD_COLUMNS}) \
-                       SELECT {} WHERE NOT EXISTS (SELECT 1 FROM existing) \
-                       ON CONFLICT (idempotency_key, route) DO NOTHING \
-                       RETURNING {}, {} AS lease_live, {} AS expired, {} AS age_ms), \
+                       SELECT {{new_record}} WHERE NOT EXISTS (SELECT 1 FROM existing) \
+                       ON CONFLICT (idempotency_key, route) DO NOTHING RETURNING {{record}}), \
                      charge AS (INSERT INTO charges ({CHARGE_COLUMNS}) \
-                       SELECT {}, created_at, created_at FROM claimed) \
+                       SELECT {{charge}}, created_at, created_at FROM claimed) \
                      SELECT true AS claimed, * FROM claimed \
-                     UNION ALL SELECT false, * FROM existing",
-                    new_record(3),
-                    record_columns!(),
-                    D::flag(&format!(
-                        "locked_until IS NOT NULL AND locked_until > {now}"
-                    )),
-                    D::flag(&format!("expires_at <= {now}")),
-                    D::ms_since("created_at"),
-                    charge_values(11),
+                     UNION ALL SELECT false, * FROM existing"
                 ))
             }),
             // The record (only under this lease) and its charge together.
             finish_one: D::ONE_STATEMENT.then(|| {
-                sql(format!(
+                r(&format!(
                     "WITH done AS ({finish_record} RETURNING charge_id), \
                      settled AS (UPDATE charges SET status = $8, gateway_charge_id = $9, \
-                       decline_code = $10, updated_at = {now} FROM done \
+                       decline_code = $10, updated_at = {{now}} FROM done \
                        WHERE charges.id = done.charge_id AND charges.id = $11 \
                        RETURNING charges.id) \
                      SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM settled)"
                 ))
             }),
-            finish_record: sql(finish_record),
+            finish_record: r(finish_record),
         }
     }
 }
