@@ -45,7 +45,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
-use payments_client::load::{self, Config, Report, Scenario};
+use payments_loadtest::load::{self, Config, Report, Scenario};
 use tokio::sync::watch;
 
 use database::BenchDb;

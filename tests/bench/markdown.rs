@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use payments_client::load::{Count, Report, StoppedBy};
+use payments_loadtest::load::{Count, Report, StoppedBy};
 
 use crate::results::{BackendResults, Prune, Results, Slow, Storm, p99, server_errors, stream};
 use crate::settings::{Backend, Settings};

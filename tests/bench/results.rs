@@ -2,7 +2,7 @@
 //! the markdown: the machine, the settings, per backend each scenario's
 //! load [`Report`] plus what the bench measured around it, and the failures.
 
-use payments_client::load::{Report, StreamReport};
+use payments_loadtest::load::{Report, StreamReport};
 use serde::Serialize;
 
 use crate::machine::Machine;

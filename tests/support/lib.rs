@@ -535,6 +535,19 @@ impl Default for AppOptions {
     }
 }
 
+impl AppOptions {
+    /// The defaults, with a provider that takes `latency_ms` per charge.
+    pub fn slow_provider(latency_ms: u64) -> Self {
+        Self {
+            sandbox: SandboxConfig {
+                latency_ms,
+                ..SandboxConfig::default()
+            },
+            ..Self::default()
+        }
+    }
+}
+
 /// The real API in front of a real sandbox, both on loopback.
 pub struct TestApp {
     pub base_url: String,

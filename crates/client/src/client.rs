@@ -283,9 +283,15 @@ impl Client {
         }
     }
 
-    /// One `POST /api/charges`, with `key` if given. The retry loop and the
-    /// smoke checks build every request here.
-    pub(crate) fn post_charge(
+    /// One `POST /api/charges` attempt, with `key` if given (`None` sends no
+    /// `Idempotency-Key` at all). The retry loop builds every attempt here,
+    /// and so do tools that judge each attempt themselves (the smoke checks,
+    /// the load generator: `payments-loadtest`), sending it with
+    /// [`exchange`].
+    ///
+    /// This is one attempt, not an operation: a service charges with
+    /// [`Client::charge`], which sends the same key on every retry.
+    pub fn post_charge(
         &self,
         key: Option<&IdempotencyKey>,
         body: Vec<u8>,
@@ -431,7 +437,7 @@ impl<'c> Operation<'c> {
 
 /// A response, read in full.
 #[derive(Debug, Clone)]
-pub(crate) struct Exchange {
+pub struct Exchange {
     pub status: u16,
     /// `Idempotent-Replay: true`.
     pub replayed: bool,
@@ -441,7 +447,7 @@ pub(crate) struct Exchange {
 }
 
 /// Sends `request` and reads the whole body (both under its timeout).
-pub(crate) async fn exchange(request: reqwest::RequestBuilder) -> Result<Exchange, reqwest::Error> {
+pub async fn exchange(request: reqwest::RequestBuilder) -> Result<Exchange, reqwest::Error> {
     let response = request.send().await?;
     let status = response.status().as_u16();
     let headers = response.headers().clone();

@@ -101,7 +101,7 @@ impl ClientError {
 }
 
 /// An error and its causes on one line (reqwest's own message is terse).
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut chain = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {

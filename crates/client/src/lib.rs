@@ -1,8 +1,9 @@
 //! # payments-client
 //!
-//! A typed async client for the payments API with the correct retry loop,
-//! and `payments-smoke`, which proves from the outside that a deployed
-//! server takes money exactly once.
+//! A typed async client for the payments API with the correct retry loop.
+//! `payments-smoke` (which proves from the outside that a deployed server
+//! takes money exactly once) and `payments-load` are built on it, in the
+//! `payments-loadtest` crate.
 //!
 //! ## ONE KEY PER OPERATION, NEVER ONE PER ATTEMPT
 //!
@@ -50,20 +51,17 @@
 //! - [`key`]: [`IdempotencyKey`], checked against the server's rules once.
 //! - [`model`]: the wire types ([`ChargeRequest`], [`Charge`], [`ApiError`]).
 //! - [`error`]: [`ClientError`], split by what the caller should do next.
-//! - [`smoke`]: the checks behind the `payments-smoke` binary, callable from
-//!   tests ([`smoke::run`]).
-//! - [`load`]: the scenarios behind the `payments-load` binary ([`load::run`]).
-//! - `database`: finds a smoke or load run's tagged charges on any backend.
+//!
+//! Tools that judge every single attempt themselves (the smoke checks, the
+//! load generator) build it with [`Client::post_charge`] and read it with
+//! [`client::exchange`]; a service calls [`Client::charge`].
 #![forbid(unsafe_code)]
 
 pub mod client;
-mod database;
 pub mod error;
 pub mod key;
-pub mod load;
 pub mod model;
 pub mod retry;
-pub mod smoke;
 
 pub use client::{Answer, ChargeOutcome, Client, ClientBuilder};
 pub use error::ClientError;

@@ -2,7 +2,6 @@
 
 use std::collections::BTreeMap;
 
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// The body of `POST /api/charges`. The server refuses unknown fields, so
@@ -80,7 +79,10 @@ pub struct Charge {
     pub metadata: BTreeMap<String, String>,
     /// The provider's id for the charge, once it answered.
     pub gateway_charge_id: Option<String>,
-    pub created_at: DateTime<Utc>,
+    /// When the server took the charge: RFC 3339 in UTC, as the server wrote
+    /// it (`2024-05-01T12:00:00.123Z`). Kept as text so the client imposes
+    /// no date library; parse it with the one the service already uses.
+    pub created_at: String,
 }
 
 /// The inside of the error envelope `{"error":{...}}`.
@@ -117,7 +119,7 @@ impl ApiError {
 
     /// The envelope in `body`, or a stand-in naming the status when the
     /// answer is not ours (a proxy's HTML page, say).
-    pub(crate) fn from_response(status: u16, body: &[u8]) -> Self {
+    pub fn from_response(status: u16, body: &[u8]) -> Self {
         Self::from_envelope(body).unwrap_or_else(|| Self {
             code: format!("http_{status}"),
             message: snippet(body),

@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use rand::Rng;
-
 /// How long one operation may keep retrying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
@@ -49,9 +47,21 @@ impl RetryPolicy {
     pub fn delay(&self, failed: u32, retry_after: Option<Duration>) -> Duration {
         let ceiling = self.ceiling(failed);
         let millis = u64::try_from(ceiling.as_millis()).unwrap_or(u64::MAX);
-        let jittered = Duration::from_millis(rand::rng().random_range(0..=millis));
+        let jittered = Duration::from_millis(uniform(millis));
         jittered.max(retry_after.unwrap_or_default())
     }
+}
+
+/// A draw uniform in `[0, max]` from the operating system's generator (the
+/// one `uuid` uses for the keys). Should the generator fail, `max`: the
+/// longest wait is the safe one.
+fn uniform(max: u64) -> u64 {
+    let Ok(random) = getrandom::u64() else {
+        return max;
+    };
+    // `random / 2^64 * (max + 1)` in integers: no modulo bias, and the result
+    // is at most `max`, so the cast keeps every bit.
+    ((u128::from(random) * (u128::from(max) + 1)) >> 64) as u64
 }
 
 #[cfg(test)]
@@ -76,6 +86,16 @@ mod tests {
             [100, 200, 400, 800, 1000]
         );
         assert_eq!(p.ceiling(1000), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn uniform_stays_within_its_bound_and_spreads() {
+        assert_eq!(uniform(0), 0);
+        let draws: Vec<u64> = (0..200).map(|_| uniform(9)).collect();
+        assert!(draws.iter().all(|d| *d <= 9));
+        assert!(draws.iter().any(|d| *d < 5) && draws.iter().any(|d| *d >= 5));
+        // The widest range neither overflows nor panics.
+        let _ = uniform(u64::MAX);
     }
 
     #[test]

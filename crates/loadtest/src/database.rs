@@ -12,6 +12,15 @@ use std::str::FromStr;
 use sqlx::sqlite::SqliteConnectOptions;
 use sqlx::{ConnectOptions, Connection, MySqlConnection, PgConnection, SqliteConnection};
 
+/// The `charges` rows whose metadata, cast to text, is `LIKE` the bound
+/// pattern: SQLite's statement, then PostgreSQL's and MySQL's.
+const SQLITE_TAGGED: &str = "SELECT id, status, CAST(metadata AS TEXT) FROM charges \
+                             WHERE CAST(metadata AS TEXT) LIKE ?";
+const POSTGRES_TAGGED: &str = "SELECT id, status, CAST(metadata AS TEXT) FROM charges \
+                               WHERE CAST(metadata AS TEXT) LIKE $1";
+const MYSQL_TAGGED: &str = "SELECT id, status, CAST(metadata AS CHAR) FROM charges \
+                            WHERE CAST(metadata AS CHAR) LIKE ?";
+
 /// One connection (no pool needed), used only for SELECTs.
 #[derive(Debug)]
 pub(crate) enum Database {
@@ -61,41 +70,35 @@ impl Database {
         value: &str,
     ) -> Result<Vec<TaggedRow>, sqlx::Error> {
         let pattern = format!("%{value}%");
-        let rows: Vec<(String, String, String)> = match self {
-            Self::Sqlite(conn) => {
-                sqlx::query_as(
-                    "SELECT id, status, CAST(metadata AS TEXT) FROM charges \
-                     WHERE CAST(metadata AS TEXT) LIKE ?",
-                )
-                .bind(pattern)
-                .fetch_all(conn)
-                .await?
-            }
-            Self::Postgres(conn) => {
-                sqlx::query_as(
-                    "SELECT id, status, CAST(metadata AS TEXT) FROM charges \
-                     WHERE CAST(metadata AS TEXT) LIKE $1",
-                )
-                .bind(pattern)
-                .fetch_all(conn)
-                .await?
-            }
-            Self::MySql(conn) => {
-                sqlx::query_as(
-                    "SELECT id, status, CAST(metadata AS CHAR) FROM charges \
-                     WHERE CAST(metadata AS CHAR) LIKE ?",
-                )
-                .bind(pattern)
-                .fetch_all(conn)
-                .await?
-            }
+        let rows = match self {
+            Self::Sqlite(conn) => select(conn, SQLITE_TAGGED, pattern).await?,
+            Self::Postgres(conn) => select(conn, POSTGRES_TAGGED, pattern).await?,
+            Self::MySql(conn) => select(conn, MYSQL_TAGGED, pattern).await?,
         };
         Ok(keep_tagged(rows, tag, value))
     }
 }
 
+/// `(id, status, metadata as text)`.
+type Row = (String, String, String);
+
+/// Runs one dialect's `sql` with `pattern` bound to its placeholder.
+async fn select<'c, DB>(
+    conn: impl sqlx::Executor<'c, Database = DB>,
+    sql: &'static str,
+    pattern: String,
+) -> Result<Vec<Row>, sqlx::Error>
+where
+    DB: sqlx::Database,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'r> Row: sqlx::FromRow<'r, DB::Row>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    sqlx::query_as(sql).bind(pattern).fetch_all(conn).await
+}
+
 /// Keeps the rows whose parsed metadata really has `tag` = `value`.
-fn keep_tagged(rows: Vec<(String, String, String)>, tag: &str, value: &str) -> Vec<TaggedRow> {
+fn keep_tagged(rows: Vec<Row>, tag: &str, value: &str) -> Vec<TaggedRow> {
     rows.into_iter()
         .filter_map(|(id, status, metadata)| {
             let metadata: BTreeMap<String, serde_json::Value> =

@@ -1,5 +1,5 @@
 //! `payments-smoke`: the post-deploy idempotency check (see
-//! `payments_client::smoke`). Exit status 0 when every check passed, 1 when
+//! `payments_loadtest::smoke`). Exit status 0 when every check passed, 1 when
 //! one failed, 2 on bad usage or when the server or database is unreachable.
 #![forbid(unsafe_code)]
 
@@ -7,7 +7,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use payments_client::smoke::{self, Config, EXIT_ERROR};
+use payments_loadtest::smoke::{self, Config};
+use payments_loadtest::tool;
 
 /// Proves from the outside that a deployed payments API takes money exactly
 /// once. Safe to run repeatedly: fresh keys, small sandbox charges tagged
@@ -60,31 +61,5 @@ fn main() -> ExitCode {
         currency: args.currency,
         card_token: args.card_token,
     };
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(e) => return error(json, &format!("cannot start the runtime: {e}")),
-    };
-    match runtime.block_on(smoke::run(&config)) {
-        Ok(report) => {
-            if json {
-                println!("{}", report.to_json());
-            } else {
-                print!("{}", report.to_text());
-            }
-            ExitCode::from(report.exit_code())
-        }
-        Err(e) => error(json, &e.to_string()),
-    }
-}
-
-/// Could not run the checks at all: exit 2, with a JSON object for machines.
-fn error(json: bool, message: &str) -> ExitCode {
-    eprintln!("payments-smoke: {message}");
-    if json {
-        println!("{}", serde_json::json!({"passed": false, "error": message}));
-    }
-    ExitCode::from(EXIT_ERROR)
+    tool::finish("payments-smoke", json, smoke::run(&config))
 }

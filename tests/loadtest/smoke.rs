@@ -3,18 +3,14 @@
 //! and as the real binary.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::http::{StatusCode, header};
-use axum::routing::post;
 use payments_api::config::KeyMode;
-use payments_client::smoke::{self, Check, Config};
-use payments_sandbox::SandboxConfig;
+use payments_loadtest::smoke::{self, Check, Config};
 use payments_tests::{AppOptions, Backend, TestApp, spawn_app};
+
+use super::{non_idempotent_server, run_tool, sqlite_app};
 
 const ALL_CHECKS: [Check; 5] = [
     Check::ConcurrentSameKey,
@@ -24,12 +20,6 @@ const ALL_CHECKS: [Check; 5] = [
     Check::OneRowPerKey,
 ];
 
-async fn sqlite_app(options: AppOptions) -> TestApp {
-    spawn_app(Backend::Sqlite, options)
-        .await
-        .expect("SQLite is always available")
-}
-
 fn config_for(app: &TestApp) -> Config {
     let mut config = Config::new(&app.base_url, app.token("cus_smoke"));
     config.database_url = Some(app.db.url.clone());
@@ -37,62 +27,9 @@ fn config_for(app: &TestApp) -> Config {
     config
 }
 
-/// A server that charges every request: each `POST /api/charges` makes a
-/// new charge and answers 201, whatever its key. Never 409, 422 or a replay.
-async fn non_idempotent_server() -> (String, Arc<AtomicU64>) {
-    let charges = Arc::new(AtomicU64::new(0));
-    let counter = charges.clone();
-    let app = Router::new().route(
-        "/api/charges",
-        post(move |body: Bytes| {
-            let counter = counter.clone();
-            async move {
-                // A little work, so concurrent requests overlap.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
-                let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-                let charge = serde_json::json!({
-                    "id": format!("ch_standin_{n}"),
-                    "customer_id": "cus_smoke",
-                    "amount_cents": request["amount_cents"],
-                    "currency": request["currency"],
-                    "status": "succeeded",
-                    "description": request["description"],
-                    "metadata": request["metadata"],
-                    "gateway_charge_id": format!("gw_{n}"),
-                    "created_at": "2024-05-01T12:00:00.000Z",
-                });
-                (
-                    StatusCode::CREATED,
-                    [(header::CONTENT_TYPE, "application/json")],
-                    charge.to_string(),
-                )
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (url, charges)
-}
-
 /// Runs the real `payments-smoke` binary: (exit code, stdout, stderr).
 async fn smoke_binary(args: &[&str]) -> (i32, String, String) {
-    let output = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_payments-smoke"))
-            .args(args)
-            .env_clear()
-            .output(),
-    )
-    .await
-    .expect("payments-smoke finished in time")
-    .expect("run payments-smoke");
-    (
-        output.status.code().expect("exited"),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    run_tool("payments-smoke", args).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -119,14 +56,7 @@ async fn passes_against_the_real_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn passes_through_the_409_path_with_a_slow_provider() {
-    let app = sqlite_app(AppOptions {
-        sandbox: SandboxConfig {
-            latency_ms: 400,
-            ..Default::default()
-        },
-        ..Default::default()
-    })
-    .await;
+    let app = sqlite_app(AppOptions::slow_provider(400)).await;
 
     let report = smoke::run(&config_for(&app)).await.unwrap();
 
@@ -166,7 +96,7 @@ async fn optional_key_mode_passes_with_a_note_unless_keys_are_required() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fails_against_a_server_that_charges_every_request() {
-    let (url, charges) = non_idempotent_server().await;
+    let (url, charges) = non_idempotent_server(Duration::from_millis(50)).await;
 
     let report = smoke::run(&Config::new(&url, "any-token")).await.unwrap();
     println!("{}", report.to_text());
@@ -219,7 +149,7 @@ async fn the_binary_exits_0_1_or_2_and_speaks_json() {
     );
 
     // A server that charges every request: exit 1, the failures named.
-    let (url, _) = non_idempotent_server().await;
+    let (url, _) = non_idempotent_server(Duration::from_millis(50)).await;
     let (code, stdout, _) = smoke_binary(&["--base-url", &url, "--token", "t"]).await;
     assert_eq!(code, 1, "{stdout}");
     assert!(stdout.contains("FAIL  concurrent_same_key"), "{stdout}");

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use payments_client::model::ChargeStatus;
 use tokio::sync::{Barrier, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -14,7 +15,6 @@ use super::LoadError;
 use super::operation::{Looked, OpRecord, Operation, Run, Seen};
 use super::sandbox::Sandbox;
 use super::stream::{Stream, TransportError};
-use crate::model::ChargeStatus;
 
 /// What a scenario hands back for the report.
 #[derive(Debug)]

@@ -6,18 +6,12 @@
 
 use std::time::Duration;
 
-use axum::Router;
-use axum::http::{StatusCode, header};
-use axum::routing::post;
-use payments_client::load::{self, Config, EXIT_CORRECT, EXIT_ERROR, Report, Scenario, StoppedBy};
-use payments_sandbox::SandboxConfig;
+use payments_loadtest::load::{
+    self, Config, EXIT_CORRECT, EXIT_ERROR, Report, Scenario, StoppedBy,
+};
 use payments_tests::{AppOptions, Backend, TestApp, spawn_app};
 
-async fn sqlite_app(options: AppOptions) -> TestApp {
-    spawn_app(Backend::Sqlite, options)
-        .await
-        .expect("SQLite is always available")
-}
+use super::{non_idempotent_server, run_tool, sqlite_app};
 
 fn config_for(app: &TestApp, scenario: Scenario) -> Config {
     let mut config = Config::new(&app.base_url, app.token("cus_load"), scenario);
@@ -151,14 +145,7 @@ async fn replay_answers_every_request_from_the_store() {
 async fn storm_charges_each_key_once() {
     // A provider slow enough that the storm overlaps the first attempt
     // (the 409 path); correctness does not depend on it.
-    let app = sqlite_app(AppOptions {
-        sandbox: SandboxConfig {
-            latency_ms: 100,
-            ..Default::default()
-        },
-        ..Default::default()
-    })
-    .await;
+    let app = sqlite_app(AppOptions::slow_provider(100)).await;
     let scenario = Scenario::Storm {
         keys: 5,
         per_key: 20,
@@ -262,43 +249,10 @@ async fn slow_provider_past_the_gateway_timeout_retries_503_to_one_charge() {
     assert_eq!(real_counts(&app).await, (11, 11));
 }
 
-/// A server that charges every request anew, whatever its key: replays are
-/// fresh 201s. The load generator must call that incorrect.
-async fn non_idempotent_server() -> String {
-    let counter = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let app = Router::new().route(
-        "/api/charges",
-        post(move || {
-            let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            async move {
-                let charge = serde_json::json!({
-                    "id": format!("ch_standin_{n}"),
-                    "customer_id": "cus_load",
-                    "amount_cents": 100,
-                    "currency": "GBP",
-                    "status": "succeeded",
-                    "description": null,
-                    "metadata": {},
-                    "gateway_charge_id": format!("gw_{n}"),
-                    "created_at": "2024-05-01T12:00:00.000Z",
-                });
-                (
-                    StatusCode::CREATED,
-                    [(header::CONTENT_TYPE, "application/json")],
-                    charge.to_string(),
-                )
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_server_that_charges_every_replay_is_incorrect() {
-    let url = non_idempotent_server().await;
+    // Replays are fresh 201s: the load generator must call that incorrect.
+    let (url, _) = non_idempotent_server(Duration::ZERO).await;
     let scenario = Scenario::Replay {
         keys: 2,
         requests: 10,
@@ -318,21 +272,7 @@ async fn a_server_that_charges_every_replay_is_incorrect() {
 
 /// Runs the real `payments-load` binary: (exit code, stdout, stderr).
 async fn load_binary(args: &[&str]) -> (i32, String, String) {
-    let output = tokio::time::timeout(
-        Duration::from_secs(120),
-        tokio::process::Command::new(env!("CARGO_BIN_EXE_payments-load"))
-            .args(args)
-            .env_clear()
-            .output(),
-    )
-    .await
-    .expect("payments-load finished in time")
-    .expect("run payments-load");
-    (
-        output.status.code().expect("exited"),
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    )
+    run_tool("payments-load", args).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

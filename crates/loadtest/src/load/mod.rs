@@ -4,8 +4,8 @@
 //! database holds must equal the operations that got a final 201.
 //!
 //! # Layout
-//! - this module: [`Config`], [`Scenario`], [`run`] (checks, the scenario,
-//!   then the accounting) and [`LoadError`].
+//! - this module: [`Config`], [`Scenario`] (also the binary's subcommands),
+//!   [`run`] (checks, the scenario, then the accounting) and [`LoadError`].
 //! - `target`: loopback only; any other host is refused before a request.
 //! - `operation`: one logical charge (key and body fixed before the first
 //!   attempt), single attempts timed into a stream, the correct retry loop,
@@ -43,6 +43,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use payments_client::{Client, ClientError, RetryPolicy};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -51,43 +52,86 @@ pub use report::{
 };
 pub use stream::{Count, Latency, StreamReport};
 
-use crate::client::Client;
-use crate::error::{ClientError, error_chain};
-use crate::retry::RetryPolicy;
+use crate::tool::{self, PreflightError};
 use operation::{OpRecord, Run, Violations};
 use sandbox::Sandbox;
 
-/// What to run. Counts are at least 1 ([`run`] refuses 0).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What to run, and the `payments-load` subcommand that says it: the first
+/// line of each variant is its `--help`, each field a flag with the binary's
+/// default. Counts are at least 1 (the flags and [`run`] refuse 0).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 pub enum Scenario {
+    /// Every request a fresh key.
+    ///
     /// `requests` operations, each a fresh key, `concurrency` at a time.
-    New { requests: u64, concurrency: u64 },
+    #[command(long_about = None)]
+    New {
+        /// Operations in all.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+        requests: u64,
+        /// Operations at a time.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+        concurrency: u64,
+    },
+    /// Completed keys re-sent round-robin: every answer must be a replay.
+    ///
     /// `keys` charges made first, then `requests` re-sends of their exact
     /// keys and bodies, round-robin, `concurrency` at a time. Every answer
     /// must be the stored 201 with `Idempotent-Replay: true`.
+    #[command(long_about = None)]
     Replay {
+        /// Charges made first, then re-sent.
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
         keys: u64,
+        /// Re-sends in all.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         requests: u64,
+        /// Requests at a time.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
         concurrency: u64,
     },
+    /// Many concurrent requests per key: one charge per key, only 201/409.
+    ///
     /// For each of `keys` keys, `per_key` requests with that key and body
     /// released at once (`concurrency` keys at a time); only 201 and 409 are
     /// allowed, and a retry after the storm must end 201.
+    #[command(long_about = None)]
     Storm {
+        /// Keys, one after another (`--concurrency` at a time).
+        #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
         keys: u64,
+        /// Requests per key, released at once.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
         per_key: u64,
+        /// Keys stormed at a time.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
         concurrency: u64,
     },
+    /// A slow provider: many charges in flight, replays and GETs measured
+    /// meanwhile.
+    ///
     /// The sandbox's latency set to `provider_latency`, `in_flight` charges
     /// started at once, each a correct retry loop until 201, while
     /// `probe_concurrency` probes re-send `probe_keys` completed keys and
     /// `GET` their charges, pausing `probe_interval` between rounds. Needs
     /// [`Config::sandbox_url`]; the latency is set back to 0 at the end.
+    #[command(long_about = None)]
     Slow {
-        in_flight: u64,
+        /// The sandbox's latency during the run (set back to 0 at the end).
+        #[arg(long, default_value = "18s", value_parser = humantime::parse_duration)]
         provider_latency: Duration,
+        /// Charges started at once, each retried with its key until 201.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+        in_flight: u64,
+        /// Probes at a time, each a replay then a GET of a completed charge.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
         probe_concurrency: u64,
+        /// Completed charges made first for the probes.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
         probe_keys: u64,
+        /// Each probe's pause between rounds, so probes measure latency
+        /// rather than add load of their own.
+        #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
         probe_interval: Duration,
     },
 }
@@ -221,18 +265,8 @@ impl Config {
 
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The token and the database URL (with its password) stay out of logs.
-        f.debug_struct("Config")
-            .field("base_url", &self.base_url)
-            .field("token", &"<redacted>")
+        tool::debug_settings(f, &self.base_url, self.database_url.as_deref())
             .field("sandbox_url", &self.sandbox_url)
-            .field(
-                "database_url",
-                &self
-                    .database_url
-                    .as_ref()
-                    .map(|u| format!("{}:<redacted>", u.split(':').next().unwrap_or_default())),
-            )
             .field("scenario", &self.scenario)
             .field("duration", &self.duration)
             .field("drain", &self.drain)
@@ -257,10 +291,9 @@ pub enum LoadError {
     Usage(String),
     #[error(transparent)]
     Client(#[from] ClientError),
-    #[error("cannot reach the server at {url}: {detail}")]
-    Unreachable { url: String, detail: String },
-    #[error("the server at {url} refused the token (401 unauthorized)")]
-    Unauthorized { url: String },
+    /// The server is unreachable or refused the token.
+    #[error(transparent)]
+    Preflight(#[from] PreflightError),
     #[error("the sandbox: {0}")]
     Sandbox(String),
     #[error("cannot use the database: {0}")]
@@ -305,7 +338,7 @@ pub async fn run(config: &Config) -> Result<Report, LoadError> {
     let run_id = format!("load-{}", uuid::Uuid::new_v4().simple());
 
     // Everything is reachable before anything is charged.
-    preflight(&client).await?;
+    tool::preflight(&client, "ch_load_preflight").await?;
     let mut database = match &config.database_url {
         Some(url) => {
             let mut db = database::connect(url).await?;
@@ -469,18 +502,4 @@ fn operations(ops: &[OpRecord]) -> Operations {
         counted.charged_twice += u64::from(op.charged_twice());
     }
     counted
-}
-
-/// The server answers and accepts the token, before anything is charged: a
-/// lookup of a charge that does not exist (404 expected).
-async fn preflight(client: &Client) -> Result<(), LoadError> {
-    let url = client.base_url().to_owned();
-    match client.get_charge("ch_load_preflight").await {
-        Err(ClientError::Transport(e)) => Err(LoadError::Unreachable {
-            url,
-            detail: error_chain(&e),
-        }),
-        Err(ClientError::Rejected { status: 401, .. }) => Err(LoadError::Unauthorized { url }),
-        _ => Ok(()),
-    }
 }

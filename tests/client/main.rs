@@ -14,7 +14,6 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use payments_client::{Answer, ChargeRequest, Client, ClientError, IdempotencyKey};
-use payments_sandbox::SandboxConfig;
 use payments_tests::{AppOptions, Backend, TestApp, spawn_app};
 
 // ---------------------------------------------------------------------------
@@ -126,6 +125,21 @@ fn fast_client(url: &str) -> Client {
         .unwrap()
 }
 
+/// A client that gives up after three attempts, backing off briefly.
+fn three_attempt_client(url: &str) -> Client {
+    Client::builder(url, "token")
+        .max_attempts(3)
+        .backoff(Duration::from_millis(10), Duration::from_millis(20))
+        .build()
+        .unwrap()
+}
+
+/// `err` leaves the charge's outcome open, and its message says what to do.
+fn assert_outcome_unknown(err: &ClientError, advice: &str) {
+    assert!(err.outcome_unknown(), "{err:?}");
+    assert!(err.to_string().contains(advice), "{err}");
+}
+
 fn visa() -> ChargeRequest {
     ChargeRequest::new(100, "GBP", "tok_visa")
 }
@@ -210,11 +224,7 @@ async fn request_abandoned_is_final_and_keeps_the_key() {
     assert_eq!(*attempts, 1);
     assert_eq!(server.seen().len(), 1, "never retried");
     assert_eq!(server.seen()[0].key.as_deref(), Some(key.as_str()));
-    assert!(err.outcome_unknown());
-    assert!(
-        err.to_string()
-            .contains("do not charge again with a new key")
-    );
+    assert_outcome_unknown(&err, "do not charge again with a new key");
 }
 
 #[tokio::test]
@@ -233,12 +243,10 @@ async fn other_server_errors_are_retried() {
 async fn gives_up_after_max_attempts_and_returns_the_key() {
     let (url, server) =
         stand_in(|_| canned(503, Some(0), &error_body("gateway_unavailable"))).await;
-    let client = Client::builder(&url, "token")
-        .max_attempts(3)
-        .backoff(Duration::from_millis(10), Duration::from_millis(20))
-        .build()
-        .unwrap();
-    let err = client.charge(&visa()).await.unwrap_err();
+    let err = three_attempt_client(&url)
+        .charge(&visa())
+        .await
+        .unwrap_err();
     let ClientError::GaveUp {
         key,
         attempts,
@@ -253,11 +261,7 @@ async fn gives_up_after_max_attempts_and_returns_the_key() {
     let seen = server.seen();
     assert_eq!(seen.len(), 3);
     assert!(seen.iter().all(|s| s.key.as_deref() == Some(key.as_str())));
-    assert!(err.outcome_unknown());
-    assert!(
-        err.to_string()
-            .contains("retry later with the same idempotency key")
-    );
+    assert_outcome_unknown(&err, "retry later with the same idempotency key");
 }
 
 #[tokio::test]
@@ -284,12 +288,10 @@ async fn connection_errors_are_retried_then_reported() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
-    let client = Client::builder(&url, "token")
-        .max_attempts(3)
-        .backoff(Duration::from_millis(10), Duration::from_millis(20))
-        .build()
-        .unwrap();
-    let err = client.charge(&visa()).await.unwrap_err();
+    let err = three_attempt_client(&url)
+        .charge(&visa())
+        .await
+        .unwrap_err();
     let ClientError::GaveUp { attempts, last, .. } = &err else {
         panic!("expected GaveUp, got {err:?}");
     };
@@ -308,14 +310,7 @@ async fn app(options: AppOptions) -> TestApp {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_provider_is_charged_once_through_timeouts_and_retries() {
-    let app = app(AppOptions {
-        sandbox: SandboxConfig {
-            latency_ms: 1200,
-            ..Default::default()
-        },
-        ..Default::default()
-    })
-    .await;
+    let app = app(AppOptions::slow_provider(1200)).await;
     // The incident in miniature: the client gives up on each attempt long
     // before the provider answers.
     let client = Client::builder(&app.base_url, app.token("cus_alice"))

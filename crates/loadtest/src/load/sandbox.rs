@@ -134,7 +134,8 @@ impl Sandbox {
         &self,
         request: reqwest::RequestBuilder,
     ) -> Result<T, LoadError> {
-        let failed = |e: reqwest::Error| LoadError::Sandbox(crate::error::error_chain(&e));
+        let failed =
+            |e: reqwest::Error| LoadError::Sandbox(payments_client::error::error_chain(&e));
         let response = request.send().await.map_err(failed)?;
         let status = response.status();
         let body = response.bytes().await.map_err(failed)?;

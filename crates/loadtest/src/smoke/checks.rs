@@ -1,10 +1,10 @@
 //! The HTTP checks. Each sends raw single requests (no retry loop) so it
 //! sees every status the server gives, and judges them against the contract.
 
-use crate::client::{Answer, Client, Exchange, exchange};
-use crate::error::error_chain;
-use crate::key::IdempotencyKey;
-use crate::model::{ApiError, ChargeRequest};
+use payments_client::client::{Answer, Client, Exchange, exchange};
+use payments_client::error::error_chain;
+use payments_client::key::IdempotencyKey;
+use payments_client::model::{ApiError, ChargeRequest};
 
 use super::Config;
 use super::report::{Check, CheckResult};

@@ -29,10 +29,11 @@ mod report;
 use std::fmt;
 use std::time::Duration;
 
+use payments_client::{Client, ClientError};
+
 pub use report::{Check, CheckResult, EXIT_ERROR, EXIT_FAILED, EXIT_PASSED, Report, Skipped};
 
-use crate::client::Client;
-use crate::error::ClientError;
+use crate::tool::{self, PreflightError};
 
 /// What to smoke-test and how.
 #[derive(Clone)]
@@ -70,17 +71,7 @@ impl Config {
 
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The token and the database URL (with its password) stay out of logs.
-        f.debug_struct("Config")
-            .field("base_url", &self.base_url)
-            .field("token", &"<redacted>")
-            .field(
-                "database_url",
-                &self
-                    .database_url
-                    .as_ref()
-                    .map(|u| format!("{}:<redacted>", u.split(':').next().unwrap_or_default())),
-            )
+        tool::debug_settings(f, &self.base_url, self.database_url.as_deref())
             .field("require_key", &self.require_key)
             .field("timeout", &self.timeout)
             .field("amount_cents", &self.amount_cents)
@@ -96,10 +87,9 @@ impl fmt::Debug for Config {
 pub enum SmokeError {
     #[error(transparent)]
     Client(#[from] ClientError),
-    #[error("cannot reach the server at {url}: {detail}")]
-    Unreachable { url: String, detail: String },
-    #[error("the server at {url} refused the token (401 unauthorized)")]
-    Unauthorized { url: String },
+    /// The server is unreachable or refused the token.
+    #[error(transparent)]
+    Preflight(#[from] PreflightError),
     #[error("unsupported database URL scheme {0:?}: use sqlite:, postgres:// or mysql://")]
     UnsupportedDatabase(String),
     #[error("cannot use the database: {0}")]
@@ -128,7 +118,7 @@ pub async fn run(config: &Config) -> Result<Report, SmokeError> {
         }
         None => None,
     };
-    preflight(&client).await?;
+    tool::preflight(&client, "ch_smoke_preflight").await?;
 
     let run = checks::Run {
         id: run_id.clone(),
@@ -173,19 +163,4 @@ pub async fn run(config: &Config) -> Result<Report, SmokeError> {
         results,
         skipped,
     ))
-}
-
-/// The server answers and accepts the token, before anything is charged:
-/// a lookup of a charge that does not exist (404 expected; anything but
-/// 401 or a transport failure lets the checks run and judge).
-async fn preflight(client: &Client) -> Result<(), SmokeError> {
-    let url = client.base_url().to_owned();
-    match client.get_charge("ch_smoke_preflight").await {
-        Err(ClientError::Transport(e)) => Err(SmokeError::Unreachable {
-            url,
-            detail: crate::error::error_chain(&e),
-        }),
-        Err(ClientError::Rejected { status: 401, .. }) => Err(SmokeError::Unauthorized { url }),
-        _ => Ok(()),
-    }
 }

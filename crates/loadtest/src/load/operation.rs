@@ -1,6 +1,7 @@
 //! One logical charge under load: its key and body (fixed before the first
-//! attempt, as in [`crate::Client::charge`]), single attempts timed into a
-//! [`Stream`], the correct retry loop, and what the answers said about it.
+//! attempt, as in [`payments_client::Client::charge`]), single attempts
+//! timed into a [`Stream`], the correct retry loop, and what the answers
+//! said about it.
 //!
 //! The load generator does not call `Client::charge`: that loop hides every
 //! attempt but the last, and a load report needs each attempt's status and
@@ -11,14 +12,13 @@ use std::collections::BTreeSet;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use payments_client::client::{Client, Exchange, REQUEST_ABANDONED, exchange};
+use payments_client::error::ClientError;
+use payments_client::key::IdempotencyKey;
+use payments_client::model::{ApiError, Charge, ChargeRequest};
+use payments_client::retry::RetryPolicy;
 use serde::Deserialize;
 use tokio::time::Instant;
-
-use crate::client::{Client, Exchange, REQUEST_ABANDONED, exchange};
-use crate::error::ClientError;
-use crate::key::IdempotencyKey;
-use crate::model::{ApiError, Charge, ChargeRequest};
-use crate::retry::RetryPolicy;
 
 use super::stream::{Stream, TransportError};
 
