@@ -1,20 +1,14 @@
 //! # payments-bench: `make bench`
 //!
 //! Measures the release binaries on this machine and writes
-//! `docs/benchmarks.md` (plus the raw reports in `target/bench/`):
-//!
-//! 1. Machine facts (CPU, memory, kernel, rustc, PostgreSQL and SQLite
-//!    versions, commit, date).
-//! 2. The release `payments-sandbox` on a free loopback port.
-//! 3. Per backend (a fresh SQLite file; a fresh database on the throwaway
-//!    PostgreSQL cluster, or on `BENCH_POSTGRES_URL`), with the release
-//!    `payments-api` and the `payments-load` library: `new`, `replay`,
-//!    `storm`, `slow` (pool of 10, peak RSS, pool timeouts) and `prune`
-//!    (a million expired records, `new` without and with
-//!    `payments-jobs prune --once`). On PostgreSQL, first the pgbench
-//!    ceiling: `tests/bench/charge.sql`, the SQL of one new charge.
-//! 4. The markdown, with the targets judged from the figures and the
-//!    hand-written analysis kept.
+//! `docs/benchmarks.md` (plus the raw reports in `target/bench/`): the
+//! machine's facts; then per backend (a fresh SQLite file; a fresh database
+//! on the throwaway PostgreSQL cluster, or on `BENCH_POSTGRES_URL`), with the
+//! release `payments-api` in front of the release `payments-sandbox` and the
+//! `payments-load` library, the scenarios `tests/bench/template.md` describes
+//! (on PostgreSQL first the pgbench ceiling, `tests/bench/charge.sql`); then
+//! the markdown, the targets judged from the figures and the hand-written
+//! analysis kept.
 //!
 //! The exit status is 1 when a load run was incorrect (the charges do not
 //! add up, a status its scenario forbids) or a process failed, 2 when the

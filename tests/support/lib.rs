@@ -112,7 +112,7 @@ macro_rules! backend_test {
 
 enum Guard {
     Sqlite(PathBuf),
-    Server(#[allow(dead_code)] TestDatabase),
+    Server(TestDatabase),
 }
 
 impl Drop for Guard {
@@ -139,7 +139,7 @@ pub struct TestDb {
     pub backend: Backend,
     store: Arc<dyn Store>,
     concrete: Concrete,
-    _guard: Guard,
+    guard: Guard,
 }
 
 impl std::fmt::Debug for TestDb {
@@ -230,13 +230,13 @@ impl TestDb {
             backend,
             store,
             concrete,
-            _guard: guard,
+            guard,
         }
     }
 
     /// Where it is, without a password: the SQLite file or the database name.
     pub fn describe(&self) -> String {
-        match &self._guard {
+        match &self.guard {
             Guard::Sqlite(path) => path.display().to_string(),
             Guard::Server(db) => format!("database {}", db.name),
         }
