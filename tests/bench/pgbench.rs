@@ -7,10 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use serde::Serialize;
-
-use crate::process::Command;
 
 /// What pgbench measured.
 #[derive(Debug, Clone, Serialize)]
@@ -43,36 +41,38 @@ pub async fn run(
     log: PathBuf,
 ) -> Result<Pgbench> {
     let threads = clients.min(2);
-    let output = Command::new("pgbench", program(), log)
-        .env("PGCONNECT_TIMEOUT", "10")
-        .args([
-            "-n".to_owned(),
-            "-M".to_owned(),
-            "prepared".to_owned(),
-            "-f".to_owned(),
-            script.display().to_string(),
-            "-c".to_owned(),
-            clients.to_string(),
-            "-j".to_owned(),
-            threads.to_string(),
-            "-T".to_owned(),
-            seconds.to_string(),
-            url.to_owned(),
-        ])
-        .run(Duration::from_secs(seconds + 120))
-        .await?;
+    let (c, j, t) = (
+        clients.to_string(),
+        threads.to_string(),
+        seconds.to_string(),
+    );
+    let mut pgbench = tokio::process::Command::new(program());
+    pgbench.args(["-n", "-M", "prepared", "-f"]).arg(script);
+    pgbench
+        .args(["-c", &c, "-j", &j, "-T", &t, url])
+        .env("PGCONNECT_TIMEOUT", "10");
+    let run = pgbench.kill_on_drop(true).output();
+    let within = Duration::from_secs(seconds + 120);
+    let out = tokio::time::timeout(within, run)
+        .await
+        .context("pgbench did not finish")??;
+    let output = String::from_utf8_lossy(&[out.stdout, out.stderr].concat()).into_owned();
+    std::fs::write(&log, &output).with_context(|| format!("writing {}", log.display()))?;
+    if !out.status.success() {
+        bail!("pgbench failed ({}):\n{output}", out.status);
+    }
     let tps = field(&output, "tps = ")
         .ok_or_else(|| anyhow!("no `tps = ` line in pgbench's output:\n{output}"))
         .and_then(|tps| tps.parse::<f64>().context("pgbench's tps"))?;
+    let number = |prefix| field(&output, prefix).and_then(|v| v.parse().ok());
     Ok(Pgbench {
         clients,
         threads,
         seconds,
         tps,
         latency_avg_ms: field(&output, "latency average = ").and_then(|v| v.parse().ok()),
-        transactions: field(&output, "number of transactions actually processed: ")
-            .and_then(|v| v.parse().ok()),
-        failed: field(&output, "number of failed transactions: ").and_then(|v| v.parse().ok()),
+        transactions: number("number of transactions actually processed: "),
+        failed: number("number of failed transactions: "),
     })
 }
 

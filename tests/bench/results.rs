@@ -2,12 +2,12 @@
 //! the markdown: the machine, the settings, per backend each scenario's
 //! load [`Report`] plus what the bench measured around it, and the failures.
 
-use payments_loadtest::load::{Report, StreamReport};
+use payments_loadtest::load::Report;
 use serde::Serialize;
 
-use crate::machine::Machine;
+use crate::machine::{Machine, PerCharge};
 use crate::pgbench::Pgbench;
-use crate::settings::{Backend, Knob};
+use crate::settings::Knob;
 
 #[derive(Debug, Serialize)]
 pub struct Results {
@@ -35,13 +35,14 @@ pub struct ApiSetup {
     pub log_level: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Default, Serialize)]
 pub struct BackendResults {
-    pub backend: Backend,
+    /// `sqlite`, `postgres`.
+    pub backend: &'static str,
     pub database: String,
     pub new: Option<Report>,
     /// CPU per charge during `new`, by process.
-    pub new_cpu: Option<crate::cpu::PerCharge>,
+    pub new_cpu: Option<PerCharge>,
     pub replay: Option<Report>,
     pub storm: Option<Storm>,
     pub slow: Option<Slow>,
@@ -58,22 +59,6 @@ pub struct BackendResults {
 pub struct FsyncOff {
     pub pgbench: Pgbench,
     pub new: Report,
-}
-
-impl BackendResults {
-    pub fn new(backend: Backend) -> Self {
-        Self {
-            backend,
-            database: String::new(),
-            new: None,
-            new_cpu: None,
-            replay: None,
-            storm: None,
-            slow: None,
-            prune: None,
-            fsync_off: None,
-        }
-    }
 }
 
 #[derive(Debug, Serialize)]
@@ -120,14 +105,9 @@ pub struct Prune {
     pub remaining: Option<u64>,
 }
 
-/// The first stream named `name`.
-pub fn stream<'a>(report: &'a Report, name: &str) -> Option<&'a StreamReport> {
-    report.stream(name)
-}
-
 /// p99 of a stream, µs.
 pub fn p99(report: &Report, name: &str) -> Option<u64> {
-    stream(report, name)?.latency_us.map(|l| l.p99)
+    report.stream(name)?.latency_us.map(|l| l.p99)
 }
 
 /// Answers with a 5xx status on every stream of a report.

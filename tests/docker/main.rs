@@ -2,21 +2,21 @@
 //! project's machines or CI): `docker/Dockerfile`, `docker/compose.yaml` and
 //! `docker/grafana-dashboard.json` must agree with the workspace they ship.
 //!
-//! - Every binary the Dockerfile builds and copies, and every command compose
-//!   runs, is a real `[[bin]]` of the workspace (`cargo metadata`), with real
-//!   subcommands and flags (the built binary's `--help`).
-//! - Every environment variable compose sets on a service of our image, and
-//!   every `ENV` of the image, is one its binary reads (`[env: NAME` in its
-//!   `--help`): a misspelt or invented variable would be silently ignored.
-//! - The API and the jobs accept compose's configuration at start-up (the
-//!   real binaries, run with compose's variables, get as far as opening the
-//!   database), and would refuse the sandbox's key or the development secret
-//!   there: `sandbox` is not a loopback host.
+//! - The Dockerfile builds (release, locked, without default features) and
+//!   copies exactly the shipped binaries, real `[[bin]]`s of the workspace
+//!   (`cargo metadata`); its dependency layer lists every workspace member;
+//!   the image runs as a non-root user; the API reads every `ENV` it sets.
+//! - Every command compose runs is a real binary, subcommand and flag, and
+//!   every variable it sets on a service of our image is one the binary reads
+//!   (`[env: NAME` in its `--help`): a misspelt one would be silently ignored.
+//! - The API and the jobs accept compose's configuration (the real binaries,
+//!   run with it, get as far as opening the database) and would refuse the
+//!   sandbox's key or the development secret there.
 //! - `DATABASE_URL` matches the postgres service; the API and the jobs wait
 //!   for the migrations; the health checks probe the right ports and paths.
-//! - The dashboard parses and queries only the metrics the binaries export.
-//!
-//! Needs the binaries: `cargo build --workspace --bins` first (`make test` does).
+//! - The dashboard and `docs/rollout.md` name only the metrics the binaries
+//!   record (`payments_api::telemetry::COUNTERS`, each name a constant of
+//!   the crate that records it), and the dashboard shows them all.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,48 +24,22 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use payments_api::config::DEV_JWT_SECRET;
+use payments_api::telemetry::{COUNTERS, HISTOGRAMS};
 use payments_jobs::settings::SANDBOX_SECRET_KEY;
 use payments_tests::{binary, run_binary};
-use serde_json::Value;
+use reqwest::Url;
+use serde_json::{Map, Value};
 use yaml_rust2::{Yaml, YamlLoader};
 
-/// Variables the binaries read outside clap, so absent from `--help`:
-/// `RUST_LOG` filters the logs (`payments_jobs::settings::init_logging`, the
-/// sandbox's `main`).
-const READ_OUTSIDE_CLAP: [&str; 1] = ["RUST_LOG"];
+/// Read outside clap, so absent from `--help`: the log filter.
+const READ_OUTSIDE_CLAP: &str = "RUST_LOG";
 
 /// What the image must hold: the API, the jobs, the sandbox and the smoke test.
-const SHIPPED: [&str; 4] = [
-    "payments-api",
-    "payments-jobs",
-    "payments-sandbox",
-    "payments-smoke",
-];
-
-/// The counters the binaries export (`crates/api/src/telemetry.rs`).
-const COUNTERS: [&str; 9] = [
-    "payments_http_requests_total",
-    "payments_idempotent_replays_total",
-    "payments_idempotency_conflicts_total",
-    "payments_idempotency_key_reused_total",
-    "payments_keyless_requests_total",
-    "payments_provider_outcomes_total",
-    "payments_lease_takeovers_total",
-    "payments_reaper_records_total",
-    "payments_pruned_records_total",
-];
-
-/// The histograms; a query reads them through `_bucket`, `_sum` or `_count`.
-const HISTOGRAMS: [&str; 2] = [
-    "payments_http_request_duration_seconds",
-    "payments_provider_request_duration_seconds",
-];
+const SHIPPED: [&str; 4] = [API, "payments-jobs", "payments-sandbox", "payments-smoke"];
+const API: &str = "payments-api";
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 fn read(relative: &str) -> String {
@@ -73,203 +47,95 @@ fn read(relative: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
 
-// ---------------------------------------------------------------------------
-// The workspace, as cargo sees it.
-
-#[derive(Debug)]
-struct Workspace {
-    /// Member directories relative to the root, e.g. `crates/api`.
-    members: BTreeSet<String>,
-    /// Binary name -> the package that declares it.
-    bins: BTreeMap<String, String>,
-}
-
-fn workspace() -> Workspace {
-    let output = Command::new(env!("CARGO"))
-        .args(["metadata", "--no-deps", "--format-version", "1"])
-        .current_dir(root())
-        .output()
-        .expect("run cargo metadata");
-    assert!(
-        output.status.success(),
-        "cargo metadata failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let metadata: Value = serde_json::from_slice(&output.stdout).unwrap();
-    let root = root();
-    let mut members = BTreeSet::new();
-    let mut bins = BTreeMap::new();
+/// The workspace as cargo sees it: the member directories (`crates/api`),
+/// and each binary's package.
+fn workspace() -> (BTreeSet<String>, BTreeMap<String, String>) {
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo.args(["metadata", "--no-deps", "--format-version", "1"]);
+    let output = cargo.current_dir(root()).output().unwrap();
+    let metadata: Value = serde_json::from_slice(&output.stdout).expect("cargo metadata");
+    let workspace_root = metadata["workspace_root"].as_str().unwrap();
+    let (mut members, mut bins) = (BTreeSet::new(), BTreeMap::new());
     for package in metadata["packages"].as_array().unwrap() {
-        let name = package["name"].as_str().unwrap();
-        let manifest = Path::new(package["manifest_path"].as_str().unwrap());
-        let dir = manifest.parent().unwrap().strip_prefix(&root).unwrap();
-        members.insert(dir.to_str().unwrap().to_owned());
+        let manifest = package["manifest_path"].as_str().unwrap();
+        let dir = manifest.strip_prefix(workspace_root).unwrap();
+        members.insert(dir[1..].trim_end_matches("/Cargo.toml").to_owned());
         for target in package["targets"].as_array().unwrap() {
-            if target["kind"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|k| k == "bin")
-            {
-                bins.insert(target["name"].as_str().unwrap().to_owned(), name.to_owned());
+            if target["kind"][0] == "bin" {
+                let name = target["name"].as_str().unwrap().to_owned();
+                bins.insert(name, package["name"].as_str().unwrap().to_owned());
             }
         }
     }
-    Workspace { members, bins }
+    (members, bins)
 }
 
-/// The built binary's `--help` for `argv`'s binary and subcommands (its
-/// leading words). Panics if the binary or a subcommand does not exist.
+/// The built binary's `--help` for a command line's binary and subcommands
+/// (its leading words). Panics if either does not exist.
 fn help(argv: &[String]) -> String {
-    let words: Vec<&String> = argv.iter().take_while(|w| !w.starts_with('-')).collect();
-    let (name, subcommands) = words.split_first().expect("a command");
-    let output = Command::new(binary(name))
-        .args(subcommands)
-        .arg("--help")
-        .env_clear()
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "`{} --help` failed (no such subcommand?): {}",
-        words
-            .iter()
-            .map(|w| w.as_str())
-            .collect::<Vec<_>>()
-            .join(" "),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    text
+    let words = argv.iter().take_while(|w| !w.starts_with('-'));
+    let words: Vec<&str> = words.map(String::as_str).collect();
+    let mut command = Command::new(binary(words[0]));
+    let output = command.args(&words[1..]).arg("--help").env_clear().output();
+    let output = output.unwrap();
+    let words = words.join(" ");
+    assert!(output.status.success(), "`{words} --help` failed");
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// The environment variables a `--help` text lists (`[env: NAME]` or
-/// `[env: NAME=value]`).
+/// The variables a `--help` lists (`[env: NAME]` or `[env: NAME=value]`).
 fn env_vars_in_help(help: &str) -> BTreeSet<String> {
-    help.split("[env: ")
-        .skip(1)
-        .map(|rest| {
-            rest.chars()
-                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
-                .collect::<String>()
-        })
-        .filter(|name| !name.is_empty())
+    let name = |c: &char| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_';
+    let names = help.split("[env: ").skip(1);
+    names
+        .map(|rest| rest.chars().take_while(name).collect())
         .collect()
 }
 
 // ---------------------------------------------------------------------------
-// docker/Dockerfile, as a list of stages of instructions.
+// docker/Dockerfile.
 
-#[derive(Debug)]
-struct Instruction {
-    keyword: String,
-    args: String,
-}
+/// One stage (from its `FROM`): its instructions, each as its words.
+type Stage = Vec<Vec<String>>;
 
-impl Instruction {
-    fn words(&self) -> Vec<&str> {
-        self.args.split_whitespace().collect()
-    }
-}
-
-#[derive(Debug)]
-struct Stage {
-    /// The base image with the global `ARG` defaults substituted.
-    base: String,
-    name: Option<String>,
-    instructions: Vec<Instruction>,
-}
-
-impl Stage {
-    fn all(&self, keyword: &str) -> impl Iterator<Item = &Instruction> {
-        self.instructions
-            .iter()
-            .filter(move |i| i.keyword == keyword)
-    }
-}
-
-/// Joins continuation lines, drops comments (and parser directives), and
-/// splits the file into stages.
+/// The stages, continuation lines joined and comments dropped (the global
+/// `ARG`s before the first `FROM` too).
 fn dockerfile() -> Vec<Stage> {
-    let text = read("docker/Dockerfile");
-    let mut logical = Vec::new();
-    let mut current = String::new();
-    for line in text.lines() {
-        let trimmed = line.trim();
-        if trimmed.starts_with('#') || (trimmed.is_empty() && current.is_empty()) {
-            continue;
-        }
-        match trimmed.strip_suffix('\\') {
-            Some(part) => {
-                current.push_str(part);
-                current.push(' ');
-            }
-            None => {
-                current.push_str(trimmed);
-                logical.push(std::mem::take(&mut current));
-            }
-        }
-    }
-    assert!(
-        current.is_empty(),
-        "the Dockerfile ends inside a continuation"
-    );
-
-    let mut global_args = BTreeMap::new();
+    let text = read("docker/Dockerfile").replace("\\\n", " ");
     let mut stages: Vec<Stage> = Vec::new();
-    for line in logical {
-        let (keyword, args) = line.split_once(char::is_whitespace).unwrap_or((&line, ""));
-        let instruction = Instruction {
-            keyword: keyword.to_ascii_uppercase(),
-            args: args.trim().to_owned(),
-        };
-        match (instruction.keyword.as_str(), stages.last_mut()) {
-            ("ARG", None) => {
-                let (name, default) = instruction
-                    .args
-                    .split_once('=')
-                    .unwrap_or((&instruction.args, ""));
-                global_args.insert(name.to_owned(), default.to_owned());
-            }
-            ("FROM", _) => {
-                let words = instruction.words();
-                let mut base = words[0].to_owned();
-                for (name, value) in &global_args {
-                    base = base.replace(&format!("${{{name}}}"), value);
-                }
-                let name = match words.as_slice() {
-                    [_, as_, name] if as_.eq_ignore_ascii_case("as") => Some((*name).to_owned()),
-                    _ => None,
-                };
-                stages.push(Stage {
-                    base,
-                    name,
-                    instructions: Vec::new(),
-                });
-            }
-            (_, Some(stage)) => stage.instructions.push(instruction),
-            (keyword, None) => panic!("{keyword} before the first FROM"),
+    for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        let words: Vec<String> = line.split_whitespace().map(Into::into).collect();
+        match words.first().map(String::as_str) {
+            Some("FROM") => stages.push(vec![words]),
+            Some(_) if !stages.is_empty() => stages.last_mut().unwrap().push(words),
+            _ => {} // a blank line, or a global ARG
         }
     }
     stages
 }
 
-/// The `cargo build` commands of a `RUN`, each as its words.
-fn cargo_builds(run: &Instruction) -> Vec<Vec<&str>> {
-    run.args
-        .split("&&")
-        .map(|command| command.split_whitespace().collect::<Vec<_>>())
-        .filter(|words| words.starts_with(&["cargo", "build"]))
-        .collect()
+/// The arguments of a stage's instructions of one kind.
+fn all<'a>(stage: &'a Stage, keyword: &'a str) -> impl Iterator<Item = Vec<&'a str>> {
+    let matching = stage.iter().filter(move |i| i[0] == keyword);
+    matching.map(|i| i[1..].iter().map(String::as_str).collect())
+}
+
+/// The `cargo build` commands of a stage's `RUN`s, each as its words.
+fn cargo_builds(stage: &Stage) -> Vec<Vec<&str>> {
+    let mut builds = Vec::new();
+    for run in all(stage, "RUN") {
+        let commands = run.split(|w| *w == "&&").map(<[&str]>::to_vec);
+        builds.extend(commands.filter(|c| c.starts_with(&["cargo", "build"])));
+    }
+    builds
 }
 
 /// The values of `flag` in `words`, as `flag value` or `flag=value`.
 fn flag_values<'a>(words: &[&'a str], flag: &str) -> Vec<&'a str> {
     let mut values = Vec::new();
-    let mut words = words.iter();
-    while let Some(word) = words.next() {
+    for (i, word) in words.iter().enumerate() {
         if *word == flag {
-            values.extend(words.next().copied());
+            values.extend(words.get(i + 1).copied());
         } else if let Some(value) = word.strip_prefix(flag).and_then(|w| w.strip_prefix('=')) {
             values.push(value);
         }
@@ -277,128 +143,89 @@ fn flag_values<'a>(words: &[&'a str], flag: &str) -> Vec<&'a str> {
     values
 }
 
-/// The exec-form `CMD` of the final stage.
-fn image_cmd(stages: &[Stage]) -> Vec<String> {
-    let cmd = stages.last().unwrap().all("CMD").last().expect("a CMD");
-    serde_json::from_str(&cmd.args).expect("CMD in exec form: [\"payments-api\"]")
+/// The paths a `COPY` names (sources, then its destination) without flags.
+fn paths<'a>(copy: &[&'a str]) -> Vec<&'a str> {
+    copy.iter()
+        .copied()
+        .filter(|w| !w.starts_with("--"))
+        .collect()
 }
 
-/// `COPY` sources (without flags), its destination, and its `--from`.
-fn copy_parts(copy: &Instruction) -> (Vec<&str>, &str, Option<&str>) {
-    let words = copy.words();
-    let from = flag_values(&words, "--from").first().copied();
-    let mut paths: Vec<&str> = words.into_iter().filter(|w| !w.starts_with("--")).collect();
-    let destination = paths.pop().expect("a COPY destination");
-    (paths, destination, from)
+/// The exec-form `CMD` of the final stage.
+fn image_cmd(stages: &[Stage]) -> Vec<String> {
+    let cmd = all(stages.last().unwrap(), "CMD").last().expect("a CMD");
+    serde_json::from_str(&cmd.join(" ")).expect("CMD in exec form")
 }
 
 #[test]
-fn the_dockerfile_builds_and_ships_exactly_the_four_binaries() {
-    let workspace = workspace();
+fn the_dockerfile_builds_and_ships_the_four_binaries_without_default_features() {
+    let (_, bins) = workspace();
     let stages = dockerfile();
-    let builder = stages.first().unwrap();
-    assert!(
-        builder.base.starts_with("rust:"),
-        "the builder is the official rust image, not {}",
-        builder.base
-    );
-    let builder_name = builder.name.as_deref().expect("the builder stage is named");
+    let (builder, runtime) = (&stages[0], stages.last().unwrap());
+    let base = &builder[0][1];
+    assert!(base.starts_with("rust:"), "the builder is {base}");
+    let builder_name = builder[0].get(3).expect("a named builder stage");
 
-    let builds: Vec<Vec<&str>> = builder.all("RUN").flat_map(cargo_builds).collect();
-    assert!(!builds.is_empty(), "no cargo build in the builder stage");
+    let builds = cargo_builds(builder);
+    let packages = |build| {
+        flag_values(build, "-p")
+            .into_iter()
+            .collect::<BTreeSet<_>>()
+    };
+    let mut built = BTreeSet::new();
     for build in &builds {
-        assert!(
-            build.contains(&"--release") && build.contains(&"--locked"),
-            "every build is `--release --locked`: {}",
-            build.join(" ")
-        );
-    }
-    let built: BTreeSet<&str> = builds
-        .iter()
-        .flat_map(|b| flag_values(b, "--bin"))
-        .collect();
-    assert_eq!(built, BTreeSet::from(SHIPPED), "binaries built (--bin)");
-    for build in builds
-        .iter()
-        .filter(|b| !flag_values(b, "--bin").is_empty())
-    {
-        let packages: BTreeSet<&str> = flag_values(build, "-p").into_iter().collect();
+        let (line, selected) = (build.join(" "), packages(build));
+        // Default features are for development: none may reach the image.
+        for flag in ["--release", "--locked", "--no-default-features"] {
+            assert!(build.contains(&flag), "`{line}` lacks {flag}");
+        }
+        assert!(selected.contains("payments-api"), "`{line}`: no API");
+        // The dependency layer builds the same packages, so its artifacts are reused.
+        assert_eq!(selected, packages(&builds[0]), "the same -p in every build");
         for bin in flag_values(build, "--bin") {
-            let package = workspace
-                .bins
-                .get(bin)
-                .unwrap_or_else(|| panic!("{bin} is not a [[bin]] of the workspace"));
-            assert!(
-                packages.is_empty() || packages.contains(package.as_str()),
-                "{bin} is in {package}, which the build does not select with -p"
-            );
+            let package = bins.get(bin).expect("a [[bin]] of the workspace");
+            let package = package.as_str();
+            assert!(selected.contains(package), "`{line}` lacks -p {package}");
+            built.insert(bin);
         }
     }
-    // The dependency layer builds the same packages, so its artifacts are reused.
-    let package_sets: BTreeSet<BTreeSet<&str>> = builds
-        .iter()
-        .map(|b| flag_values(b, "-p").into_iter().collect())
-        .collect();
-    assert_eq!(
-        package_sets.len(),
-        1,
-        "every cargo build selects the same -p packages"
-    );
+    assert_eq!(built, BTreeSet::from(SHIPPED), "binaries built (--bin)");
 
-    // The final stage copies exactly what was built, from the builder's release dir.
-    let runtime = stages.last().unwrap();
-    let mut copied = BTreeSet::new();
-    for copy in runtime.all("COPY") {
-        let (sources, destination, from) = copy_parts(copy);
-        if from != Some(builder_name) {
-            continue;
-        }
-        assert_eq!(destination, "/usr/local/bin/", "binaries go on the PATH");
-        for source in sources {
-            assert!(
-                source.contains("/target/release/"),
-                "{source} is not a release artifact"
-            );
-            copied.insert(source.rsplit('/').next().unwrap());
-        }
+    // The final stage copies exactly those from the builder's release dir to the PATH.
+    let from_builder = all(runtime, "COPY").filter(|copy| {
+        let from = flag_values(copy, "--from");
+        from == [builder_name.as_str()]
+    });
+    let (mut copied, release) = (BTreeSet::new(), "/src/target/release/");
+    for copy in from_builder {
+        let mut sources = paths(&copy);
+        assert_eq!(sources.pop(), Some("/usr/local/bin/"), "on the PATH");
+        copied.extend(sources.iter().map(|p| p.strip_prefix(release).unwrap_or(p)));
     }
-    assert_eq!(
-        copied,
-        BTreeSet::from(SHIPPED),
-        "binaries copied into the image"
-    );
+    assert_eq!(copied, BTreeSet::from(SHIPPED), "copied from {release}");
 }
 
 #[test]
 fn the_dependency_layer_lists_every_workspace_member() {
-    let workspace = workspace();
-    let stages = dockerfile();
-    let builder = stages.first().unwrap();
-    let copied: BTreeSet<String> = builder
-        .all("COPY")
-        .flat_map(|copy| copy_parts(copy).0)
-        .map(|source| source.trim_start_matches("./").to_owned())
+    let (members, _) = workspace();
+    let builder = &dockerfile()[0];
+    let copies: Vec<Vec<&str>> = all(builder, "COPY").map(|c| paths(&c)).collect();
+    let copied: BTreeSet<&str> = copies
+        .iter()
+        .flatten()
+        .map(|p| p.trim_start_matches("./"))
         .collect();
-    for file in ["Cargo.toml", "Cargo.lock"] {
-        assert!(copied.contains(file), "the builder copies {file}");
-    }
-    for member in &workspace.members {
-        let manifest = format!("{member}/Cargo.toml");
-        assert!(
-            copied.contains(&manifest),
-            "docker/Dockerfile does not copy {manifest}: cargo cannot load the workspace in \
-             the dependency layer"
-        );
+    let manifests = members.iter().map(|member| format!("{member}/Cargo.toml"));
+    for file in manifests.chain(["Cargo.toml".into(), "Cargo.lock".into()]) {
+        // Else cargo cannot load the workspace in the dependency layer.
+        assert!(copied.contains(&*file), "the Dockerfile lacks {file}");
     }
     // sqlx::migrate! compiles the migrations into the binaries.
-    let position =
-        |pred: &dyn Fn(&Instruction) -> bool| builder.instructions.iter().position(pred).unwrap();
-    let migrations = position(&|i| i.keyword == "COPY" && copy_parts(i).0.contains(&"migrations"));
-    let final_build =
-        position(&|i| i.keyword == "RUN" && cargo_builds(i).iter().any(|b| b.contains(&"--bin")));
+    let position = |what| builder.iter().position(|i| i.iter().any(|w| w == what));
+    let (migrations, build) = (position("migrations"), position("--bin"));
     assert!(
-        migrations < final_build,
-        "the migrations are copied before the build"
+        migrations.is_some() && migrations < build,
+        "migrations first"
     );
 }
 
@@ -406,210 +233,115 @@ fn the_dependency_layer_lists_every_workspace_member() {
 fn the_runtime_image_is_small_non_root_and_serves_the_api() {
     let stages = dockerfile();
     let runtime = stages.last().unwrap();
-    assert!(
-        (runtime.base.starts_with("debian:") && runtime.base.ends_with("-slim"))
-            || runtime.base.contains("distroless"),
-        "a small runtime base, not {}",
-        runtime.base
-    );
-    let user = runtime.all("USER").last().expect("a USER").args.clone();
+    let base = &runtime[0][1];
+    let slim = base.starts_with("debian:") && base.ends_with("-slim");
+    assert!(slim || base.contains("distroless"), "a base of {base}");
+    let user = all(runtime, "USER").last().expect("a USER").join(" ");
     let uid = user.split(':').next().unwrap();
     assert!(uid != "root" && uid != "0", "runs as root: USER {user}");
-    assert!(runtime.all("WORKDIR").next().is_some(), "a WORKDIR");
-    assert!(
-        runtime.all("EXPOSE").any(|e| e.words().contains(&"8080")),
-        "EXPOSE 8080"
-    );
+    assert!(all(runtime, "WORKDIR").next().is_some(), "a WORKDIR");
+    let mut exposed = all(runtime, "EXPOSE").flatten();
+    assert!(exposed.any(|port| port == "8080"), "EXPOSE 8080");
     let cmd = image_cmd(&stages);
     assert_eq!(cmd, ["payments-api"], "the default command serves the API");
 
     // Every ENV of the image is read by its default binary.
     let read = env_vars_in_help(&help(&cmd));
-    for env in runtime.all("ENV") {
-        let (name, _) = env.args.split_once(['=', ' ']).expect("ENV NAME=value");
-        assert!(
-            read.contains(name),
-            "the image sets {name}, which payments-api does not read"
-        );
+    for env in all(runtime, "ENV") {
+        let name = env[0].split('=').next().unwrap();
+        assert!(read.contains(name), "the API ignores ENV {name}");
     }
 }
 
 // ---------------------------------------------------------------------------
 // docker/compose.yaml.
 
-#[derive(Debug)]
-struct Service {
-    /// Built from docker/Dockerfile: runs one of our binaries.
-    ours: bool,
-    /// The command, or the image's default for our image.
-    command: Vec<String>,
-    environment: BTreeMap<String, String>,
-    /// Service -> condition.
-    depends_on: BTreeMap<String, String>,
-    healthcheck: Vec<String>,
-    ports: Vec<String>,
-}
-
-impl Service {
-    fn env(&self, name: &str) -> &str {
-        self.environment
-            .get(name)
-            .unwrap_or_else(|| panic!("{name} is not set"))
-    }
-}
-
-fn scalar(yaml: &Yaml) -> Option<String> {
+/// YAML as JSON, every scalar a string.
+fn json(yaml: &Yaml) -> Value {
     match yaml {
-        Yaml::String(s) | Yaml::Real(s) => Some(s.clone()),
-        Yaml::Integer(i) => Some(i.to_string()),
-        Yaml::Boolean(b) => Some(b.to_string()),
-        Yaml::Null => Some(String::new()),
-        _ => None,
-    }
-}
-
-fn strings(yaml: &Yaml) -> Vec<String> {
-    match yaml {
-        Yaml::Array(items) => items.iter().map(|i| scalar(i).unwrap()).collect(),
-        Yaml::String(s) => s.split_whitespace().map(str::to_owned).collect(),
-        Yaml::BadValue => Vec::new(),
-        other => panic!("expected a list or a string, got {other:?}"),
-    }
-}
-
-fn compose() -> BTreeMap<String, Service> {
-    let docs = YamlLoader::load_from_str(&read("docker/compose.yaml")).expect("valid YAML");
-    let doc = docs.first().expect("one document");
-    let default_cmd = image_cmd(&dockerfile());
-    let compose_dir = root().join("docker");
-    let dockerfile_path = compose_dir.join("Dockerfile").canonicalize().unwrap();
-    let mut services = BTreeMap::new();
-    for (name, spec) in doc["services"].as_hash().expect("services") {
-        let name = name.as_str().unwrap().to_owned();
-        let build = &spec["build"];
-        let ours = match build {
-            Yaml::BadValue => false,
-            _ => {
-                let context = compose_dir.join(build["context"].as_str().expect("build.context"));
-                let file = context.join(build["dockerfile"].as_str().unwrap_or("Dockerfile"));
-                assert_eq!(
-                    file.canonicalize().unwrap(),
-                    dockerfile_path,
-                    "{name} builds another Dockerfile"
-                );
-                true
-            }
-        };
-        let mut command = strings(&spec["command"]);
-        if command.is_empty() && ours {
-            command.clone_from(&default_cmd);
+        Yaml::Hash(map) => {
+            let key = |k| json(k).as_str().unwrap().to_owned();
+            Value::Object(map.iter().map(|(k, v)| (key(k), json(v))).collect())
         }
-        let environment = match &spec["environment"] {
-            Yaml::Hash(map) => map
-                .iter()
-                .map(|(k, v)| (scalar(k).unwrap(), scalar(v).expect("a scalar value")))
-                .collect(),
-            Yaml::Array(items) => items
-                .iter()
-                .map(|item| {
-                    let item = item.as_str().unwrap();
-                    let (k, v) = item.split_once('=').unwrap_or((item, ""));
-                    (k.to_owned(), v.to_owned())
-                })
-                .collect(),
-            Yaml::BadValue => BTreeMap::new(),
-            other => panic!("{name}: unexpected environment {other:?}"),
-        };
-        let depends_on = match &spec["depends_on"] {
-            Yaml::Hash(map) => map
-                .iter()
-                .map(|(k, v)| {
-                    let condition = v["condition"].as_str().unwrap_or("service_started");
-                    (k.as_str().unwrap().to_owned(), condition.to_owned())
-                })
-                .collect(),
-            other => strings(other)
-                .into_iter()
-                .map(|s| (s, "service_started".to_owned()))
-                .collect(),
-        };
-        services.insert(
-            name,
-            Service {
-                ours,
-                command,
-                environment,
-                depends_on,
-                healthcheck: strings(&spec["healthcheck"]["test"]),
-                ports: strings(&spec["ports"]),
-            },
-        );
-    }
-    services
-}
-
-/// `scheme://user:password@host:port/database`, split.
-#[derive(Debug, PartialEq, Eq)]
-struct DbUrl {
-    scheme: String,
-    user: String,
-    password: String,
-    host: String,
-    port: String,
-    database: String,
-}
-
-fn parse_db_url(url: &str) -> DbUrl {
-    let (scheme, rest) = url.split_once("://").expect("scheme://");
-    let (userinfo, rest) = rest.rsplit_once('@').expect("user:password@");
-    let (user, password) = userinfo.split_once(':').expect("user:password");
-    let (authority, database) = rest.split_once('/').expect("/database");
-    let (host, port) = authority.split_once(':').unwrap_or((authority, "5432"));
-    DbUrl {
-        scheme: scheme.to_owned(),
-        user: user.to_owned(),
-        password: password.to_owned(),
-        host: host.to_owned(),
-        port: port.to_owned(),
-        database: database.split('?').next().unwrap().to_owned(),
+        Yaml::Array(items) => items.iter().map(json).collect(),
+        Yaml::String(s) | Yaml::Real(s) => s.as_str().into(),
+        Yaml::Integer(i) => i.to_string().into(),
+        Yaml::Boolean(b) => b.to_string().into(),
+        _ => Value::Null,
     }
 }
 
-/// `http://host:port/...` -> (host, port).
-fn host_port(url: &str) -> (String, String) {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let authority = rest.split('/').next().unwrap();
-    let (host, port) = authority.rsplit_once(':').expect("host:port");
-    (host.to_owned(), port.to_owned())
+/// `docker/compose.yaml`'s services (anchors resolved).
+fn compose() -> Map<String, Value> {
+    let docs = YamlLoader::load_from_str(&read("docker/compose.yaml")).expect("valid YAML");
+    let services = json(&docs[0])["services"].as_object().cloned();
+    services.expect("services")
+}
+
+/// The services built from docker/Dockerfile, with their commands (the
+/// image's `CMD` where they give none).
+fn ours(services: &Map<String, Value>) -> BTreeMap<&str, Vec<String>> {
+    let dockerfile = root().join("docker/Dockerfile").canonicalize().unwrap();
+    let mut ours = BTreeMap::new();
+    for (name, service) in services.iter().filter(|(_, s)| s["build"].is_object()) {
+        let build = |key| service["build"][key].as_str();
+        let file = root().join("docker").join(build("context").unwrap());
+        let file = file.join(build("dockerfile").unwrap_or("Dockerfile"));
+        let file = file.canonicalize().unwrap();
+        assert_eq!(file, dockerfile, "{name}'s Dockerfile");
+        let command = serde_json::from_value(service["command"].clone());
+        let command = command.unwrap_or_else(|_| image_cmd(&self::dockerfile()));
+        ours.insert(name.as_str(), command);
+    }
+    ours
+}
+
+/// A variable a service sets (its `environment`, a map).
+fn env<'a>(service: &'a Value, name: &str) -> &'a str {
+    let value = service["environment"][name].as_str();
+    value.unwrap_or_else(|| panic!("{name} is not set"))
+}
+
+/// The port of `host:port` or `scheme://host:port`.
+fn port(address: &str) -> &str {
+    address.rsplit_once(':').expect("host:port").1
+}
+
+/// Where the sandbox service listens (`--listen`).
+fn sandbox_port(services: &Map<String, Value>) -> String {
+    let command: Vec<String> = ours(services)["sandbox"].clone();
+    let command: Vec<&str> = command.iter().map(String::as_str).collect();
+    port(flag_values(&command, "--listen")[0]).to_owned()
 }
 
 #[test]
-fn compose_runs_only_real_binaries_subcommands_and_flags() {
-    let workspace = workspace();
+fn compose_runs_only_real_binaries_with_real_flags_and_variables() {
+    let (_, bins) = workspace();
     let services = compose();
-    for name in ["postgres", "sandbox", "migrate", "api", "jobs"] {
-        assert!(services.contains_key(name), "compose has no {name} service");
-    }
-    for (name, service) in services.iter().filter(|(_, s)| s.ours) {
-        let program = &service.command[0];
-        assert!(
-            workspace.bins.contains_key(program),
-            "{name} runs {program}, which is not a [[bin]] of the workspace"
-        );
-        assert!(
-            SHIPPED.contains(&program.as_str()),
-            "{name} runs {program}, which the image does not hold"
-        );
-        let help = help(&service.command);
-        for flag in service.command.iter().filter(|w| w.starts_with("--")) {
+    for (name, command) in ours(&services) {
+        let program = command[0].as_str();
+        assert!(bins.contains_key(program), "{name}: {program}: no [[bin]]");
+        assert!(SHIPPED.contains(&program), "{name}: {program}: unshipped");
+        let help = help(&command);
+        for flag in command.iter().filter(|w| w.starts_with("--")) {
             let flag = flag.split('=').next().unwrap();
-            assert!(
-                help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n")),
-                "{name}: {program} has no {flag}"
-            );
+            let listed = help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n"));
+            assert!(listed, "{name}: {program} has no {flag}");
         }
+        // A misspelt or invented variable would be silently ignored.
+        let read = env_vars_in_help(&help);
+        assert!(!read.is_empty(), "{name}: no [env: ...] in --help");
+        let set = services[name]["environment"]
+            .as_object()
+            .into_iter()
+            .flatten();
+        let unread = set
+            .map(|(k, _)| k)
+            .filter(|k| !read.contains(*k) && *k != READ_OUTSIDE_CLAP);
+        let unread: Vec<&String> = unread.collect();
+        assert!(unread.is_empty(), "{name}: {unread:?}; reads {read:?}");
     }
-    let command = |name: &str| services[name].command.join(" ");
+    let command = |name| ours(&services)[name].join(" ");
     assert_eq!(command("migrate"), "payments-api migrate");
     assert_eq!(command("api"), "payments-api");
     assert_eq!(command("jobs"), "payments-jobs run");
@@ -617,296 +349,192 @@ fn compose_runs_only_real_binaries_subcommands_and_flags() {
 }
 
 #[test]
-fn compose_sets_only_variables_the_binaries_read() {
-    for (name, service) in compose().iter().filter(|(_, s)| s.ours) {
-        let read = env_vars_in_help(&help(&service.command));
-        assert!(!read.is_empty(), "{name}: no [env: ...] in --help");
-        let unread: Vec<&String> = service
-            .environment
-            .keys()
-            .filter(|k| !read.contains(*k) && !READ_OUTSIDE_CLAP.contains(&k.as_str()))
-            .collect();
-        assert!(
-            unread.is_empty(),
-            "{name} sets {unread:?}, which `{}` does not read (it reads {read:?})",
-            service.command.join(" ")
-        );
-    }
-}
-
-#[test]
-fn the_database_url_matches_the_postgres_service() {
-    let services = compose();
-    let postgres = &services["postgres"];
-    let url = services["api"].env("DATABASE_URL");
+fn the_services_share_one_database_and_provider_and_wait_for_each_other() {
+    let s = compose();
+    let url = env(&s["api"], "DATABASE_URL");
     for name in ["migrate", "jobs"] {
-        assert_eq!(
-            services[name].env("DATABASE_URL"),
-            url,
-            "{name} and api share one database"
-        );
+        assert_eq!(env(&s[name], "DATABASE_URL"), url, "{name}'s database");
     }
-    let url = parse_db_url(url);
-    assert!(["postgres", "postgresql"].contains(&url.scheme.as_str()));
-    assert_eq!(url.host, "postgres", "the host is the postgres service");
-    assert_eq!(url.port, "5432");
-    assert_eq!(url.user, postgres.env("POSTGRES_USER"));
-    assert_eq!(url.password, postgres.env("POSTGRES_PASSWORD"));
-    assert_eq!(url.database, postgres.env("POSTGRES_DB"));
+    let (url, postgres) = (Url::parse(url).unwrap(), &s["postgres"]);
+    assert!(["postgres", "postgresql"].contains(&url.scheme()));
+    assert_eq!(url.host_str(), Some("postgres"), "the postgres service");
+    assert_eq!(url.port(), Some(5432));
+    assert_eq!(url.username(), env(postgres, "POSTGRES_USER"));
+    assert_eq!(url.password(), Some(env(postgres, "POSTGRES_PASSWORD")));
+    assert_eq!(url.path(), format!("/{}", env(postgres, "POSTGRES_DB")));
+
+    let waits = [
+        ("migrate", "postgres", "service_healthy"),
+        ("api", "postgres", "service_healthy"),
+        ("api", "sandbox", "service_healthy"),
+        ("api", "migrate", "service_completed_successfully"),
+        ("jobs", "postgres", "service_healthy"),
+        ("jobs", "sandbox", "service_healthy"),
+        ("jobs", "migrate", "service_completed_successfully"),
+    ];
+    for (name, on, condition) in waits {
+        let found = &s[name]["depends_on"][on]["condition"];
+        assert_eq!(found, condition, "{name} waits for {on}");
+    }
+
+    // Provider, lease and timeout must agree between everything that drives a charge.
+    for var in [
+        "GATEWAY_URL",
+        "GATEWAY_SECRET_KEY",
+        "LEASE",
+        "GATEWAY_TIMEOUT",
+    ] {
+        let [api, jobs] = ["api", "jobs"].map(|name| &s[name]["environment"][var]);
+        assert_eq!(api, jobs, "{var} differs between api and jobs");
+    }
+    let gateway = Url::parse(env(&s["api"], "GATEWAY_URL")).unwrap();
+    let gateway = (gateway.host_str(), gateway.port().map(|p| p.to_string()));
+    let sandbox = (Some("sandbox"), Some(sandbox_port(&s)));
+    assert_eq!(gateway, sandbox, "GATEWAY_URL is where the sandbox listens");
+    assert!(!env(&s["api"], "GATEWAY_SECRET_KEY").is_empty());
 }
 
 #[test]
-fn the_api_and_the_jobs_wait_for_the_migrations_and_health_checks_probe_the_right_ports() {
-    let services = compose();
-    for name in ["api", "jobs"] {
-        let depends = &services[name].depends_on;
-        assert_eq!(
-            depends.get("migrate").map(String::as_str),
-            Some("service_completed_successfully"),
-            "{name} starts only once the migrations succeeded"
-        );
-        assert_eq!(
-            depends.get("postgres").map(String::as_str),
-            Some("service_healthy")
-        );
-        assert_eq!(
-            depends.get("sandbox").map(String::as_str),
-            Some("service_healthy")
-        );
-    }
-    assert_eq!(
-        services["migrate"]
-            .depends_on
-            .get("postgres")
-            .map(String::as_str),
-        Some("service_healthy")
-    );
-
-    let postgres = services["postgres"].healthcheck.join(" ");
-    assert!(
-        postgres.contains("pg_isready"),
-        "postgres health check: {postgres}"
-    );
-
-    let sandbox = &services["sandbox"];
-    let listen = flag_values(
-        &sandbox
-            .command
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>(),
-        "--listen",
-    )[0]
-    .to_owned();
-    let (_, sandbox_port) = host_port(&listen);
-    let check = sandbox.healthcheck.join(" ");
-    assert!(
-        check.contains(&format!(":{sandbox_port}/healthz")),
-        "the sandbox health check probes /healthz on {sandbox_port}: {check}"
-    );
-
-    let api = &services["api"];
-    let (_, api_port) = host_port(api.env("LISTEN_ADDR"));
-    let check = api.healthcheck.join(" ");
-    assert!(
-        check.contains(&format!(":{api_port}/readyz")),
-        "the api health check probes /readyz on {api_port}: {check}"
-    );
-    assert!(
-        api.ports
-            .iter()
-            .any(|p| p.ends_with(&format!(":{api_port}"))),
-        "the api publishes its port {api_port}: {:?}",
-        api.ports
-    );
-    for name in ["api", "jobs"] {
-        let (host, port) = host_port(services[name].env("GATEWAY_URL"));
-        assert_eq!(
-            (host.as_str(), port.as_str()),
-            ("sandbox", sandbox_port.as_str()),
-            "{name} calls the sandbox service where it listens"
-        );
-    }
-    for var in ["GATEWAY_URL", "GATEWAY_SECRET_KEY"] {
-        assert_eq!(services["api"].env(var), services["jobs"].env(var), "{var}");
-    }
-    // Lease and timeout must agree between everything that drives a charge.
-    for var in ["LEASE", "GATEWAY_TIMEOUT"] {
-        assert_eq!(
-            services["api"].environment.get(var),
-            services["jobs"].environment.get(var),
-            "{var} differs between api and jobs"
-        );
-    }
+fn health_checks_probe_the_right_ports_and_paths() {
+    let s = compose();
+    let check = |name: &str| s[name]["healthcheck"]["test"].to_string();
+    assert!(check("postgres").contains("pg_isready"), "postgres");
+    let sandbox = format!(":{}/healthz", sandbox_port(&s));
+    assert!(check("sandbox").contains(&sandbox), "{}", check("sandbox"));
+    let api_port = port(env(&s["api"], "LISTEN_ADDR"));
+    let api = format!(":{api_port}/readyz");
+    assert!(check("api").contains(&api), "{}", check("api"));
+    let published = s["api"]["ports"].as_array().unwrap().iter();
+    let mut ports = published.map(|p| port(p.as_str().unwrap()));
+    assert!(ports.any(|p| p == api_port), "the api publishes {api_port}");
 }
 
 #[test]
 fn no_service_uses_the_sandbox_key_or_the_development_secret() {
-    for (name, service) in compose() {
-        let values = service.environment.values().chain(service.command.iter());
-        for value in values {
-            assert!(
-                !value.contains(SANDBOX_SECRET_KEY) && !value.contains(DEV_JWT_SECRET),
-                "{name} uses a development secret: {value}"
-            );
+    let services = compose();
+    for (name, service) in &services {
+        for secret in [SANDBOX_SECRET_KEY, DEV_JWT_SECRET] {
+            let uses = service.to_string().contains(secret);
+            assert!(!uses, "{name} uses a development secret");
         }
     }
-    let services = compose();
-    let secret = services["api"].env("JWT_HS256_SECRET");
+    let secret = env(&services["api"], "JWT_HS256_SECRET");
     assert!(secret.len() >= 32, "JWT_HS256_SECRET is at least 32 bytes");
 }
 
 /// Runs a compose service's command with its environment, its database
 /// moved to a closed local port: a configuration the binary accepts gets as
 /// far as opening the database, one it refuses stops before.
-async fn start_with_compose_env(service: &Service, overrides: &[(&str, &str)]) -> String {
-    let mut env = service.environment.clone();
-    let db = parse_db_url(service.env("DATABASE_URL"));
-    env.insert(
-        "DATABASE_URL".into(),
-        format!(
-            "{}://{}:{}@127.0.0.1:1/{}",
-            db.scheme, db.user, db.password, db.database
-        ),
-    );
-    env.insert("DATABASE_ACQUIRE_TIMEOUT".into(), "500ms".into());
-    for (k, v) in overrides {
-        env.insert((*k).into(), (*v).into());
+async fn start_with_compose_env(name: &str, overrides: &[(&str, &str)]) -> String {
+    let services = compose();
+    let command = ours(&services)[name].clone();
+    let mut env: BTreeMap<&str, &str> = BTreeMap::new();
+    for (k, v) in services[name]["environment"].as_object().unwrap() {
+        env.insert(k, v.as_str().unwrap());
     }
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let mut args: Vec<&str> = service.command[1..].iter().map(String::as_str).collect();
-    if service.command[0] == "payments-jobs" {
+    let mut db = Url::parse(env["DATABASE_URL"]).unwrap();
+    db.set_host(Some("127.0.0.1")).unwrap();
+    db.set_port(Some(1)).unwrap();
+    let db = db.to_string();
+    env.insert("DATABASE_URL", &db);
+    env.insert("DATABASE_ACQUIRE_TIMEOUT", "500ms");
+    env.extend(overrides.iter().copied());
+    let env: Vec<(&str, &str)> = env.into_iter().collect();
+    let mut args: Vec<&str> = command[1..].iter().map(String::as_str).collect();
+    if command[0] == "payments-jobs" {
         args.push("--once");
     }
-    let (ok, _, stderr) = run_binary(&service.command[0], &args, &env).await;
+    let (ok, _, stderr) = run_binary(&command[0], &args, &env).await;
     assert!(!ok, "started against a closed port?");
     stderr
 }
 
 #[tokio::test]
 async fn the_api_and_the_jobs_accept_the_compose_configuration() {
-    let services = compose();
     for name in ["api", "jobs"] {
-        let stderr = start_with_compose_env(&services[name], &[]).await;
-        assert!(
-            stderr.contains("opening postgres") && !stderr.contains("invalid configuration"),
-            "{name} refuses compose's configuration: {stderr}"
-        );
+        let stderr = start_with_compose_env(name, &[]).await;
+        let opened = stderr.contains("opening postgres");
+        let accepted = opened && !stderr.contains("invalid configuration");
+        assert!(accepted, "{name} refuses compose's configuration: {stderr}");
         // The start-up check this file must pass: `sandbox` is not loopback,
         // so the sandbox's own key is refused there.
-        let stderr = start_with_compose_env(
-            &services[name],
-            &[("GATEWAY_SECRET_KEY", SANDBOX_SECRET_KEY)],
-        )
-        .await;
+        let key = [("GATEWAY_SECRET_KEY", SANDBOX_SECRET_KEY)];
+        let stderr = start_with_compose_env(name, &key).await;
         assert!(stderr.contains("refusing"), "{name}: {stderr}");
     }
-    let stderr =
-        start_with_compose_env(&services["api"], &[("JWT_HS256_SECRET", DEV_JWT_SECRET)]).await;
+    let secret = [("JWT_HS256_SECRET", DEV_JWT_SECRET)];
+    let stderr = start_with_compose_env("api", &secret).await;
     assert!(stderr.contains("development"), "api: {stderr}");
 }
 
 // ---------------------------------------------------------------------------
-// docker/grafana-dashboard.json.
+// docker/grafana-dashboard.json and docs/rollout.md.
 
 /// The `payments_*` words of a text.
-fn payments_words(text: &str) -> BTreeSet<String> {
-    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '$'))
+fn payments_words(text: &str) -> impl Iterator<Item = &str> {
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':' || c == '$';
+    text.split(move |c| !word(c))
         .filter(|w| w.starts_with("payments_"))
-        .map(str::to_owned)
-        .collect()
 }
 
 /// The `payments_*` series a PromQL expression reads (quoted label values
 /// skipped).
-fn metric_names(expr: &str) -> BTreeSet<String> {
-    let mut unquoted = String::new();
-    let mut quoted = false;
-    for c in expr.chars() {
-        if c == '"' {
-            quoted = !quoted;
-        } else if !quoted {
-            unquoted.push(c);
-        }
-    }
-    payments_words(&unquoted)
+fn metric_names(expr: &str) -> BTreeSet<&str> {
+    let unquoted = expr.split('"').step_by(2);
+    unquoted.flat_map(payments_words).collect()
 }
 
-/// The exported metric a series name belongs to, if any.
+/// The recorded metric a series belongs to: a counter, or a histogram's
+/// `_bucket`, `_sum` or `_count`.
 fn known_metric(series: &str) -> Option<&'static str> {
-    if let Some(counter) = COUNTERS.iter().find(|c| **c == series) {
-        return Some(counter);
-    }
-    HISTOGRAMS.iter().copied().find(|h| {
-        ["_bucket", "_sum", "_count"]
-            .iter()
-            .any(|suffix| series.strip_suffix(suffix) == Some(h))
-    })
-}
-
-fn panels(dashboard: &Value) -> Vec<&Value> {
-    let mut all = Vec::new();
-    let mut stack: Vec<&Value> = dashboard["panels"].as_array().unwrap().iter().collect();
-    while let Some(panel) = stack.pop() {
-        if let Some(nested) = panel["panels"].as_array() {
-            stack.extend(nested);
-        }
-        all.push(panel);
-    }
-    all
+    let of_histogram = |h: &&str| {
+        let suffix = series.strip_prefix(*h);
+        suffix.is_some_and(|s| ["_bucket", "_sum", "_count"].contains(&s))
+    };
+    let counter = COUNTERS.into_iter().find(|c| *c == series);
+    counter.or_else(|| HISTOGRAMS.into_iter().find(of_histogram))
 }
 
 #[test]
 fn the_dashboard_queries_exactly_the_exported_metrics() {
-    let dashboard: Value =
-        serde_json::from_str(&read("docker/grafana-dashboard.json")).expect("valid JSON");
+    let dashboard = read("docker/grafana-dashboard.json");
+    let dashboard: Value = serde_json::from_str(&dashboard).expect("valid JSON");
     assert!(dashboard["schemaVersion"].as_u64().unwrap() >= 36);
     let variables = dashboard["templating"]["list"].as_array().unwrap();
+    let prometheus = |v: &&Value| v["type"] == "datasource" && v["query"] == "prometheus";
     let datasource = variables
         .iter()
-        .find(|v| v["type"] == "datasource" && v["query"] == "prometheus")
-        .expect("a Prometheus datasource variable");
-    let datasource_ref = format!("${{{}}}", datasource["name"].as_str().unwrap());
+        .find(prometheus)
+        .expect("a datasource variable");
+    let datasource = format!("${{{}}}", datasource["name"].as_str().unwrap());
 
-    let mut used = BTreeSet::new();
-    let mut ids = BTreeSet::new();
-    for panel in panels(&dashboard) {
+    let (mut used, mut ids) = (BTreeSet::new(), BTreeSet::new());
+    let mut panels: Vec<&Value> = dashboard["panels"].as_array().unwrap().iter().collect();
+    while let Some(panel) = panels.pop() {
+        panels.extend(panel["panels"].as_array().into_iter().flatten());
         let title = panel["title"].as_str().unwrap_or("?");
-        assert!(
-            ids.insert(panel["id"].as_u64().expect("a panel id")),
-            "duplicate panel id in {title}"
-        );
+        let id = panel["id"].as_u64().expect("a panel id");
+        assert!(ids.insert(id), "duplicate panel id in {title}");
         assert!(panel["gridPos"].is_object(), "{title} has no gridPos");
-        let Some(targets) = panel["targets"].as_array() else {
-            continue;
-        };
-        assert_eq!(
-            panel["datasource"]["uid"], datasource_ref,
-            "{title} uses the datasource variable"
-        );
-        for target in targets {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let uid = &panel["datasource"]["uid"];
+            assert_eq!(uid, &datasource, "{title} uses the datasource variable");
             let expr = target["expr"].as_str().expect("a PromQL expr");
             let names = metric_names(expr);
-            assert!(
-                !names.is_empty(),
-                "{title} queries no payments metric: {expr}"
-            );
+            assert!(!names.is_empty(), "{title} queries no metric: {expr}");
             for name in names {
-                let metric = known_metric(&name)
-                    .unwrap_or_else(|| panic!("{title} queries {name}, which is not exported"));
-                used.insert(metric);
+                let metric = known_metric(name);
+                used.insert(metric.unwrap_or_else(|| panic!("{title} queries {name}")));
             }
         }
     }
     // Template variable queries read metrics too.
-    for variable in variables {
-        if let Some(definition) = variable["definition"].as_str() {
-            for name in metric_names(definition) {
-                assert!(known_metric(&name).is_some(), "variable queries {name}");
-            }
+    for definition in variables.iter().filter_map(|v| v["definition"].as_str()) {
+        for name in metric_names(definition) {
+            assert!(known_metric(name).is_some(), "a variable queries {name}");
         }
     }
-    let exported: BTreeSet<&str> = COUNTERS.iter().chain(HISTOGRAMS.iter()).copied().collect();
+    let exported: BTreeSet<&str> = COUNTERS.into_iter().chain(HISTOGRAMS).collect();
     let missing: Vec<&&str> = exported.difference(&used).collect();
     assert!(missing.is_empty(), "no panel shows {missing:?}");
 }
@@ -914,12 +542,27 @@ fn the_dashboard_queries_exactly_the_exported_metrics() {
 #[test]
 fn the_rollout_guide_names_only_exported_metrics() {
     let text = read("docs/rollout.md");
-    let names = payments_words(&text);
+    let names: BTreeSet<&str> = payments_words(&text).collect();
     assert!(names.contains("payments_keyless_requests_total"));
     for name in names {
-        assert!(
-            known_metric(&name).is_some(),
-            "docs/rollout.md names {name}"
-        );
+        assert!(known_metric(name).is_some(), "docs/rollout.md names {name}");
+    }
+}
+
+#[test]
+fn every_metric_the_crates_name_is_listed() {
+    let mut paths = vec![root().join("crates")];
+    while let Some(path) = paths.pop() {
+        if path.is_dir() {
+            paths.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let quoted = text.split('"').skip(1).step_by(2);
+        let suffix = |s: &str| s.ends_with("_total") || s.ends_with("_seconds");
+        for name in quoted.filter(|s| s.starts_with("payments_") && suffix(s)) {
+            let listed = COUNTERS.contains(&name) || HISTOGRAMS.contains(&name);
+            assert!(listed, "{} names {name}: not in COUNTERS", path.display());
+        }
     }
 }

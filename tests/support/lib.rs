@@ -2,18 +2,21 @@
 //!
 //! What every test needs and none should write twice:
 //! - [`TestDb`]: a fresh database for one test on a named [`Backend`]:
-//!   a temp SQLite file, or a new PostgreSQL database ([`postgres`]). It
-//!   opens the real `Store` and can count rows behind it.
+//!   a temp SQLite file, or a new database on PostgreSQL ([`postgres`]) or
+//!   MariaDB ([`mysql`]), found or started as [`throwaway`] says. It opens
+//!   the real `Store` and can count rows behind it.
 //! - [`spawn_app`]: the real API router on 127.0.0.1:0 in front of a real
 //!   sandbox over HTTP, with typed helpers (`post_charge`, `sandbox_charges`).
 //! - [`backend_tests!`]: runs one async test body once per backend.
+//! - [`Process`]: a real binary of the workspace as a child process
+//!   ([`binary`] builds it when it is missing or stale).
 #![allow(clippy::unwrap_used)]
 
 pub mod mysql;
 pub mod postgres;
 mod throwaway;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +29,7 @@ use payments_gateway::HttpGateway;
 use payments_sandbox::{SandboxConfig, SandboxHandle};
 use payments_store::{DatabaseUrl, MySqlStore, PoolSettings, PostgresStore, SqliteStore};
 use serde_json::Value;
+use throwaway::{Engine, TestDatabase};
 
 /// A database backend under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,6 +41,27 @@ pub enum Backend {
     PostgresSerializable,
     /// MySQL or MariaDB (InnoDB).
     Mysql,
+}
+
+impl Backend {
+    /// `sqlite`, `postgres`, `postgres_serializable`, `mysql`: as the tests
+    /// of [`backend_tests!`] are named.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Sqlite => "sqlite",
+            Self::Postgres => "postgres",
+            Self::PostgresSerializable => "postgres_serializable",
+            Self::Mysql => "mysql",
+        }
+    }
+
+    fn engine(self) -> Option<Engine> {
+        match self {
+            Self::Sqlite => None,
+            Self::Postgres | Self::PostgresSerializable => Some(Engine::Postgres),
+            Self::Mysql => Some(Engine::Mysql),
+        }
+    }
 }
 
 /// Runs `$name` (an `async fn(Backend)`) as one test per backend:
@@ -88,8 +113,7 @@ macro_rules! backend_test {
 
 enum Guard {
     Sqlite(PathBuf),
-    Postgres(#[allow(dead_code)] postgres::TestDatabase),
-    Mysql(#[allow(dead_code)] mysql::TestDatabase),
+    Server(TestDatabase),
 }
 
 impl Drop for Guard {
@@ -120,7 +144,7 @@ pub struct TestDb {
     pub backend: Backend,
     store: Arc<dyn Store>,
     concrete: Concrete,
-    _guard: Guard,
+    guard: Guard,
 }
 
 impl std::fmt::Debug for TestDb {
@@ -133,49 +157,61 @@ impl TestDb {
     /// A fresh database, or `None` when the backend is unavailable here (the
     /// skip is printed, and is a failure under `REQUIRE_ALL_BACKENDS=1`).
     pub async fn new(backend: Backend, pool_size: u32) -> Option<Self> {
+        let admin_url = match backend.engine().map(Engine::admin_url) {
+            None => None,
+            Some(Ok(url)) => Some(url),
+            Some(Err(skip)) => {
+                throwaway::skip_or_panic(backend.name(), &skip);
+                return None;
+            }
+        };
+        Some(Self::on_server(backend, admin_url, pool_size).await)
+    }
+
+    /// A fresh database on the server of `admin_url` (for SQLite, `None`: a
+    /// temp file), for a caller that chose the server itself
+    /// (`payments-bench`).
+    pub async fn on_server(backend: Backend, admin_url: Option<String>, pool_size: u32) -> Self {
         let pool = PoolSettings {
             max_connections: pool_size,
             acquire_timeout: Duration::from_secs(30),
         };
-        let (url, guard, concrete, store): (String, Guard, Concrete, Arc<dyn Store>) = match backend
-        {
+        let server = match (backend.engine(), admin_url) {
+            (Some(engine), Some(admin_url)) => Some(TestDatabase::create(engine, admin_url).await),
+            (None, None) => None,
+            _ => panic!(
+                "{}: an admin URL for a server, none for SQLite",
+                backend.name()
+            ),
+        };
+        if let (Backend::PostgresSerializable, Some(db)) = (backend, &server) {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+            let sql = format!(
+                "ALTER DATABASE \"{}\" SET default_transaction_isolation = 'serializable'",
+                db.name
+            );
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&mut conn)
+                .await
+                .expect("make the database serializable");
+        }
+        let (url, guard) = match server {
+            Some(db) => (db.url.clone(), Guard::Server(db)),
+            None => {
+                let name = format!("payments-test-{}.db", uuid::Uuid::new_v4().simple());
+                let path = std::env::temp_dir().join(name);
+                (format!("sqlite://{}", path.display()), Guard::Sqlite(path))
+            }
+        };
+        let (concrete, store): (Concrete, Arc<dyn Store>) = match backend {
             Backend::Sqlite => {
-                let path = std::env::temp_dir().join(format!(
-                    "payments-test-{}.db",
-                    uuid::Uuid::new_v4().simple()
-                ));
-                let url = format!("sqlite://{}", path.display());
                 let store = SqliteStore::connect(&database_url(&url), &pool)
                     .await
                     .expect("open sqlite");
-                (
-                    url,
-                    Guard::Sqlite(path),
-                    Concrete::Sqlite(store.clone()),
-                    Arc::new(store),
-                )
+                (Concrete::Sqlite(store.clone()), Arc::new(store))
             }
             Backend::Postgres | Backend::PostgresSerializable => {
-                let db = match postgres::create_database().await {
-                    Ok(db) => db,
-                    Err(skip) => {
-                        postgres::skip_or_panic(&skip);
-                        return None;
-                    }
-                };
-                if backend == Backend::PostgresSerializable {
-                    use sqlx::Connection;
-                    let mut conn = sqlx::PgConnection::connect(&db.url).await.expect("connect");
-                    let sql = format!(
-                        "ALTER DATABASE \"{}\" SET default_transaction_isolation = 'serializable'",
-                        db.name
-                    );
-                    sqlx::query(sqlx::AssertSqlSafe(sql))
-                        .execute(&mut conn)
-                        .await
-                        .expect("make the database serializable");
-                }
-                let url = db.url.clone();
                 let store = PostgresStore::connect(&database_url(&url), &pool)
                     .await
                     .expect("open postgres");
@@ -186,41 +222,31 @@ impl TestDb {
                         .expect("isolation");
                     assert_eq!(level, "serializable", "every transaction runs serializable");
                 }
-                (
-                    url,
-                    Guard::Postgres(db),
-                    Concrete::Postgres(store.clone()),
-                    Arc::new(store),
-                )
+                (Concrete::Postgres(store.clone()), Arc::new(store))
             }
             Backend::Mysql => {
-                let db = match mysql::create_database().await {
-                    Ok(db) => db,
-                    Err(skip) => {
-                        mysql::skip_or_panic(&skip);
-                        return None;
-                    }
-                };
-                let url = db.url.clone();
                 let store = MySqlStore::connect(&database_url(&url), &pool)
                     .await
                     .expect("open mysql");
-                (
-                    url,
-                    Guard::Mysql(db),
-                    Concrete::Mysql(store.clone()),
-                    Arc::new(store),
-                )
+                (Concrete::Mysql(store.clone()), Arc::new(store))
             }
         };
         store.migrate().await.expect("migrate");
-        Some(Self {
+        Self {
             url,
             backend,
             store,
             concrete,
-            _guard: guard,
-        })
+            guard,
+        }
+    }
+
+    /// Where it is, without a password: the SQLite file or the database name.
+    pub fn describe(&self) -> String {
+        match &self.guard {
+            Guard::Sqlite(path) => path.display().to_string(),
+            Guard::Server(db) => format!("database {}", db.name),
+        }
     }
 
     pub fn store(&self) -> Arc<dyn Store> {
@@ -724,12 +750,16 @@ impl TestApp {
 }
 
 /// A real binary of this workspace, started as a child process and killed
-/// when dropped. `make test` builds the binaries before the tests run.
+/// when dropped, with a clean environment (`PATH`, `RUST_LOG=info` and what
+/// the caller passes: a developer's `DATABASE_URL` cannot leak in). Its
+/// stderr goes to a log: a temp file removed with it, or a file the caller
+/// names and keeps (`payments-bench` does, in `target/bench/`).
 pub struct Process {
     child: Option<tokio::process::Child>,
     /// What the binary printed on its "listening on" line.
     pub url: String,
-    stderr_path: PathBuf,
+    log: PathBuf,
+    keep_log: bool,
 }
 
 impl std::fmt::Debug for Process {
@@ -738,64 +768,183 @@ impl std::fmt::Debug for Process {
     }
 }
 
-/// The path of a workspace binary next to the test executable.
+/// The path of a workspace binary of this build's profile: beside the test
+/// executable's `deps/` directory (or beside `payments-bench`).
+///
+/// `cargo test` builds only the binaries of the package under test, so a test
+/// of `payments-tests` cannot count on `payments-api` being there, or being
+/// the current code. `make test` builds them all first (`cargo build
+/// --workspace --bins`); then this costs one walk of the sources' times per
+/// test process. Without make (a bare `cargo test --workspace`, one test run
+/// from an editor), a binary that is missing or older than a file of
+/// `crates/`, `migrations/` or the manifests is built here: once per test
+/// process (a `OnceLock`; cargo's lock on the target directory serialises
+/// test processes building at once), with the command `make test` runs, so
+/// the features and artifacts are the same and nothing is built twice. A
+/// binary cargo then finds current although older than a source (one it does
+/// not depend on) gets its time set to now, so the next test process does
+/// not ask cargo again. If it is still missing after the build (a target
+/// layout this cannot see), the test stops and says to run `make test`.
 pub fn binary(name: &str) -> PathBuf {
+    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     let exe = std::env::current_exe().expect("current exe");
-    // target/<profile>/deps/<test> -> target/<profile>/<name>
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target dir");
+    let mut dir = exe.parent().expect("target dir");
+    if dir.ends_with("deps") {
+        dir = dir.parent().expect("target dir");
+    }
     let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build the binaries first (`cargo build --workspace --bins`; `make test` does)",
-        path.display()
-    );
+    if stale(&path) {
+        if let Err(why) = BUILT.get_or_init(|| build_binaries(dir)) {
+            panic!("{why}");
+        }
+        // Cargo has just built it or found it current (a binary that does
+        // not depend on the newer source): say so to the next test process.
+        let file = std::fs::File::open(&path);
+        let touched = file.and_then(|file| file.set_modified(std::time::SystemTime::now()));
+        let shown = path.display();
+        assert!(
+            touched.is_ok(),
+            "{shown} is missing after the build: run `make test`"
+        );
+    }
     path
 }
 
+/// Missing, or older than the newest file of the workspace's sources.
+fn stale(binary: &Path) -> bool {
+    static NEWEST: std::sync::OnceLock<std::time::SystemTime> = std::sync::OnceLock::new();
+    let newest = NEWEST.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut paths = ["crates", "migrations", "Cargo.toml", "Cargo.lock"]
+            .map(|p| root.join(p))
+            .to_vec();
+        let mut newest = std::time::SystemTime::UNIX_EPOCH;
+        while let Some(path) = paths.pop() {
+            match std::fs::read_dir(&path) {
+                Ok(entries) => paths.extend(entries.flatten().map(|entry| entry.path())),
+                Err(_) => newest = newest.max(modified(&path).unwrap_or(newest)),
+            }
+        }
+        newest
+    });
+    modified(binary).is_none_or(|built| built < *newest)
+}
+
+fn modified(path: &Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(path)
+        .and_then(|meta| meta.modified())
+        .ok()
+}
+
+/// `cargo build --workspace --bins` for the profile of `dir` (`debug`,
+/// `release`, or a custom one), into the target directory above it.
+fn build_binaries(dir: &Path) -> Result<(), String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+    let mut command = std::process::Command::new(cargo);
+    command.args(["build", "--workspace", "--bins", "--target-dir"]);
+    command.arg(dir.parent().expect("target dir"));
+    command.current_dir(env!("CARGO_MANIFEST_DIR"));
+    match dir.file_name().and_then(|p| p.to_str()) {
+        Some("debug") => {}
+        Some("release") => {
+            command.arg("--release");
+        }
+        Some(profile) => {
+            command.args(["--profile", profile]);
+        }
+        None => {
+            return Err(format!(
+                "{} names no profile: run `make test`",
+                dir.display()
+            ));
+        }
+    }
+    let line = "payments-tests: a binary is missing or older than the sources: \
+                running `cargo build --workspace --bins` once (`make test` does it first)\n";
+    let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
+    match command.status() {
+        Ok(status) if status.success() => Ok(()),
+        outcome => Err(format!(
+            "`cargo build --workspace --bins`: {outcome:?}: run `make test`"
+        )),
+    }
+}
+
 impl Process {
-    /// Starts `name` with `args` and `env` (stdout drained, stderr to a log
-    /// file), without waiting for anything.
+    /// Starts `name` with `args` and `env` (stdout drained by the caller,
+    /// stderr to a temp log), without waiting for anything.
     pub fn spawn(
         name: &str,
         args: &[&str],
         env: &[(&str, &str)],
     ) -> (Process, tokio::process::ChildStdout) {
-        let stderr_path =
-            std::env::temp_dir().join(format!("{name}-{}.log", uuid::Uuid::new_v4().simple()));
-        let stderr = std::fs::File::create(&stderr_path).expect("stderr file");
+        Self::spawn_logged(name, args, env, None).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Process::spawn`], with its log at `log` (kept) when given.
+    pub fn spawn_logged(
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: Option<PathBuf>,
+    ) -> Result<(Process, tokio::process::ChildStdout), String> {
+        let keep_log = log.is_some();
+        let log = log.unwrap_or_else(|| {
+            let file = format!("{name}-{}.log", uuid::Uuid::new_v4().simple());
+            std::env::temp_dir().join(file)
+        });
+        let stderr =
+            std::fs::File::create(&log).map_err(|e| format!("creating {}: {e}", log.display()))?;
         let mut command = tokio::process::Command::new(binary(name));
         command
             .args(args)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
+            .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(stderr)
             .kill_on_drop(true);
         for (k, v) in env {
             command.env(k, v);
         }
-        let mut child = command.spawn().expect("spawn");
+        let mut child = command
+            .spawn()
+            .map_err(|e| format!("starting {name}: {e}"))?;
         let stdout = child.stdout.take().expect("stdout");
-        let process = Process {
-            child: Some(child),
-            url: String::new(),
-            stderr_path,
-        };
-        (process, stdout)
+        let child = Some(child);
+        let url = String::new();
+        Ok((
+            Process {
+                child,
+                url,
+                log,
+                keep_log,
+            },
+            stdout,
+        ))
     }
 
     /// Starts `name` and waits for the line `<name> listening on <url>` on
     /// its stdout.
     pub async fn start(name: &str, args: &[&str], env: &[(&str, &str)]) -> Process {
+        let started = Process::try_start(name, args, env, None).await;
+        started.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Process::start`], with its log at `log` (kept) when given; an error
+    /// with the log when the line does not come within 60 s.
+    pub async fn try_start(
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        log: Option<PathBuf>,
+    ) -> Result<Process, String> {
         use tokio::io::AsyncBufReadExt;
-        let (mut process, stdout) = Process::spawn(name, args, env);
+        let (mut process, stdout) = Process::spawn_logged(name, args, env, log)?;
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         let prefix = format!("{name} listening on ");
-        let url = tokio::time::timeout(Duration::from_secs(30), async {
+        let url = tokio::time::timeout(Duration::from_secs(60), async {
             while let Ok(Some(line)) = lines.next_line().await {
                 if let Some(url) = line.strip_prefix(&prefix) {
                     return Some(url.trim().to_owned());
@@ -807,12 +956,17 @@ impl Process {
         .ok()
         .flatten();
         let Some(url) = url else {
-            panic!("{name} did not start:\n{}", process.log());
+            return Err(format!("{name} did not start:\n{}", process.log()));
         };
         // Keep draining stdout so the child never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         process.url = url;
-        process
+        Ok(process)
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().and_then(|c| c.id()).unwrap_or_default()
     }
 
     /// Waits up to 10 s for every one of `needles` to appear in the log.
@@ -827,6 +981,19 @@ impl Process {
         false
     }
 
+    /// Waits up to `within` for the exit status; kills the process if it
+    /// takes longer.
+    pub async fn wait(&mut self, within: Duration) -> Result<std::process::ExitStatus, String> {
+        let child = self.child.as_mut().expect("an owned process");
+        match tokio::time::timeout(within, child.wait()).await {
+            Ok(status) => status.map_err(|e| e.to_string()),
+            Err(_) => {
+                let _ = child.kill().await;
+                Err(format!("still running after {within:?}; killed"))
+            }
+        }
+    }
+
     /// Sends SIGTERM and waits up to `within` for the exit status.
     pub async fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
         let child = self.child.as_mut().expect("an owned process");
@@ -839,6 +1006,16 @@ impl Process {
             .await
             .expect("exited in time")
             .expect("exit status")
+    }
+
+    /// SIGKILL and reap; an error if it had exited on its own, as a server
+    /// should not.
+    pub async fn stop(mut self) -> Result<(), String> {
+        let child = self.child.as_mut().expect("an owned process");
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!("exited on its own ({status}):\n{}", self.log()));
+        }
+        child.kill().await.map_err(|e| e.to_string())
     }
 
     /// `POST /api/charges` to this API process.
@@ -860,16 +1037,18 @@ impl Process {
 
     /// A handle with only the URL of a process owned elsewhere.
     pub fn detached(url: String) -> Process {
+        let log = PathBuf::new();
         Process {
             child: None,
             url,
-            stderr_path: PathBuf::new(),
+            log,
+            keep_log: true,
         }
     }
 
     /// Everything the process logged so far.
     pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// SIGKILL, as a crash would.
@@ -884,7 +1063,9 @@ impl Drop for Process {
     fn drop(&mut self) {
         if let Some(child) = &mut self.child {
             let _ = child.start_kill();
-            let _ = std::fs::remove_file(&self.stderr_path);
+            if !self.keep_log {
+                let _ = std::fs::remove_file(&self.log);
+            }
         }
     }
 }
@@ -911,11 +1092,8 @@ impl Skew {
             .map(|arch| PathBuf::from(format!("/usr/lib/{arch}/faketime/libfaketimeMT.so.1")))
             .find(|path| path.exists());
         let Some(library) = library else {
-            throwaway::skip_or_panic(
-                "clock skew",
-                "libfaketime (Debian package faketime)",
-                &throwaway::Skip("libfaketimeMT.so.1 not found".into()),
-            );
+            let skip = "no libfaketimeMT.so.1 (apt-get install faketime)";
+            throwaway::skip_or_panic("clock skew", &throwaway::Skip(skip.into()));
             return None;
         };
         Some(vec![

@@ -111,10 +111,10 @@ impl IntoResponse for ApiError {
         let (status, code) = self.status_and_code();
         match &self {
             Self::InProgress => {
-                metrics::counter!("payments_idempotency_conflicts_total").increment(1)
+                metrics::counter!(crate::telemetry::IDEMPOTENCY_CONFLICTS_TOTAL).increment(1)
             }
             Self::KeyReused => {
-                metrics::counter!("payments_idempotency_key_reused_total").increment(1)
+                metrics::counter!(crate::telemetry::IDEMPOTENCY_KEY_REUSED_TOTAL).increment(1)
             }
             Self::Internal(detail) => tracing::error!(%detail, "internal error"),
             Self::DatabaseUnavailable(detail) => {

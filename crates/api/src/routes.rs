@@ -31,7 +31,7 @@ pub async fn create_charge(
             KeyMode::Required => "required",
             KeyMode::Optional => "optional",
         };
-        metrics::counter!("payments_keyless_requests_total", "mode" => mode).increment(1);
+        metrics::counter!(crate::telemetry::KEYLESS_REQUESTS_TOTAL, "mode" => mode).increment(1);
         tracing::warn!(customer = %customer, mode, "request without an Idempotency-Key");
         if state.key_mode == KeyMode::Required {
             return Err(ApiError::KeyMissing(state.client_guide_url.to_string()));
@@ -82,7 +82,7 @@ fn reply_response(reply: Reply) -> Response {
         headers.insert(header::LOCATION, v);
     }
     if reply.replayed {
-        metrics::counter!("payments_idempotent_replays_total").increment(1);
+        metrics::counter!(crate::telemetry::IDEMPOTENT_REPLAYS_TOTAL).increment(1);
         headers.insert("idempotent-replay", HeaderValue::from_static("true"));
     }
     response

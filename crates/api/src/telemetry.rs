@@ -1,20 +1,24 @@
-//! Prometheus metrics: the process-wide recorder, `GET /metrics`, and the
+//! Prometheus metrics: the process-wide recorder, `GET /metrics`, the
 //! middleware that counts every request by route (the matched pattern, so a
-//! charge id never becomes a label), method and status.
+//! charge id never becomes a label), method and status, and every metric's
+//! name ([`COUNTERS`], [`HISTOGRAMS`]: `tests/docker` checks the Grafana
+//! dashboard and the docs against them). Each name is a constant of the
+//! crate that records it:
 //!
 //! | metric | labels | recorded in |
 //! |---|---|---|
-//! | `payments_http_requests_total` | route, method, status | here |
-//! | `payments_http_request_duration_seconds` | route, method | here |
-//! | `payments_idempotent_replays_total` | | routes |
-//! | `payments_idempotency_conflicts_total` (409) | | error |
-//! | `payments_idempotency_key_reused_total` (422) | | error |
-//! | `payments_keyless_requests_total` | mode | routes |
-//! | `payments_provider_request_duration_seconds` | outcome | payments-gateway |
-//! | `payments_provider_outcomes_total` | outcome | payments-gateway |
-//! | `payments_lease_takeovers_total` | | payments-domain |
-//! | `payments_reaper_records_total` | result | payments-jobs |
-//! | `payments_pruned_records_total` | | payments-jobs |
+//! | [`HTTP_REQUESTS_TOTAL`] | route, method, status | here |
+//! | [`HTTP_REQUEST_DURATION_SECONDS`] | route, method | here |
+//! | [`IDEMPOTENT_REPLAYS_TOTAL`] | | routes |
+//! | [`IDEMPOTENCY_CONFLICTS_TOTAL`] (409) | | error |
+//! | [`IDEMPOTENCY_KEY_REUSED_TOTAL`] (422) | | error |
+//! | [`KEYLESS_REQUESTS_TOTAL`] | mode | routes |
+//! | [`PROVIDER_REQUEST_DURATION_SECONDS`] | outcome | payments-gateway |
+//! | [`PROVIDER_OUTCOMES_TOTAL`] | outcome | payments-gateway |
+//! | [`LEASE_TAKEOVERS_TOTAL`] | | payments-domain |
+//! | [`ABANDONED_TOTAL`] | reason | payments-domain, payments-jobs |
+//! | [`REAPER_RECORDS_TOTAL`] | result | payments-jobs |
+//! | [`PRUNED_RECORDS_TOTAL`] | | payments-jobs |
 
 use std::time::Instant;
 
@@ -22,8 +26,38 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
+use payments_domain::service::{ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL};
+use payments_gateway::{PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS};
+use payments_jobs::telemetry::{PRUNED_RECORDS_TOTAL, REAPER_RECORDS_TOTAL};
 
 pub use payments_jobs::telemetry::handle;
+
+pub const HTTP_REQUESTS_TOTAL: &str = "payments_http_requests_total";
+pub const HTTP_REQUEST_DURATION_SECONDS: &str = "payments_http_request_duration_seconds";
+pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "payments_idempotent_replays_total";
+pub const IDEMPOTENCY_CONFLICTS_TOTAL: &str = "payments_idempotency_conflicts_total";
+pub const IDEMPOTENCY_KEY_REUSED_TOTAL: &str = "payments_idempotency_key_reused_total";
+pub const KEYLESS_REQUESTS_TOTAL: &str = "payments_keyless_requests_total";
+
+/// Every counter the binaries export.
+pub const COUNTERS: [&str; 10] = [
+    HTTP_REQUESTS_TOTAL,
+    IDEMPOTENT_REPLAYS_TOTAL,
+    IDEMPOTENCY_CONFLICTS_TOTAL,
+    IDEMPOTENCY_KEY_REUSED_TOTAL,
+    KEYLESS_REQUESTS_TOTAL,
+    PROVIDER_OUTCOMES_TOTAL,
+    LEASE_TAKEOVERS_TOTAL,
+    ABANDONED_TOTAL,
+    REAPER_RECORDS_TOTAL,
+    PRUNED_RECORDS_TOTAL,
+];
+
+/// Every histogram (read as `_bucket`, `_sum` and `_count`).
+pub const HISTOGRAMS: [&str; 2] = [
+    HTTP_REQUEST_DURATION_SECONDS,
+    PROVIDER_REQUEST_DURATION_SECONDS,
+];
 
 /// `GET /metrics`: Prometheus text format.
 pub async fn metrics() -> Response {
@@ -52,9 +86,9 @@ pub async fn track(request: Request, next: Next) -> Response {
     let started = Instant::now();
     let response = next.run(request).await;
     let status = response.status().as_u16().to_string();
-    metrics::counter!("payments_http_requests_total", "route" => route.clone(), "method" => method, "status" => status)
+    metrics::counter!(HTTP_REQUESTS_TOTAL, "route" => route.clone(), "method" => method, "status" => status)
         .increment(1);
-    metrics::histogram!("payments_http_request_duration_seconds", "route" => route, "method" => method)
+    metrics::histogram!(HTTP_REQUEST_DURATION_SECONDS, "route" => route, "method" => method)
         .record(started.elapsed().as_secs_f64());
     response
 }

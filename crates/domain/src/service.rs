@@ -34,6 +34,13 @@ use crate::store::{
     StoreError,
 };
 
+/// Counts the expired leases taken over to re-drive a charge (a metric name,
+/// with the others in `payments_api::telemetry`).
+pub const LEASE_TAKEOVERS_TOTAL: &str = "payments_lease_takeovers_total";
+/// Counts the abandoned records, by `reason`: `key_retention` here, `reaper`
+/// in `payments-jobs`.
+pub const ABANDONED_TOTAL: &str = "payments_abandoned_total";
+
 /// Seconds a client should wait before retrying a 409 or 503.
 pub const RETRY_AFTER_SECS: u64 = 2;
 
@@ -232,7 +239,7 @@ impl ChargeService {
             .take_over(record.id, expected, &lease, ClaimAge::Under(limit))
             .await?
         {
-            metrics::counter!("payments_lease_takeovers_total").increment(1);
+            metrics::counter!(LEASE_TAKEOVERS_TOTAL).increment(1);
             let charge = load().await?;
             tracing::info!(record_id = %record.id, charge_id = %charge.id, "took over expired lease; re-driving");
             return self
@@ -255,7 +262,7 @@ impl ChargeService {
                 "ABANDONED: claimed longer ago than the provider's key retention allows a \
                  re-drive; charge marked unknown, reconcile it with the provider"
             );
-            metrics::counter!("payments_abandoned_total", "reason" => "key_retention").increment(1);
+            metrics::counter!(ABANDONED_TOTAL, "reason" => "key_retention").increment(1);
             return self
                 .abandon(
                     record.id,

@@ -18,6 +18,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use payments_domain::provider::{Gateway, ProviderChargeRequest, ProviderOutcome};
 
+/// The provider calls' latency and outcomes, by `outcome` (metric names, with
+/// the others in `payments_api::telemetry`).
+pub const PROVIDER_REQUEST_DURATION_SECONDS: &str = "payments_provider_request_duration_seconds";
+pub const PROVIDER_OUTCOMES_TOTAL: &str = "payments_provider_outcomes_total";
+
 mod wire {
     use serde::Deserialize;
 
@@ -134,9 +139,9 @@ impl Gateway for HttpGateway {
             ProviderOutcome::Unknown { .. } => "unknown",
         };
         let elapsed = started.elapsed();
-        metrics::histogram!("payments_provider_request_duration_seconds", "outcome" => label)
+        metrics::histogram!(PROVIDER_REQUEST_DURATION_SECONDS, "outcome" => label)
             .record(elapsed.as_secs_f64());
-        metrics::counter!("payments_provider_outcomes_total", "outcome" => label).increment(1);
+        metrics::counter!(PROVIDER_OUTCOMES_TOTAL, "outcome" => label).increment(1);
         tracing::info!(
             provider_key = %request.idempotency_key,
             elapsed_ms = elapsed.as_millis() as u64,

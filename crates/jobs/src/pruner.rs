@@ -16,6 +16,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::telemetry::PRUNED_RECORDS_TOTAL;
 use payments_domain::store::{Store, StoreError};
 
 /// What one pruner pass did.
@@ -81,7 +82,7 @@ impl Pruner {
         loop {
             let batch_started = Instant::now();
             let deleted = self.store.prune(self.batch).await?;
-            metrics::counter!("payments_pruned_records_total").increment(deleted);
+            metrics::counter!(PRUNED_RECORDS_TOTAL).increment(deleted);
             report.deleted += deleted;
             report.batches += 1;
             if deleted < u64::from(self.batch) {

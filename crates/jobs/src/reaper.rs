@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use payments_domain::idempotency::IdempotencyRecord;
-use payments_domain::service::{ChargeError, ChargeService, OnUnknown};
+use payments_domain::service::{ABANDONED_TOTAL, ChargeError, ChargeService, OnUnknown};
 use payments_domain::store::{ClaimAge, NewLease, Store, StoreError};
 use payments_domain::time;
 
@@ -189,7 +189,8 @@ impl Reaper {
                     "failed"
                 }
             };
-            metrics::counter!("payments_reaper_records_total", "result" => result).increment(1);
+            metrics::counter!(crate::telemetry::REAPER_RECORDS_TOTAL, "result" => result)
+                .increment(1);
         }
         Ok(report)
     }
@@ -300,7 +301,7 @@ impl Reaper {
                     %reason,
                     "ABANDONED: provider outcome unknown; charge marked unknown, reconcile it with the provider"
                 );
-                metrics::counter!("payments_abandoned_total", "reason" => "reaper").increment(1);
+                metrics::counter!(ABANDONED_TOTAL, "reason" => "reaper").increment(1);
                 Handled::Abandoned
             }
             Ok(_) => Handled::FinishedByOther,

@@ -8,6 +8,11 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
+/// The reaper's records, by `result`, and the pruned records (metric names,
+/// with the others in `payments_api::telemetry`).
+pub const REAPER_RECORDS_TOTAL: &str = "payments_reaper_records_total";
+pub const PRUNED_RECORDS_TOTAL: &str = "payments_pruned_records_total";
+
 /// Latency buckets, in seconds: from a replay (~1 ms) to a slow provider (30 s).
 const BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0,

@@ -4,7 +4,7 @@
 //! machines.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 
 use serde::Serialize;
 
@@ -260,6 +260,121 @@ impl Report {
     }
 }
 
+impl Report {
+    /// The report as markdown, as `docs/benchmarks.md` shows each load run:
+    /// a table of its streams, then its operations, charges and verdict.
+    pub fn markdown(&self) -> impl fmt::Display + '_ {
+        Markdown(self)
+    }
+
+    /// Microseconds as milliseconds for people: `0.42 ms`, `12.3 ms`, `18.02 s`.
+    pub fn ms(us: u64) -> String {
+        match us as f64 / 1000.0 {
+            ms if ms < 10.0 => format!("{ms:.2} ms"),
+            ms if ms < 1000.0 => format!("{ms:.1} ms"),
+            ms => format!("{:.2} s", ms / 1000.0),
+        }
+    }
+
+    /// A rate with thousands separators: `12,345`.
+    pub fn rate(x: f64) -> String {
+        let digits = (x.round() as u64).to_string();
+        let mut out = String::new();
+        for (i, c) in digits.chars().enumerate() {
+            if i > 0 && (digits.len() - i).is_multiple_of(3) {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        out
+    }
+}
+
+/// [`Report::markdown`].
+struct Markdown<'a>(&'a Report);
+
+impl fmt::Display for Markdown<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let report = self.0;
+        f.write_str(
+            "| stream | requests | req/s | p50 | p95 | p99 | max | statuses | no answer |\n",
+        )?;
+        f.write_str("|---|---|---|---|---|---|---|---|---|\n")?;
+        let list = |counts: Vec<Count>| {
+            let marked = |c: Count| {
+                format!(
+                    "{}: {}{}",
+                    c.label,
+                    c.n,
+                    if c.forbidden { " (!)" } else { "" }
+                )
+            };
+            or_dash(
+                counts
+                    .into_iter()
+                    .map(marked)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            )
+        };
+        for s in &report.streams {
+            let latency = s
+                .latency_us
+                .map(|l| [l.p50, l.p95, l.p99, l.max].map(Report::ms));
+            let [p50, p95, p99, max] = latency.unwrap_or_default();
+            let (answered, unanswered) = (list(s.answer_counts()), list(s.unanswered_counts()));
+            let rate = Report::rate(s.throughput_rps);
+            let (name, requests) = (&s.name, s.requests);
+            writeln!(
+                f,
+                "| {name} | {requests} | {rate} | {p50} | {p95} | {p99} | {max} | {answered} | {unanswered} |"
+            )?;
+        }
+        let (o, c) = (&report.operations, &report.charges);
+        let count = |n: Option<u64>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+        let other = c
+            .database_other
+            .iter()
+            .map(|(status, n)| format!("{status}: {n}"));
+        let other = other.collect::<Vec<_>>().join(", ");
+        let other = if other.is_empty() {
+            other
+        } else {
+            format!(" (other statuses in the database: {other})")
+        };
+        let stopped = match report.stopped_by {
+            StoppedBy::Completed => "completed",
+            StoppedBy::Duration => "stopped by its duration cap",
+        };
+        let verdict = if report.correct {
+            "Correct."
+        } else {
+            "INCORRECT."
+        };
+        writeln!(
+            f,
+            "\nOperations: {} started, {} charged, {} not charged, {} unfinished, {} charged twice. \
+             Charges: provider {}, database {}, final 201s {}{other}. {:.1} s, {stopped}. **{verdict}**\n",
+            o.started,
+            o.charged,
+            o.not_charged,
+            o.unfinished,
+            o.charged_twice,
+            count(c.provider),
+            count(c.database),
+            c.answered,
+            report.elapsed_secs,
+        )?;
+        if !report.correct {
+            for violation in &report.violations {
+                writeln!(f, "- {}", violation.replace('|', "\\|").replace('\n', " "))?;
+            }
+            writeln!(f)?;
+        }
+        Ok(())
+    }
+}
+
 fn or_dash(s: String) -> String {
     if s.is_empty() { "-".to_owned() } else { s }
 }
@@ -351,6 +466,19 @@ mod tests {
         let text = r.to_text();
         assert!(text.contains("INCORRECT: 3 violation(s)"), "{text}");
         assert!(text.contains("counted 4 charge(s) for 3"), "{text}");
+    }
+
+    #[test]
+    fn markdown_is_a_table_then_the_verdict() {
+        let text = report().judge().markdown().to_string();
+        let row = "| charge | 3 | 3 | 0.85 ms | 12.3 ms | 1.23 s | 1.23 s | 201: 3 | - |";
+        assert!(text.contains(row), "{text}");
+        assert!(
+            text.contains("final 201s 3. 1.0 s, completed. **Correct.**"),
+            "{text}"
+        );
+        assert_eq!(Report::rate(12_345.4), "12,345");
+        assert_eq!(Report::ms(18_020_000), "18.02 s");
     }
 
     #[test]
