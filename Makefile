@@ -44,6 +44,7 @@ contract:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --quiet -- -D warnings
+	$(CARGO) clippy -p payments-api --no-default-features --all-targets --quiet -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all
