@@ -84,6 +84,21 @@ enum Handled {
     Failed,
 }
 
+impl ReapReport {
+    /// Counts one record's outcome; its name for the metric's label.
+    fn count(&mut self, handled: Handled) -> &'static str {
+        let (count, name) = match handled {
+            Handled::Reaped => (&mut self.reaped, "reaped"),
+            Handled::Abandoned => (&mut self.abandoned, "abandoned"),
+            Handled::FinishedByOther => (&mut self.finished_by_other, "finished_by_other"),
+            Handled::Left => (&mut self.left, "left"),
+            Handled::Failed => (&mut self.failed, "failed"),
+        };
+        *count += 1;
+        name
+    }
+}
+
 impl Reaper {
     pub fn new(service: Arc<ChargeService>, settings: ReaperSettings) -> Self {
         Self { service, settings }
@@ -167,28 +182,7 @@ impl Reaper {
             } else {
                 break;
             };
-            let result = match handled {
-                Handled::Reaped => {
-                    report.reaped += 1;
-                    "reaped"
-                }
-                Handled::Abandoned => {
-                    report.abandoned += 1;
-                    "abandoned"
-                }
-                Handled::FinishedByOther => {
-                    report.finished_by_other += 1;
-                    "finished_by_other"
-                }
-                Handled::Left => {
-                    report.left += 1;
-                    "left"
-                }
-                Handled::Failed => {
-                    report.failed += 1;
-                    "failed"
-                }
-            };
+            let result = report.count(handled);
             metrics::counter!(crate::telemetry::REAPER_RECORDS_TOTAL, "result" => result)
                 .increment(1);
         }

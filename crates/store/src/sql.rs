@@ -309,11 +309,15 @@ sql_impl! {{
         Self::q(&self.sql.record_by_key).bind(c.key.as_str()).bind(c.route)
     }
 
-    /// A new record's eight values (see `new_record` in `Statements::render`).
+    /// A new record's eight values (`{new_record}` in `Statements::render`).
     fn new_record<'q>(q: Q<'q, D>, c: &'q Claim) -> Q<'q, D> {
-        q.bind(c.key.as_str())
-            .bind(c.route)
-            .bind(c.customer.as_str())
+        Self::claimant(q.bind(c.key.as_str()).bind(c.route), c)
+    }
+
+    /// What a claim writes to a record it inserts or reclaims: its
+    /// customer, fingerprint, lease and charge, and the key's TTL.
+    fn claimant<'q>(q: Q<'q, D>, c: &'q Claim) -> Q<'q, D> {
+        q.bind(c.customer.as_str())
             .bind(c.fingerprint.to_hex())
             .bind(c.lease.token.as_str())
             .bind(millis(c.lease.duration))
@@ -370,14 +374,7 @@ sql_impl! {{
                     tx.rollback().await?;
                     return Ok(Some(ClaimOutcome::Existing(Box::new(existing))));
                 }
-                let reclaim = Self::q(&self.sql.reclaim)
-                    .bind(c.customer.as_str())
-                    .bind(c.fingerprint.to_hex())
-                    .bind(c.lease.token.as_str())
-                    .bind(millis(c.lease.duration))
-                    .bind(c.charge.id.as_str())
-                    .bind(millis(c.ttl))
-                    .bind(existing.id.0);
+                let reclaim = Self::claimant(Self::q(&self.sql.reclaim), c).bind(existing.id.0);
                 match Self::stamped(&mut tx, reclaim, self.stamp(c)).await? {
                     Some(row) => row,
                     None => return Ok(None),
