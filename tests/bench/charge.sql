@@ -1,8 +1,8 @@
 -- One new charge, as the PostgreSQL store does it: the pgbench ceiling of
 -- `make bench` (`payments-bench`, tests/bench/main.rs).
 --
--- MIRRORS crates/domain/src/store/postgres.rs (`claim_or_read`, then
--- `try_finish`) as crates/domain/src/service.rs `create_charge` calls them
+-- MIRRORS crates/store/src/sql.rs (PostgreSQL's `claim_or_read`, then
+-- `finish_one`) as crates/domain/src/service.rs `create_charge` calls them
 -- for a key it has not seen. Keep the statements and their order in sync
 -- with that file: the bench divides the API's new charges/s by this
 -- script's tps.

@@ -471,7 +471,7 @@ fn pgbench(r: &Results) -> String {
     format!(
         "### pgbench ceiling (PostgreSQL)\n\n`tests/bench/charge.sql` (the SQL of one new \
          charge: the claim, then the finish, one statement each, as \
-         `crates/domain/src/store/postgres.rs` runs them) on a fresh migrated database of the \
+         `crates/store/src/sql.rs` runs them on PostgreSQL) on a fresh migrated database of the \
          same server, run just before the PostgreSQL `new`:\n`pgbench -n -M prepared -f \
          tests/bench/charge.sql -c {clients} -j {threads} -T {seconds}`.\n\n{table}"
     )

@@ -1,5 +1,5 @@
 //! The ceiling: `tests/bench/charge.sql` (the SQL of one new charge, as
-//! `crates/domain/src/store/postgres.rs` runs it) under pgbench, on a fresh
+//! `crates/store/src/sql.rs` runs it on PostgreSQL) under pgbench, on a fresh
 //! migrated database of the same server, with as many clients as the `new`
 //! scenario's concurrency. The API's new charges/s divided by this tps says
 //! how much of the database's capacity the server's own work leaves.
