@@ -25,7 +25,7 @@ use std::process::Command;
 
 use payments_api::config::DEV_JWT_SECRET;
 use payments_api::telemetry::{COUNTERS, HISTOGRAMS};
-use payments_jobs::settings::SANDBOX_SECRET_KEY;
+use payments_app::settings::SANDBOX_SECRET_KEY;
 use payments_tests::{binary, run_binary};
 use reqwest::Url;
 use serde_json::{Map, Value};

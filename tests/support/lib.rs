@@ -20,12 +20,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use payments_api::auth::{Authenticator, mint_hs256};
-use payments_api::config::{JwtKey, KeyMode};
+use clap::Parser;
+use payments_api::auth::mint_hs256;
+use payments_api::config::{Cli, KeyMode};
 use payments_api::{AppState, serve};
-use payments_domain::service::{ChargeService, Policy};
+use payments_app::Provider;
+use payments_app::settings::SANDBOX_SECRET_KEY;
+use payments_domain::service::ChargeService;
 use payments_domain::store::Store;
-use payments_gateway::HttpGateway;
 use payments_sandbox::{SandboxConfig, SandboxHandle};
 use payments_store::{DatabaseUrl, MySqlStore, PoolSettings, PostgresStore, SqliteStore};
 use serde_json::Value;
@@ -540,8 +542,6 @@ pub struct AppOptions {
     pub ttl: Duration,
     pub sandbox: SandboxConfig,
     pub key_mode: KeyMode,
-    /// The provider's key retention minus the margin.
-    pub redrive_limit: Duration,
     /// The server's header, body and idle timeouts.
     pub http: payments_api::server::HttpTimeouts,
 }
@@ -555,7 +555,6 @@ impl Default for AppOptions {
             ttl: Duration::from_secs(24 * 3600),
             sandbox: SandboxConfig::default(),
             key_mode: KeyMode::Required,
-            redrive_limit: Duration::from_secs(23 * 3600),
             http: payments_api::server::HttpTimeouts::default(),
         }
     }
@@ -592,31 +591,37 @@ impl std::fmt::Debug for TestApp {
     }
 }
 
-/// Starts the sandbox, a fresh database and the API; `None` if the backend
-/// is unavailable here.
+/// Starts the sandbox, a fresh database and the API, assembled as
+/// `payments-api` assembles itself (`payments_app::assemble`,
+/// `AppState::new`) from the default settings and `options`; `None` if the
+/// backend is unavailable here.
 pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp> {
     let db = TestDb::new(backend, options.pool_size).await?;
     let sandbox = SandboxHandle::start(options.sandbox.clone())
         .await
         .expect("start sandbox");
-    let gateway = HttpGateway::new(&sandbox.url(), "sk_test_sandbox", options.gateway_timeout)
-        .expect("gateway");
-    let policy = Policy {
-        lease: options.lease,
-        ttl: options.ttl,
-        max_amount_cents: 1_000_000,
-        redrive_limit: options.redrive_limit,
+    let mut settings = Cli::try_parse_from([
+        "payments-api",
+        "--jwt-hs256-secret",
+        TEST_SECRET,
+        "--database-url",
+        &db.url,
+    ])
+    .expect("the test settings parse")
+    .settings;
+    settings.core.gateway.gateway_timeout = options.gateway_timeout;
+    settings.core.gateway.lease = options.lease;
+    settings.core.charges.idempotency_ttl = options.ttl;
+    settings.idempotency_key_mode = options.key_mode;
+    settings.http = options.http;
+    let provider = Provider::Remote {
+        url: sandbox.url(),
+        secret_key: SANDBOX_SECRET_KEY.into(),
     };
-    let service = Arc::new(ChargeService::new(db.store(), Arc::new(gateway), policy));
-    let state = AppState {
-        service: service.clone(),
-        auth: Arc::new(
-            Authenticator::new(&JwtKey::Hs256(TEST_SECRET.to_owned())).expect("authenticator"),
-        ),
-        key_mode: options.key_mode,
-        client_guide_url: "docs/client-guide.md".into(),
-        http: options.http,
-    };
+    let app = payments_app::assemble(db.store(), &settings.core, provider)
+        .await
+        .expect("assemble the app");
+    let state = AppState::new(&settings, app.service.clone()).expect("the app's state");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -627,7 +632,7 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
     }));
     Some(TestApp {
         base_url,
-        service,
+        service: app.service,
         sandbox,
         db,
         http: reqwest::Client::new(),

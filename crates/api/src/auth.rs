@@ -20,6 +20,8 @@ use payments_domain::charge::CustomerId;
 use serde::{Deserialize, Serialize};
 
 use crate::AppState;
+use secrecy::ExposeSecret;
+
 use crate::config::{ConfigError, JwtKey};
 use crate::error::ApiError;
 
@@ -100,7 +102,7 @@ impl Authenticator {
     pub fn with_rules(key: &JwtKey, rules: JwtRules) -> Result<Self, ConfigError> {
         let (key, algorithm) = match key {
             JwtKey::Hs256(secret) => (
-                DecodingKey::from_secret(secret.as_bytes())
+                DecodingKey::from_secret(secret.expose_secret().as_bytes())
                     .map_err(|e| ConfigError(format!("JWT_HS256_SECRET: {e}")))?,
                 Algorithm::HS256,
             ),
@@ -286,7 +288,7 @@ mod tests {
     }
 
     fn hs_auth(rules: JwtRules) -> Authenticator {
-        Authenticator::with_rules(&JwtKey::Hs256(SECRET.to_owned()), rules).expect("secret")
+        Authenticator::with_rules(&JwtKey::Hs256(SECRET.into()), rules).expect("secret")
     }
 
     #[test]
@@ -309,7 +311,7 @@ mod tests {
 
     #[test]
     fn hs256_tokens_verify_with_the_secret_only() {
-        let auth = Authenticator::new(&JwtKey::Hs256(SECRET.to_owned())).expect("secret");
+        let auth = Authenticator::new(&JwtKey::Hs256(SECRET.into())).expect("secret");
         let token = mint_hs256(SECRET, "cus_hs", Duration::from_secs(60)).expect("sign");
         assert_eq!(auth.verify(&token).expect("valid").as_str(), "cus_hs");
         let other = mint_hs256(

@@ -2,27 +2,34 @@
 //! `env`), durations are human-readable (`1500ms`, `5m`, `24h`), and the
 //! combination is validated before anything starts.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use payments_jobs::settings::{DatabaseArgs, GatewayArgs, JobArgs, LogArgs};
+use payments_app::settings::{DatabaseArgs, LogArgs, secret};
+use payments_app::{Provider, Settings as AppSettings};
+use payments_jobs::settings::JobArgs;
+use secrecy::{ExposeSecret, SecretString};
 
 use crate::auth::JwtRules;
 
+pub use payments_app::ConfigError;
+
 /// The JWT secret `make run` and the README use. Refused next to a real provider.
 pub const DEV_JWT_SECRET: &str = "dev-only-secret-do-not-use-in-production";
-pub use payments_jobs::settings::{LogFormat, SANDBOX_SECRET_KEY};
 const MIN_HS256_SECRET_BYTES: usize = 32;
 /// The largest `JWT_LEEWAY`: an allowance for clock skew, not a lifetime.
 const MAX_JWT_LEEWAY: Duration = Duration::from_secs(5 * 60);
 
+/// `payments-api [serve] [SETTINGS]`, `payments-api migrate`, or
+/// `payments-api token --customer ID`: each subcommand takes only its own
+/// flags, and serving's may also come without `serve`.
 #[derive(Debug, Parser)]
 #[command(
     name = "payments-api",
     version,
-    about = "A payments API that takes money exactly once"
+    about = "A payments API that takes money exactly once",
+    args_conflicts_with_subcommands = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -34,9 +41,14 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the API (the default).
-    Serve,
+    Serve(Box<Settings>),
     /// Apply the database migrations and exit.
-    Migrate,
+    Migrate {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        #[command(flatten)]
+        log: LogArgs,
+    },
     /// Mint a development JWT for a customer, signed with JWT_HS256_SECRET.
     Token {
         /// The customer id (the token's `sub`).
@@ -45,6 +57,9 @@ pub enum Command {
         /// How long the token is valid.
         #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
         ttl: Duration,
+        /// The HS256 secret the server verifies tokens with.
+        #[arg(long, env = "JWT_HS256_SECRET", hide_env_values = true, value_parser = secret)]
+        jwt_hs256_secret: Option<SecretString>,
     },
 }
 
@@ -57,150 +72,67 @@ pub enum KeyMode {
     Optional,
 }
 
-#[derive(Clone, Args)]
+/// What serving takes: the settings shared with `payments-jobs`, the jobs'
+/// own (for `--with-jobs`), and the HTTP side's.
+#[derive(Debug, Clone, Args)]
 pub struct Settings {
     #[command(flatten)]
-    pub database: DatabaseArgs,
-    #[command(flatten)]
-    pub gateway: GatewayArgs,
+    pub core: AppSettings,
     #[command(flatten)]
     pub jobs: JobArgs,
     /// Address to listen on.
-    #[arg(
-        long,
-        env = "LISTEN_ADDR",
-        default_value = "127.0.0.1:8080",
-        global = true
-    )]
+    #[arg(long, env = "LISTEN_ADDR", default_value = "127.0.0.1:8080")]
     pub listen_addr: SocketAddr,
     /// Where the in-process sandbox listens when GATEWAY_URL is unset.
-    #[arg(
-        long,
-        env = "SANDBOX_LISTEN_ADDR",
-        default_value = "127.0.0.1:12111",
-        global = true
-    )]
+    #[arg(long, env = "SANDBOX_LISTEN_ADDR", default_value = "127.0.0.1:12111")]
     pub sandbox_listen_addr: SocketAddr,
     /// Run the reaper and the pruner in this process too. Default: on with
     /// the in-process sandbox (so `make run` is complete), off otherwise
     /// (run `payments-jobs` instead).
-    #[arg(long, env = "WITH_JOBS", global = true, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = "WITH_JOBS", num_args = 0..=1, default_missing_value = "true")]
     pub with_jobs: Option<bool>,
     /// `required`, or `optional` while clients roll out keys (keyless requests are unprotected).
     #[arg(
         long,
         env = "IDEMPOTENCY_KEY_MODE",
         value_enum,
-        default_value = "required",
-        global = true
+        default_value = "required"
     )]
     pub idempotency_key_mode: KeyMode,
     /// Where clients learn to send keys; linked from keyless answers.
-    #[arg(
-        long,
-        env = "CLIENT_GUIDE_URL",
-        default_value = "docs/client-guide.md",
-        global = true
-    )]
+    #[arg(long, env = "CLIENT_GUIDE_URL", default_value = "docs/client-guide.md")]
     pub client_guide_url: String,
-    /// How long a key is remembered. At most the provider's key retention (24h).
-    #[arg(long, env = "IDEMPOTENCY_TTL", default_value = "24h", value_parser = humantime::parse_duration, global = true)]
-    pub idempotency_ttl: Duration,
     /// HS256 secret for bearer JWTs (at least 32 bytes).
-    #[arg(long, env = "JWT_HS256_SECRET", hide_env_values = true, global = true)]
-    pub jwt_hs256_secret: Option<String>,
+    #[arg(long, env = "JWT_HS256_SECRET", hide_env_values = true, value_parser = secret)]
+    pub jwt_hs256_secret: Option<SecretString>,
     /// RS256 public key for bearer JWTs: PEM text, or the path of a PEM file.
-    #[arg(long, env = "JWT_RS256_PUBLIC_KEY", global = true)]
+    #[arg(long, env = "JWT_RS256_PUBLIC_KEY")]
     pub jwt_rs256_public_key: Option<String>,
     /// The longest a token may still be valid for: a token whose `exp` is
     /// further ahead is refused (a leaked year-long token is a year-long key).
-    #[arg(long, env = "JWT_MAX_LIFETIME", default_value = "24h", value_parser = humantime::parse_duration, global = true)]
+    #[arg(long, env = "JWT_MAX_LIFETIME", default_value = "24h", value_parser = humantime::parse_duration)]
     pub jwt_max_lifetime: Duration,
     /// Clock-skew allowance for the tokens' `exp`, `nbf` and `iat`.
-    #[arg(long, env = "JWT_LEEWAY", default_value = "30s", value_parser = humantime::parse_duration, global = true)]
+    #[arg(long, env = "JWT_LEEWAY", default_value = "30s", value_parser = humantime::parse_duration)]
     pub jwt_leeway: Duration,
     /// When set, tokens must carry `iss` equal to it.
-    #[arg(long, env = "JWT_ISSUER", global = true)]
+    #[arg(long, env = "JWT_ISSUER")]
     pub jwt_issuer: Option<String>,
     /// When set, tokens must carry an `aud` that contains it. When unset,
     /// `aud` is not checked.
-    #[arg(long, env = "JWT_AUDIENCE", global = true)]
+    #[arg(long, env = "JWT_AUDIENCE")]
     pub jwt_audience: Option<String>,
-    /// The largest charge accepted, in minor units.
-    #[arg(
-        long,
-        env = "MAX_AMOUNT_CENTS",
-        default_value_t = 1_000_000,
-        global = true
-    )]
-    pub max_amount_cents: i64,
-    #[command(flatten)]
-    pub log: LogArgs,
     #[command(flatten)]
     pub http: crate::server::HttpTimeouts,
 }
 
-/// Secrets stay out of `Debug` output.
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let hidden = |s: &Option<String>| s.as_ref().map(|_| "***");
-        f.debug_struct("Settings")
-            .field("database", &self.database)
-            .field("gateway", &self.gateway)
-            .field("jobs", &self.jobs)
-            .field("listen_addr", &self.listen_addr)
-            .field("sandbox_listen_addr", &self.sandbox_listen_addr)
-            .field("with_jobs", &self.with_jobs)
-            .field("idempotency_key_mode", &self.idempotency_key_mode)
-            .field("client_guide_url", &self.client_guide_url)
-            .field("idempotency_ttl", &self.idempotency_ttl)
-            .field("jwt_hs256_secret", &hidden(&self.jwt_hs256_secret))
-            .field(
-                "jwt_rs256_public_key",
-                &self.jwt_rs256_public_key.as_ref().map(|_| "(set)"),
-            )
-            .field("jwt_max_lifetime", &self.jwt_max_lifetime)
-            .field("jwt_leeway", &self.jwt_leeway)
-            .field("jwt_issuer", &self.jwt_issuer)
-            .field("jwt_audience", &self.jwt_audience)
-            .field("max_amount_cents", &self.max_amount_cents)
-            .field("log", &self.log)
-            .field("http", &self.http)
-            .finish()
-    }
-}
-
 /// How bearer tokens are verified.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub enum JwtKey {
-    Hs256(String),
+    Hs256(SecretString),
     /// PEM text of the public key.
     Rs256(String),
 }
-
-impl fmt::Debug for JwtKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Hs256(_) => f.write_str("Hs256(***)"),
-            Self::Rs256(_) => f.write_str("Rs256(..)"),
-        }
-    }
-}
-
-/// Where provider calls go.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GatewayTarget {
-    /// Start an in-process sandbox.
-    #[cfg(feature = "dev-sandbox")]
-    EmbeddedSandbox,
-    /// A provider at this URL with this secret key.
-    Remote { url: String, secret_key: String },
-}
-
-/// Why the settings were refused.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid configuration: {0}")]
-pub struct ConfigError(pub String);
 
 impl Settings {
     /// The JWT key, or why there is none.
@@ -214,9 +146,11 @@ impl Settings {
                  (`make run` sets a development secret)"
                     .into(),
             )),
-            (Some(secret), None) if secret.len() < MIN_HS256_SECRET_BYTES => Err(ConfigError(
-                format!("JWT_HS256_SECRET must be at least {MIN_HS256_SECRET_BYTES} bytes"),
-            )),
+            (Some(secret), None) if secret.expose_secret().len() < MIN_HS256_SECRET_BYTES => {
+                Err(ConfigError(format!(
+                    "JWT_HS256_SECRET must be at least {MIN_HS256_SECRET_BYTES} bytes"
+                )))
+            }
             (Some(secret), None) => Ok(JwtKey::Hs256(secret.clone())),
             (None, Some(key)) if key.trim_start().starts_with("-----BEGIN") => {
                 Ok(JwtKey::Rs256(key.clone()))
@@ -257,38 +191,18 @@ impl Settings {
         })
     }
 
-    /// Validates the whole serving configuration.
-    pub fn validate(&self) -> Result<(JwtKey, GatewayTarget), ConfigError> {
-        self.database.validate().map_err(ConfigError)?;
-        self.gateway.validate().map_err(ConfigError)?;
-        self.http.validate().map_err(ConfigError)?;
-        let retention = self.gateway.provider_key_retention;
-        if self.idempotency_ttl.is_zero() || self.idempotency_ttl > retention {
-            return Err(ConfigError(format!(
-                "IDEMPOTENCY_TTL ({}) must be greater than 0 and at most the provider's key \
-                 retention ({}): a key the provider forgot must not be answered as ours",
-                humantime::format_duration(self.idempotency_ttl),
-                humantime::format_duration(retention)
-            )));
-        }
-        if self.gateway.lease >= self.idempotency_ttl {
-            return Err(ConfigError(
-                "LEASE must be shorter than IDEMPOTENCY_TTL".into(),
-            ));
-        }
-        if self.max_amount_cents <= 0 {
-            return Err(ConfigError(
-                "MAX_AMOUNT_CENTS must be greater than 0".into(),
-            ));
-        }
+    /// Validates the whole serving configuration; where provider calls go.
+    pub fn validate(&self) -> Result<Provider, ConfigError> {
+        self.core.validate()?;
+        self.http.validate()?;
         if self.with_jobs() {
-            self.jobs.validate(&self.gateway).map_err(ConfigError)?;
+            self.jobs.validate(&self.core.gateway)?;
         }
         let jwt = self.jwt_key()?;
         self.jwt_rules()?;
-        let gateway = match self.gateway.remote().map_err(ConfigError)? {
+        let provider = match self.core.gateway.remote()? {
             #[cfg(feature = "dev-sandbox")]
-            None => GatewayTarget::EmbeddedSandbox,
+            None => Provider::Sandbox(self.sandbox_listen_addr),
             #[cfg(not(feature = "dev-sandbox"))]
             None => {
                 return Err(ConfigError(
@@ -298,23 +212,26 @@ impl Settings {
                         .into(),
                 ));
             }
-            Some((url, secret_key, real)) => {
-                if real && matches!(&jwt, JwtKey::Hs256(s) if s == DEV_JWT_SECRET) {
+            Some(remote) => {
+                let dev_secret =
+                    matches!(&jwt, JwtKey::Hs256(s) if s.expose_secret() == DEV_JWT_SECRET);
+                if dev_secret && self.core.gateway.is_real() {
                     return Err(ConfigError(
                         "refusing to start: a real GATEWAY_URL with the development \
                          JWT_HS256_SECRET; anyone could mint tokens"
                             .into(),
                     ));
                 }
-                GatewayTarget::Remote { url, secret_key }
+                remote
             }
         };
-        Ok((jwt, gateway))
+        Ok(provider)
     }
 
     /// Whether the reaper and pruner run in this process.
     pub fn with_jobs(&self) -> bool {
-        self.with_jobs.unwrap_or(self.gateway.gateway_url.is_none())
+        self.with_jobs
+            .unwrap_or(self.core.gateway.gateway_url.is_none())
     }
 }
 
@@ -333,8 +250,8 @@ mod tests {
     #[test]
     #[cfg(feature = "dev-sandbox")]
     fn defaults_are_valid_with_a_secret() {
-        let (_, gateway) = settings(&[SECRET]).validate().expect("valid");
-        assert_eq!(gateway, GatewayTarget::EmbeddedSandbox);
+        let provider = settings(&[SECRET]).validate().expect("valid");
+        assert!(matches!(provider, Provider::Sandbox(_)), "{provider:?}");
     }
 
     #[test]
@@ -458,8 +375,8 @@ mod tests {
     #[test]
     fn durations_are_human_readable() {
         let s = settings(&[SECRET, "--lease=1m", "--gateway-timeout=1500ms"]);
-        assert_eq!(s.gateway.lease, Duration::from_secs(60));
-        assert_eq!(s.gateway.gateway_timeout, Duration::from_millis(1500));
+        assert_eq!(s.core.gateway.lease, Duration::from_secs(60));
+        assert_eq!(s.core.gateway.gateway_timeout, Duration::from_millis(1500));
     }
 
     #[test]
@@ -477,5 +394,42 @@ mod tests {
             short.validate().is_err(),
             "job settings are checked when jobs run here"
         );
+    }
+
+    #[test]
+    fn each_subcommand_takes_only_its_own_flags() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        let token = cli
+            .find_subcommand_mut("token")
+            .expect("token")
+            .render_long_help()
+            .to_string();
+        assert!(token.contains("--customer") && token.contains("JWT_HS256_SECRET"));
+        for other in [
+            "DATABASE_URL",
+            "GATEWAY_URL",
+            "LEASE",
+            "LISTEN_ADDR",
+            "LOG_FORMAT",
+        ] {
+            assert!(
+                !token.contains(other),
+                "token --help lists {other}:\n{token}"
+            );
+        }
+        let parse = |args: &[&str]| Cli::try_parse_from([&["payments-api"], args].concat());
+        assert!(parse(&["token", "--customer=c", "--lease=5s"]).is_err());
+        assert!(parse(&["--lease=5s", "token", "--customer=c"]).is_err());
+        // Serving's flags, with or without `serve`.
+        for args in [&["--lease=1m"][..], &["serve", "--lease=1m"]] {
+            let cli = parse(args).expect("parses");
+            let settings = match cli.command {
+                Some(Command::Serve(settings)) => *settings,
+                None => cli.settings,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(settings.core.gateway.lease, Duration::from_secs(60));
+        }
     }
 }

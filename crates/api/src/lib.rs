@@ -54,6 +54,24 @@ pub struct AppState {
     pub http: server::HttpTimeouts,
 }
 
+impl AppState {
+    /// The state `settings` describe, over `service`: what `payments-api`
+    /// serves and the tests' `spawn_app` builds alike.
+    pub fn new(
+        settings: &config::Settings,
+        service: Arc<ChargeService>,
+    ) -> Result<Self, config::ConfigError> {
+        let auth = Authenticator::with_rules(&settings.jwt_key()?, settings.jwt_rules()?)?;
+        Ok(Self {
+            service,
+            auth: Arc::new(auth),
+            key_mode: settings.idempotency_key_mode,
+            client_guide_url: settings.client_guide_url.as_str().into(),
+            http: settings.http,
+        })
+    }
+}
+
 const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The application: routes, the 16 KiB body limit, request ids (taken from

@@ -26,13 +26,13 @@ use tokio::time::Instant;
 #[derive(Debug, Clone, Copy, Args)]
 pub struct HttpTimeouts {
     /// How long a client may take to send a request's head (line and headers).
-    #[arg(long, env = "HTTP_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration, global = true)]
+    #[arg(long, env = "HTTP_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub http_header_read_timeout: Duration,
     /// How long a client may take to send a request's whole body.
-    #[arg(long, env = "HTTP_BODY_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration, global = true)]
+    #[arg(long, env = "HTTP_BODY_READ_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub http_body_read_timeout: Duration,
     /// How long an idle keep-alive connection is kept open.
-    #[arg(long, env = "HTTP_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration, global = true)]
+    #[arg(long, env = "HTTP_IDLE_TIMEOUT", default_value = "60s", value_parser = humantime::parse_duration)]
     pub http_idle_timeout: Duration,
 }
 
@@ -47,7 +47,7 @@ impl Default for HttpTimeouts {
 }
 
 impl HttpTimeouts {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::config::ConfigError> {
         if self.http_header_read_timeout.is_zero()
             || self.http_body_read_timeout.is_zero()
             || self.http_idle_timeout.is_zero()

@@ -28,9 +28,10 @@ use axum::middleware::Next;
 use axum::response::Response;
 use payments_domain::service::{ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL};
 use payments_gateway::{PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS};
-use payments_jobs::telemetry::{PRUNED_RECORDS_TOTAL, REAPER_RECORDS_TOTAL};
+use payments_jobs::pruner::PRUNED_RECORDS_TOTAL;
+use payments_jobs::reaper::REAPER_RECORDS_TOTAL;
 
-pub use payments_jobs::telemetry::handle;
+pub use payments_app::telemetry::handle;
 
 pub const HTTP_REQUESTS_TOTAL: &str = "payments_http_requests_total";
 pub const HTTP_REQUEST_DURATION_SECONDS: &str = "payments_http_request_duration_seconds";
@@ -61,7 +62,7 @@ pub const HISTOGRAMS: [&str; 2] = [
 
 /// `GET /metrics`: Prometheus text format.
 pub async fn metrics() -> Response {
-    payments_jobs::telemetry::render()
+    payments_app::telemetry::render()
 }
 
 /// Counts and times every request.

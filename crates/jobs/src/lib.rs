@@ -14,9 +14,8 @@
 //!   batches.
 //! - [`runner`]: `run_until_stopped`, both jobs on timers until a shutdown
 //!   signal, finishing the pass in hand.
-//! - [`telemetry`]: the Prometheus recorder, and `--metrics-addr`.
-//! - [`settings`]: the database, provider and job flags shared by
-//!   `payments-jobs` and `payments-api --with-jobs`.
+//! - [`settings`]: the jobs' own flags, shared by `payments-jobs` and
+//!   `payments-api --with-jobs`; the rest are `payments_app::Settings`.
 //!
 //! Every job is safe to run on several nodes at once: records are claimed
 //! by a conditional update on the lease (with `FOR UPDATE SKIP LOCKED` on
@@ -27,7 +26,6 @@ pub mod pruner;
 pub mod reaper;
 pub mod runner;
 pub mod settings;
-pub mod telemetry;
 
 /// What one pass of a job did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

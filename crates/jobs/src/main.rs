@@ -3,15 +3,10 @@
 //! configuration is refused; `run` stops cleanly on SIGTERM/SIGINT after the
 //! pass in hand.
 
-use std::sync::Arc;
-
-use anyhow::Context;
-use clap::{Parser, Subcommand};
-use payments_domain::service::{ChargeService, Policy};
-use payments_gateway::HttpGateway;
+use clap::{Parser, ValueEnum};
+use payments_app::{Settings, init_logging, shutdown_signal, telemetry};
 use payments_jobs::runner::Jobs;
-use payments_jobs::settings::{DatabaseArgs, GatewayArgs, JobArgs, LogArgs, init_logging};
-use payments_jobs::telemetry;
+use payments_jobs::settings::JobArgs;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -20,30 +15,27 @@ use payments_jobs::telemetry;
     about = "Recovers stuck charges and prunes old idempotency keys"
 )]
 struct Cli {
-    #[command(subcommand)]
-    command: Command,
+    /// Which job.
+    #[arg(value_enum)]
+    job: Job,
     /// One pass, then exit (non-zero if it failed).
-    #[arg(long, global = true)]
+    #[arg(long)]
     once: bool,
     /// Report what a pass would do; change nothing (implies --once).
-    #[arg(long, global = true)]
+    #[arg(long)]
     dry_run: bool,
     /// Serve Prometheus metrics (reaped, abandoned, pruned, provider calls)
     /// on this address at /metrics while `run` runs.
-    #[arg(long, env = "METRICS_ADDR", global = true)]
+    #[arg(long, env = "METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     #[command(flatten)]
-    log: LogArgs,
-    #[command(flatten)]
-    database: DatabaseArgs,
-    #[command(flatten)]
-    gateway: GatewayArgs,
+    settings: Settings,
     #[command(flatten)]
     jobs: JobArgs,
 }
 
-#[derive(Debug, Clone, Copy, Subcommand)]
-enum Command {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Job {
     /// Re-drive in-progress requests whose lease expired (every --reap-every).
     Reap,
     /// Delete complete records past their expiry (every --prune-every).
@@ -55,7 +47,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_logging(cli.log.log_format);
+    init_logging(cli.settings.log.log_format);
     // Installed first, so every pass is counted.
     if let Err(e) = telemetry::handle() {
         tracing::warn!(error = %e, "metrics recorder unavailable");
@@ -71,35 +63,29 @@ async fn main() -> std::process::ExitCode {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let reap = matches!(cli.command, Command::Reap | Command::Run);
-    let prune = matches!(cli.command, Command::Prune | Command::Run);
-    cli.database.validate().map_err(anyhow::Error::msg)?;
-    cli.gateway.validate().map_err(anyhow::Error::msg)?;
-    cli.jobs
-        .validate(&cli.gateway)
-        .map_err(anyhow::Error::msg)?;
+    let reap = matches!(cli.job, Job::Reap | Job::Run);
+    let prune = matches!(cli.job, Job::Prune | Job::Run);
+    cli.settings.validate()?;
+    cli.jobs.validate(&cli.settings.gateway)?;
     // The reaper re-drives charges at the provider, so it needs one; the
     // pruner only talks to the database.
-    let remote = cli.gateway.remote().map_err(anyhow::Error::msg)?;
-    let (url, secret_key) = match remote {
-        Some((url, key, _)) => (url, key),
-        None if reap => anyhow::bail!(
+    let provider = cli.settings.gateway.remote()?;
+    if reap && provider.is_none() {
+        anyhow::bail!(
             "GATEWAY_URL is not set: the reaper re-drives charges at the provider, set GATEWAY_URL \
              and GATEWAY_SECRET_KEY as for payments-api"
-        ),
-        None => (String::from("http://127.0.0.1:9"), String::new()),
+        );
+    }
+    let store = cli.settings.database.open().await?;
+    let reaper = match provider.filter(|_| reap) {
+        Some(provider) => {
+            let app = payments_app::assemble(store.clone(), &cli.settings, provider).await?;
+            Some(cli.jobs.reaper(app.service, cli.settings.gateway.lease))
+        }
+        None => None,
     };
-    let store = cli.database.open().await?;
-    let gateway = HttpGateway::new(&url, &secret_key, cli.gateway.gateway_timeout)
-        .context("building the provider client")?;
-    let policy = Policy {
-        lease: cli.gateway.lease,
-        ttl: cli.gateway.provider_key_retention,
-        max_amount_cents: i64::MAX,
-        redrive_limit: cli.gateway.redrive_limit(),
-    };
-    let service = Arc::new(ChargeService::new(store, Arc::new(gateway), policy));
-    let jobs = Jobs::new(service, &cli.jobs, cli.gateway.lease, reap, prune);
+    let pruner = prune.then(|| cli.jobs.pruner(store));
+    let jobs = Jobs::new(reaper, pruner, &cli.jobs);
 
     if cli.dry_run {
         if let Some((reaper, _)) = &jobs.reaper {
@@ -122,26 +108,4 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     );
     jobs.run_until_stopped(shutdown_signal()).await;
     Ok(())
-}
-
-/// SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
-    }
-    tracing::info!("shutdown signal received");
 }

@@ -16,8 +16,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::telemetry::PRUNED_RECORDS_TOTAL;
 use payments_domain::store::{Store, StoreError};
+
+/// Records the pruner deleted (a metric name, listed with the others in
+/// `payments_api::telemetry`).
+pub const PRUNED_RECORDS_TOTAL: &str = "payments_pruned_records_total";
 
 /// What one pruner pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]

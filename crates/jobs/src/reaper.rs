@@ -26,6 +26,10 @@ use payments_domain::service::{ABANDONED_TOTAL, ChargeError, ChargeService, OnUn
 use payments_domain::store::{ClaimAge, NewLease, Store, StoreError};
 use payments_domain::time;
 
+/// The reaper's records, by `result` (a metric name, listed with the others
+/// in `payments_api::telemetry`).
+pub const REAPER_RECORDS_TOTAL: &str = "payments_reaper_records_total";
+
 /// What one reaper pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct ReapReport {
@@ -183,8 +187,7 @@ impl Reaper {
                 break;
             };
             let result = report.count(handled);
-            metrics::counter!(crate::telemetry::REAPER_RECORDS_TOTAL, "result" => result)
-                .increment(1);
+            metrics::counter!(REAPER_RECORDS_TOTAL, "result" => result).increment(1);
         }
         Ok(report)
     }

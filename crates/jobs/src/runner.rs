@@ -3,15 +3,13 @@
 //! is never left half-driven by a stopping runner.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-use payments_domain::service::ChargeService;
 use tokio::time::Instant;
 
 use crate::Outcome;
 use crate::pruner::Pruner;
-use crate::reaper::{Reaper, ReaperSettings};
+use crate::reaper::Reaper;
 use crate::settings::JobArgs;
 
 /// The jobs a runner drives, and how often.
@@ -22,31 +20,13 @@ pub struct Jobs {
 }
 
 impl Jobs {
-    /// The reaper and/or the pruner over `service`'s store, configured by
-    /// `args`, re-driving with leases of `lease`.
-    pub fn new(
-        service: Arc<ChargeService>,
-        args: &JobArgs,
-        lease: Duration,
-        reap: bool,
-        prune: bool,
-    ) -> Self {
-        let pruner = prune.then(|| {
-            (
-                Pruner::new(service.store().clone(), args.prune_batch).with_pause(args.pause()),
-                args.prune_every,
-            )
-        });
-        let reaper = reap.then(|| {
-            let settings = ReaperSettings {
-                lease,
-                abandon_after: args.abandon_after,
-                batch: args.reap_batch,
-                concurrency: args.reap_concurrency,
-            };
-            (Reaper::new(service, settings), args.reap_every)
-        });
-        Self { reaper, pruner }
+    /// Runs whichever of `reaper` and `pruner` is given, each every
+    /// `--reap-every` / `--prune-every` of `args`.
+    pub fn new(reaper: Option<Reaper>, pruner: Option<Pruner>, args: &JobArgs) -> Self {
+        Self {
+            reaper: reaper.map(|reaper| (reaper, args.reap_every)),
+            pruner: pruner.map(|pruner| (pruner, args.prune_every)),
+        }
     }
 
     /// One pass of each job; `Err` if any failed.

@@ -1,5 +1,7 @@
 //! The process-wide Prometheus recorder, shared by `payments-jobs` (which
 //! serves it on `--metrics-addr`) and `payments-api` (on `GET /metrics`).
+//! Metric names are constants of the crates that record them, listed in
+//! `payments_api::telemetry`.
 
 use std::future::Future;
 use std::sync::OnceLock;
@@ -7,11 +9,6 @@ use std::sync::OnceLock;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-
-/// The reaper's records, by `result`, and the pruned records (metric names,
-/// with the others in `payments_api::telemetry`).
-pub const REAPER_RECORDS_TOTAL: &str = "payments_reaper_records_total";
-pub const PRUNED_RECORDS_TOTAL: &str = "payments_pruned_records_total";
 
 /// Latency buckets, in seconds: from a replay (~1 ms) to a slow provider (30 s).
 const BUCKETS: &[f64] = &[

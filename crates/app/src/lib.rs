@@ -1,0 +1,147 @@
+//! # payments-app
+//!
+//! The one place that assembles the server, used by `payments-api`'s main,
+//! `payments-jobs`' main and the tests' `spawn_app` alike, so there is no
+//! second copy of the wiring to drift (`docs/architecture.md`, "Crates").
+//!
+//! - [`settings`]: the flags and environment variables both binaries share
+//!   ([`Settings`]: database, provider and lease, charge limits, logs), each
+//!   validated into one [`ConfigError`].
+//! - [`telemetry`]: the process-wide Prometheus recorder.
+//! - [`build`] / [`assemble`]: store + gateway + [`ChargeService`].
+//! - [`shutdown_signal`]: SIGINT or SIGTERM.
+#![forbid(unsafe_code)]
+
+pub mod settings;
+pub mod telemetry;
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use payments_domain::service::{ChargeService, Policy};
+use payments_domain::store::Store;
+use payments_gateway::HttpGateway;
+use secrecy::{ExposeSecret, SecretString};
+
+pub use settings::{ConfigError, Settings, init_logging};
+
+/// Where provider calls go.
+#[derive(Debug, Clone)]
+pub enum Provider {
+    /// A provider at `url` (Stripe-compatible), authenticated with `secret_key`.
+    Remote {
+        url: String,
+        secret_key: SecretString,
+    },
+    /// An in-process sandbox listening here (`make run`; no money moves).
+    #[cfg(feature = "dev-sandbox")]
+    Sandbox(std::net::SocketAddr),
+}
+
+/// What the binaries and the tests run: the store, and the service over it
+/// and the provider.
+#[derive(Debug, Clone)]
+pub struct Assembly {
+    pub store: Arc<dyn Store>,
+    pub service: Arc<ChargeService>,
+    /// The provider's base URL (the sandbox's, when in-process).
+    pub provider_url: String,
+}
+
+/// Opens the store (applying migrations), then [`assemble`]s over it.
+pub async fn build(settings: &Settings, provider: Provider) -> anyhow::Result<Assembly> {
+    let store = settings.database.open().await?;
+    assemble(store, settings, provider).await
+}
+
+/// The service over `store` and `provider`, with the settings' policy.
+pub async fn assemble(
+    store: Arc<dyn Store>,
+    settings: &Settings,
+    provider: Provider,
+) -> anyhow::Result<Assembly> {
+    let (provider_url, secret_key) = match provider {
+        Provider::Remote { url, secret_key } => (url, secret_key),
+        #[cfg(feature = "dev-sandbox")]
+        Provider::Sandbox(addr) => start_sandbox(addr).await?,
+    };
+    let gateway = HttpGateway::new(
+        &provider_url,
+        secret_key.expose_secret(),
+        settings.gateway.gateway_timeout,
+    )
+    .context("building the provider client")?;
+    let service = Arc::new(ChargeService::new(
+        store.clone(),
+        Arc::new(gateway),
+        settings.policy(),
+    ));
+    Ok(Assembly {
+        store,
+        service,
+        provider_url,
+    })
+}
+
+impl Settings {
+    /// The service's rules.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            lease: self.gateway.lease,
+            ttl: self.charges.idempotency_ttl,
+            max_amount_cents: self.charges.max_amount_cents,
+            redrive_limit: self.gateway.redrive_limit(),
+        }
+    }
+}
+
+/// Starts the in-process sandbox; its URL and secret key. It lives as long
+/// as the process.
+#[cfg(feature = "dev-sandbox")]
+async fn start_sandbox(addr: std::net::SocketAddr) -> anyhow::Result<(String, SecretString)> {
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+        format!("binding the in-process sandbox on {addr} (set SANDBOX_LISTEN_ADDR)")
+    })?;
+    let url = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(payments_sandbox::serve(
+        listener,
+        payments_sandbox::SandboxConfig::default(),
+        std::future::pending(),
+    ));
+    tracing::warn!(
+        sandbox = %url,
+        "GATEWAY_URL is not set: charging against an in-process SANDBOX. NO REAL MONEY MOVES. \
+         Fault injection: POST {url}/_sandbox/config"
+    );
+    Ok((url, settings::SANDBOX_SECRET_KEY.into()))
+}
+
+/// Resolves on SIGINT or SIGTERM. A signal that cannot be listened for is
+/// logged and never fires, so the other still stops the process.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown signal received; finishing the work in hand");
+}

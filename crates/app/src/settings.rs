@@ -1,0 +1,416 @@
+//! The flags and environment variables `payments-api` and `payments-jobs`
+//! share (clap `env`; durations like `1500ms`, `5m`, `24h`), and the rules
+//! that refuse a dangerous combination before anything starts.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use clap::Args;
+use payments_domain::store::Store;
+use payments_store::{DatabaseUrl, PoolSettings};
+use secrecy::{ExposeSecret, SecretString};
+
+use crate::Provider;
+
+/// Why the settings were refused: the one configuration error of both
+/// binaries.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(pub String);
+
+impl From<String> for ConfigError {
+    fn from(message: String) -> Self {
+        Self(message)
+    }
+}
+
+impl From<&str> for ConfigError {
+    fn from(message: &str) -> Self {
+        Self(message.to_owned())
+    }
+}
+
+/// A secret flag's value (clap has no parser for [`SecretString`]).
+pub fn secret(value: &str) -> Result<SecretString, std::convert::Infallible> {
+    Ok(value.into())
+}
+
+/// What both binaries assemble a service from ([`crate::build`]).
+#[derive(Debug, Clone, Args)]
+#[group(id = "shared_settings")]
+pub struct Settings {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub gateway: GatewayArgs,
+    #[command(flatten)]
+    pub charges: ChargeArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+impl Settings {
+    /// Every shared rule: the database's, the provider's and lease's, and
+    /// the charges'.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.database.validate()?;
+        self.gateway.validate()?;
+        let retention = self.gateway.provider_key_retention;
+        let ttl = self.charges.idempotency_ttl;
+        if ttl.is_zero() || ttl > retention {
+            return Err(ConfigError(format!(
+                "IDEMPOTENCY_TTL ({}) must be greater than 0 and at most the provider's key \
+                 retention ({}): a key the provider forgot must not be answered as ours",
+                humantime::format_duration(ttl),
+                humantime::format_duration(retention)
+            )));
+        }
+        if self.gateway.lease >= ttl {
+            return Err("LEASE must be shorter than IDEMPOTENCY_TTL".into());
+        }
+        if self.charges.max_amount_cents <= 0 {
+            return Err("MAX_AMOUNT_CENTS must be greater than 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// The charges' limits.
+#[derive(Debug, Clone, Args)]
+pub struct ChargeArgs {
+    /// How long a key is remembered. At most the provider's key retention (24h).
+    #[arg(long, env = "IDEMPOTENCY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub idempotency_ttl: Duration,
+    /// The largest charge accepted, in minor units.
+    #[arg(long, env = "MAX_AMOUNT_CENTS", default_value_t = 1_000_000)]
+    pub max_amount_cents: i64,
+}
+
+/// How long Stripe remembers its idempotency keys: the default of
+/// `PROVIDER_KEY_RETENTION`. Every re-drive must happen inside it.
+pub const PROVIDER_KEY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The database.
+#[derive(Debug, Clone, Args)]
+pub struct DatabaseArgs {
+    /// sqlite://PATH, postgres://USER@HOST/DB or mysql://USER@HOST/DB
+    /// (MariaDB too, also as mariadb://).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://data/payments.db"
+    )]
+    pub database_url: DatabaseUrl,
+    /// Connections in the database pool.
+    #[arg(long, env = "DATABASE_MAX_CONNECTIONS", default_value_t = 10)]
+    pub database_max_connections: u32,
+    /// How long a caller waits for a pooled connection.
+    #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub database_acquire_timeout: Duration,
+}
+
+impl DatabaseArgs {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.database_max_connections == 0 {
+            return Err("DATABASE_MAX_CONNECTIONS must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Opens the store and applies its migrations.
+    pub async fn open(&self) -> anyhow::Result<std::sync::Arc<dyn Store>> {
+        let pool = PoolSettings {
+            max_connections: self.database_max_connections,
+            acquire_timeout: self.database_acquire_timeout,
+        };
+        let store = payments_store::connect(&self.database_url, &pool)
+            .await
+            .map_err(|e| anyhow::anyhow!("opening {}: {}", self.database_url, e))?;
+        store
+            .migrate()
+            .await
+            .map_err(|e| anyhow::anyhow!("applying migrations: {}", e))?;
+        Ok(store)
+    }
+}
+
+/// The payment provider, and the lease that must outlast a call to it.
+#[derive(Debug, Clone, Args)]
+pub struct GatewayArgs {
+    /// The provider's base URL (Stripe-compatible).
+    #[arg(long, env = "GATEWAY_URL")]
+    pub gateway_url: Option<String>,
+    /// The provider's secret key.
+    #[arg(long, env = "GATEWAY_SECRET_KEY", hide_env_values = true, value_parser = secret)]
+    pub gateway_secret_key: Option<SecretString>,
+    /// Timeout of one provider call. The lease must outlast it.
+    #[arg(long, env = "GATEWAY_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub gateway_timeout: Duration,
+    /// How long a driver (API request or reaper) owns an in-progress request.
+    #[arg(long, env = "LEASE", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub lease: Duration,
+    /// How long the provider remembers its idempotency keys (Stripe: 24h).
+    #[arg(long, env = "PROVIDER_KEY_RETENTION", default_value = "24h", value_parser = humantime::parse_duration)]
+    pub provider_key_retention: Duration,
+    /// No provider call re-drives a record claimed longer ago than the key
+    /// retention minus this margin: such a record is abandoned instead. At
+    /// least LEASE + GATEWAY_TIMEOUT, the latest a call under a lease taken
+    /// just inside the limit can reach the provider.
+    #[arg(long, env = "PROVIDER_KEY_MARGIN", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub provider_key_margin: Duration,
+}
+
+/// The sandbox's secret key; refused next to a real provider.
+pub const SANDBOX_SECRET_KEY: &str = "sk_test_sandbox";
+
+impl GatewayArgs {
+    /// The age past which a record is never re-driven: the provider's key
+    /// retention minus the margin.
+    pub fn redrive_limit(&self) -> Duration {
+        self.provider_key_retention
+            .saturating_sub(self.provider_key_margin)
+    }
+
+    /// The lease, timeout and key-retention rules.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.gateway_timeout.is_zero() {
+            return Err("GATEWAY_TIMEOUT must be greater than 0".into());
+        }
+        let least_margin = self.lease + self.gateway_timeout;
+        if self.provider_key_margin < least_margin {
+            return Err(ConfigError(format!(
+                "PROVIDER_KEY_MARGIN ({}) must be at least LEASE + GATEWAY_TIMEOUT ({}): a \
+                 re-drive taken just inside the limit may reach the provider that much later",
+                humantime::format_duration(self.provider_key_margin),
+                humantime::format_duration(least_margin)
+            )));
+        }
+        if self.provider_key_margin >= self.provider_key_retention {
+            return Err(ConfigError(format!(
+                "PROVIDER_KEY_MARGIN ({}) must be shorter than PROVIDER_KEY_RETENTION ({})",
+                humantime::format_duration(self.provider_key_margin),
+                humantime::format_duration(self.provider_key_retention)
+            )));
+        }
+        if self.lease <= self.gateway_timeout {
+            return Err(ConfigError(format!(
+                "LEASE ({}) must be longer than GATEWAY_TIMEOUT ({}): a shorter lease lets a \
+                 retry take over a provider call that is still running",
+                humantime::format_duration(self.lease),
+                humantime::format_duration(self.gateway_timeout)
+            )));
+        }
+        Ok(())
+    }
+
+    /// The provider GATEWAY_URL names, or `None` when it is unset. A
+    /// loopback URL is development (the sandbox); anything else may move
+    /// real money ([`Self::is_real`]) and must not use the sandbox's key.
+    pub fn remote(&self) -> Result<Option<Provider>, ConfigError> {
+        let Some(url) = &self.gateway_url else {
+            return Ok(None);
+        };
+        parse_gateway_url(url)?;
+        let secret_key = self
+            .gateway_secret_key
+            .clone()
+            .ok_or("GATEWAY_URL is set but GATEWAY_SECRET_KEY is not")?;
+        if self.is_real() && secret_key.expose_secret() == SANDBOX_SECRET_KEY {
+            return Err(
+                "refusing to start: a real GATEWAY_URL with the sandbox's GATEWAY_SECRET_KEY"
+                    .into(),
+            );
+        }
+        Ok(Some(Provider::Remote {
+            url: url.clone(),
+            secret_key,
+        }))
+    }
+
+    /// Whether GATEWAY_URL names a host other than loopback: a provider
+    /// that may move real money.
+    pub fn is_real(&self) -> bool {
+        self.gateway_url.as_deref().is_some_and(|url| {
+            parse_gateway_url(url)
+                .is_ok_and(|url| !url.host().is_some_and(|host| host_is_loopback(&host)))
+        })
+    }
+}
+
+/// GATEWAY_URL, parsed as the HTTP client will parse it (WHATWG, the `url`
+/// crate): `http` or `https`, a host, and no user info. A backslash is
+/// refused too: parsers disagree on the host of `https://a.example\@localhost`
+/// (`a.example` for the `url` crate, `localhost` for others), and the host
+/// decides whether development secrets are allowed.
+pub fn parse_gateway_url(raw: &str) -> Result<url::Url, ConfigError> {
+    if raw.contains('\\') {
+        return Err(ConfigError(format!(
+            "GATEWAY_URL {raw:?} contains a backslash: parsers disagree on which host it names; \
+             write the URL without it"
+        )));
+    }
+    let url = url::Url::parse(raw)
+        .map_err(|e| ConfigError(format!("GATEWAY_URL {raw:?} is not an http(s) URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(ConfigError(format!(
+            "GATEWAY_URL {raw:?} is not an http(s) URL (scheme {:?})",
+            url.scheme()
+        )));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(ConfigError(format!(
+            "GATEWAY_URL must not contain user info (user:password@): the provider is \
+             authenticated with GATEWAY_SECRET_KEY, and user info can disguise the real host \
+             (got a URL whose host is {:?})",
+            url.host_str().unwrap_or_default()
+        )));
+    }
+    if url.host().is_none() {
+        return Err(ConfigError(format!("GATEWAY_URL {raw:?} has no host")));
+    }
+    Ok(url)
+}
+
+/// `localhost`, 127.0.0.0/8 or ::1.
+pub fn host_is_loopback<S: AsRef<str>>(host: &url::Host<S>) -> bool {
+    match host {
+        url::Host::Domain(domain) => domain.as_ref().eq_ignore_ascii_case("localhost"),
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+    }
+}
+
+/// Log output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The log format flag.
+#[derive(Debug, Clone, Args)]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+}
+
+/// Structured logs on stderr, `RUST_LOG` filtering (default `info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal: in a file or a log
+        // pipeline they are noise, and formatting them costs CPU per line.
+        .with_ansi(std::io::stderr().is_terminal());
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        gateway: GatewayArgs,
+    }
+
+    fn parse(args: &[&str]) -> Cli {
+        let mut argv = vec!["x"];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv).expect("parses")
+    }
+
+    #[test]
+    fn the_key_margin_covers_a_lease_and_a_call() {
+        let ok = parse(&[]);
+        assert!(ok.gateway.validate().is_ok());
+        assert_eq!(ok.gateway.redrive_limit(), Duration::from_secs(23 * 3600));
+        let thin = parse(&["--provider-key-margin=39s"]);
+        assert!(
+            thin.gateway
+                .validate()
+                .expect_err("refused")
+                .0
+                .contains("LEASE + GATEWAY_TIMEOUT")
+        );
+        let wide = parse(&["--provider-key-retention=1h", "--provider-key-margin=1h"]);
+        assert!(wide.gateway.validate().is_err());
+        let short = parse(&["--provider-key-retention=10m", "--provider-key-margin=1m"]);
+        assert_eq!(short.gateway.redrive_limit(), Duration::from_secs(540));
+    }
+
+    #[test]
+    fn gateway_rules() {
+        assert!(
+            parse(&["--lease=5s", "--gateway-timeout=10s"])
+                .gateway
+                .validate()
+                .is_err()
+        );
+        let real_with_sandbox_key = parse(&[
+            "--gateway-url=https://api.example.com",
+            "--gateway-secret-key=sk_test_sandbox",
+        ]);
+        assert!(real_with_sandbox_key.gateway.remote().is_err());
+        let sandbox = parse(&[
+            "--gateway-url=http://127.0.0.1:1",
+            "--gateway-secret-key=sk_test_sandbox",
+        ]);
+        assert!(matches!(sandbox.gateway.remote(), Ok(Some(_))) && !sandbox.gateway.is_real());
+        assert!(parse(&["--gateway-url=http://x"]).gateway.remote().is_err());
+    }
+
+    #[test]
+    fn gateway_urls_with_user_info_or_odd_schemes_are_refused() {
+        let gateway = |url: &str, key: &str| {
+            let url = format!("--gateway-url={url}");
+            let key = format!("--gateway-secret-key={key}");
+            parse(&[&url, &key]).gateway
+        };
+        let remote = |url: &str, key: &str| gateway(url, key).remote().map_err(|e| e.0);
+        let hidden = remote(r"https://a.example\@localhost", "sk_live_x").expect_err("refused");
+        assert!(hidden.contains("backslash"), "{hidden}");
+        for url in [
+            "https://user:pass@api.example.com",
+            "https://user@localhost",
+            "http://a.example:@127.0.0.1",
+        ] {
+            let e = remote(url, "sk_live_x").expect_err("refused");
+            assert!(e.contains("user info"), "{url}: {e}");
+        }
+        for url in [
+            "ftp://localhost",
+            "file:///tmp/x",
+            "localhost:12111",
+            "https://",
+        ] {
+            assert!(remote(url, "sk_live_x").is_err(), "{url}");
+        }
+        // The sandbox's key next to any non-loopback host.
+        for url in [
+            "https://localhost.example.com",
+            "http://127.0.0.1.example.com",
+            "http://[::ffff:10.0.0.1]:12111",
+        ] {
+            let e = remote(url, SANDBOX_SECRET_KEY).expect_err("refused");
+            assert!(e.contains("sandbox"), "{url}: {e}");
+        }
+        for url in ["http://localhost:1", "http://127.1:1", "http://[::1]:1/v1"] {
+            let sandbox = gateway(url, SANDBOX_SECRET_KEY);
+            assert!(
+                matches!(sandbox.remote(), Ok(Some(_))) && !sandbox.is_real(),
+                "{url}"
+            );
+        }
+        let live = gateway("https://api.example.com", "sk_live_x");
+        assert!(matches!(live.remote(), Ok(Some(_))) && live.is_real());
+    }
+}
