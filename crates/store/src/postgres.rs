@@ -36,6 +36,7 @@ impl Dialect for Postgres {
     const NOW: &'static str = "date_trunc('milliseconds', clock_timestamp())";
     const METADATA: &'static str = "metadata::text AS metadata";
     const ONE_STATEMENT: bool = true;
+    const MIGRATOR: &'static sqlx::migrate::Migrator = &sqlx::migrate!("../../migrations/postgres");
 
     fn interval(param: &str) -> String {
         format!("({param}::float8 * interval '1 millisecond')")
@@ -56,11 +57,6 @@ impl Dialect for Postgres {
         format!("{param}::jsonb")
     }
 
-    fn migrator() -> &'static sqlx::migrate::Migrator {
-        static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
-        &MIGRATOR
-    }
-
     fn rows_affected(done: &PgQueryResult) -> u64 {
         done.rows_affected()
     }
@@ -71,15 +67,12 @@ pub type PostgresStore = SqlStore<Postgres>;
 
 impl PostgresStore {
     pub async fn connect(url: &DatabaseUrl, settings: &PoolSettings) -> Result<Self, StoreError> {
-        let options: PgConnectOptions = url
-            .expose()
-            .parse()
-            .map_err(|e: sqlx::Error| classify(e.into()))?;
+        let options: PgConnectOptions = url.expose().parse().map_err(classify)?;
         let pool = settings
             .options(settings.max_connections)
             .connect_with(options.application_name("payments"))
             .await
-            .map_err(|e| classify(e.into()))?;
+            .map_err(classify)?;
         Ok(Self::new(pool.clone(), pool))
     }
 }
