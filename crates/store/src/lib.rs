@@ -191,13 +191,12 @@ pub(crate) fn classify(e: impl Into<Error>) -> StoreError {
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::Tls(_)
-    );
+    ) || code
+        .as_deref()
+        .is_some_and(|c| c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03"));
     let boxed: BoxError = e.into();
     match code.as_deref() {
         Some("40001" | "40P01") => StoreError::Retryable(boxed),
-        Some(c) if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => {
-            StoreError::Unavailable(boxed)
-        }
         _ if unavailable => StoreError::Unavailable(boxed),
         _ => StoreError::Database(boxed),
     }

@@ -77,8 +77,14 @@ impl Statements {
             response_body = $3, response_content_type = $4, response_location = $5, \
             completed_at = {now}, lease_token = NULL, locked_until = NULL \
             WHERE id = $6 AND state = 'in_progress' AND lease_token = $7";
-        let pick = "SELECT id FROM idempotent_requests WHERE state = 'in_progress' \
-            AND locked_until <= {now} AND created_at {age} {now} - {ms}";
+        let lease = "UPDATE idempotent_requests SET lease_token = $1, locked_until = {now} + {ms}";
+        // What a takeover may take: a lease expired, and claimed {age} ago.
+        let expired = "state = 'in_progress' AND locked_until <= {now} \
+            AND created_at {age} {now} - {ms}";
+        let pick = format!(
+            "SELECT id FROM idempotent_requests WHERE {expired} \
+             ORDER BY locked_until LIMIT 1{{skip_locked}}"
+        );
         let prunable = "state = 'complete' AND expires_at <= {now}";
         Self {
             record_by_key: r("SELECT {record} FROM idempotent_requests \
@@ -117,11 +123,9 @@ impl Statements {
                  FROM (SELECT {{now}} AS at) AS clock{{returning created_at}}"
             )),
             charge_created_at: r("SELECT created_at FROM charges WHERE id = $1"),
-            take_over: aged(
-                "UPDATE idempotent_requests SET lease_token = $1, locked_until = {now} + {ms} \
-                 WHERE id = $3 AND state = 'in_progress' AND lease_token = $4 \
-                 AND locked_until <= {now} AND created_at {age} {now} - {ms}",
-            ),
+            take_over: aged(&format!(
+                "{lease} WHERE id = $3 AND lease_token = $4 AND {expired}"
+            )),
             release: r("UPDATE idempotent_requests SET locked_until = {now} \
                 WHERE id = $1 AND state = 'in_progress' AND lease_token = $2"),
             // Outside a finish, only a charge still pending is settled.
@@ -130,16 +134,10 @@ impl Statements {
                 WHERE id = $4 AND (NOT $5 OR status = 'pending')"),
             // The candidate is picked, then re-checked as it is once locked.
             claim_expired: aged(&format!(
-                "UPDATE idempotent_requests SET lease_token = $1, locked_until = {{now}} + {{ms}} \
-                 WHERE id = ({pick} ORDER BY locked_until LIMIT 1{{skip_locked}}) \
-                 AND state = 'in_progress' AND locked_until <= {{now}} \
-                 AND created_at {{age}} {{now}} - {{ms}} RETURNING {{record}}"
+                "{lease} WHERE id = ({pick}) AND {expired} RETURNING {{record}}"
             )),
-            candidate: aged(&format!(
-                "{pick} ORDER BY locked_until LIMIT 1{{skip_locked}}"
-            )),
-            lease_by_id: r("UPDATE idempotent_requests \
-                SET lease_token = $1, locked_until = {now} + {ms} WHERE id = $3"),
+            candidate: aged(&pick),
+            lease_by_id: r(&format!("{lease} WHERE id = $3")),
             prune: r(&if D::DELETE_LIMIT {
                 format!("DELETE FROM idempotent_requests WHERE {prunable} LIMIT $1")
             } else {
