@@ -6,12 +6,10 @@
 //! concurrent claimer to commit or roll back, and the following read sees
 //! its committed row.
 //!
-//! The common cases are one statement each, one round trip instead of four
-//! or five (`BEGIN`, the writes, `COMMIT`; see `docs/benchmarks.md`): a claim
-//! reads the key and returns its record, or, for a new key, inserts the
-//! record and its charge with writable CTEs; a finish updates the record and
-//! its charge the same way. Only a record past its TTL, or one committed by
-//! a racer after the statement's snapshot, goes to the transaction that
+//! A claim and a finish are one statement each (writable CTEs): one round
+//! trip instead of four or five (`BEGIN`, the writes, `COMMIT`; see
+//! `docs/benchmarks.md`). Only a record past its TTL, or one a racer
+//! committed after the statement's snapshot, goes to the transaction that
 //! reads the row and may reclaim it.
 //!
 //! Time: `clock_timestamp()` (when the expression runs, not the

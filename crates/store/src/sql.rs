@@ -498,40 +498,6 @@ sql_impl! {{
     async fn write(&self, q: Q<'_, D>) -> Result<u64, Error> {
         Ok(D::rows_affected(&q.execute(&self.writer).await?))
     }
-
-    async fn claim_expired(
-        &self,
-        lease: &NewLease,
-        age: ClaimAge,
-    ) -> Result<Option<IdempotencyRecord>, Error> {
-        let (i, age_ms) = age_index(age);
-        if D::RETURNING {
-            let q = Self::leased(&self.sql.claim_expired[i], lease).bind(age_ms).bind(age_ms);
-            return Self::read_record(&self.writer, q).await;
-        }
-        // No UPDATE .. RETURNING: lock one candidate (SKIP LOCKED, so a
-        // second reaper takes another), lease it, read it back.
-        let mut tx = self.begin_write().await?;
-        let picked = Self::q(&self.sql.candidate[i]).bind(age_ms).fetch_optional(&mut *tx).await?;
-        let Some(id) = picked.map(|row| row.try_get::<i64, _>(0)).transpose()? else {
-            tx.rollback().await?;
-            return Ok(None);
-        };
-        Self::leased(&self.sql.lease_by_id, lease).bind(id).execute(&mut *tx).await?;
-        let record = Self::read_record(&mut *tx, Self::q(&self.sql.record_by_id).bind(id)).await?;
-        tx.commit().await?;
-        Ok(record)
-    }
-
-    async fn insert_charge(&self, charge: &Charge) -> Result<Charge, Error> {
-        let mut conn = self.writer.acquire().await?;
-        let write = Self::charge_values(Self::q(&self.sql.insert_charge), charge);
-        let read = Self::q(&self.sql.charge_created_at).bind(charge.id.as_str());
-        let (at,): (D::Ts,) = Self::stamped(&mut conn, write, read)
-            .await?
-            .ok_or_else(|| Error::Invariant(format!("charge {} was not inserted", charge.id)))?;
-        Ok(stored(charge, decode(at)?))
-    }
 }}
 
 /// Which of a pair of age-guarded statements applies, and its milliseconds.
@@ -598,7 +564,16 @@ sql_impl! {#[async_trait] Store for {
     }
 
     async fn insert_charge(&self, charge: &Charge) -> Result<Charge, StoreError> {
-        run(|| self.insert_charge(charge)).await
+        run(|| async {
+            let mut conn = self.writer.acquire().await?;
+            let write = Self::charge_values(Self::q(&self.sql.insert_charge), charge);
+            let read = Self::q(&self.sql.charge_created_at).bind(charge.id.as_str());
+            let (at,): (D::Ts,) = Self::stamped(&mut conn, write, read)
+                .await?
+                .ok_or_else(|| Error::Invariant(format!("charge {} was not inserted", charge.id)))?;
+            Ok(stored(charge, decode(at)?))
+        })
+        .await
     }
 
     async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<bool, StoreError> {
@@ -612,7 +587,28 @@ sql_impl! {#[async_trait] Store for {
         lease: &NewLease,
         age: ClaimAge,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        run(|| self.claim_expired(lease, age)).await
+        let (i, age_ms) = age_index(age);
+        run(|| async {
+            if D::RETURNING {
+                let q = Self::leased(&self.sql.claim_expired[i], lease).bind(age_ms).bind(age_ms);
+                return Self::read_record(&self.writer, q).await;
+            }
+            // No UPDATE .. RETURNING: lock one candidate (SKIP LOCKED, so a
+            // second reaper takes another), lease it, read it back.
+            let mut tx = self.begin_write().await?;
+            let candidate = Self::q(&self.sql.candidate[i]).bind(age_ms);
+            let Some(row) = candidate.fetch_optional(&mut *tx).await? else {
+                tx.rollback().await?;
+                return Ok(None);
+            };
+            let id: i64 = row.try_get(0)?;
+            Self::leased(&self.sql.lease_by_id, lease).bind(id).execute(&mut *tx).await?;
+            let by_id = Self::q(&self.sql.record_by_id).bind(id);
+            let record = Self::read_record(&mut *tx, by_id).await?;
+            tx.commit().await?;
+            Ok(record)
+        })
+        .await
     }
 
     async fn expired_in_progress(&self, limit: u32) -> Result<Vec<IdempotencyRecord>, StoreError> {
