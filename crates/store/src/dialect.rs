@@ -1,12 +1,10 @@
 //! What a backend's SQL differs in, so that [`crate::sql`] writes each
-//! statement once.
-//!
-//! Statements are written with `$1`, `$2`, ... in ascending order, each
-//! once, and `{..}` pieces that [`render`] puts in the dialect's words.
-//! SQLite and PostgreSQL take `$N` as it is (sqlx's SQLite driver binds
-//! `$N` by number); MySQL gets `?` ([`Dialect::finish_sql`]).
+//! statement once: templates with `$1`, `$2`, ... (each once, in order) and
+//! `{..}` pieces that [`render`] puts in the dialect's words.
 
 use sqlx::Database;
+
+use crate::rows::RECORD_COLUMNS;
 
 /// A backend's SQL dialect and capabilities.
 pub trait Dialect: Send + Sync + Sized + std::fmt::Debug + 'static {
@@ -51,21 +49,22 @@ pub trait Dialect: Send + Sync + Sized + std::fmt::Debug + 'static {
     const DELETE_LIMIT: bool = false;
 
     /// This backend's migrations (`migrations/<backend>`).
-    fn migrator() -> &'static sqlx::migrate::Migrator;
+    const MIGRATOR: &'static sqlx::migrate::Migrator;
 
     /// Rows a write changed (or, on MySQL, matched).
     fn rows_affected(done: &<Self::Db as Database>::QueryResult) -> u64;
 
-    /// The statement as this backend takes its placeholders.
-    fn finish_sql(sql: String) -> String {
-        sql
+    /// The `n`th parameter: `$n` (sqlx's SQLite driver binds `$n` by
+    /// number too); MySQL binds `?` by position.
+    fn placeholder(n: usize) -> String {
+        format!("${n}")
     }
 }
 
 /// A statement template in the dialect's words:
-/// - `$N`: the next parameter (checked: they come in order);
+/// - `$N` or `{p}`: the next parameter (`$N` checked: they come in order);
 /// - `{now}`: the database's clock; `{ms}`: the next parameter, as an
-///   interval of milliseconds;
+///   interval of milliseconds; `{json}`: the next parameter, as JSON;
 /// - `{record}`: a record's columns and what the clock says of it
 ///   (`lease_live`, `expired`, `age_ms`);
 /// - `{new_record}`, `{charge}`: the eight values of a new record and the
@@ -75,36 +74,38 @@ pub trait Dialect: Send + Sync + Sized + std::fmt::Debug + 'static {
 pub(crate) fn render<D: Dialect>(template: &str) -> String {
     let mut out = String::with_capacity(template.len() * 2);
     expand::<D>(template, &mut out, &mut 1);
-    D::finish_sql(out)
+    out
 }
 
 fn expand<D: Dialect>(template: &str, out: &mut String, next: &mut usize) {
-    fn param(next: &mut usize) -> String {
+    fn param<D: Dialect>(next: &mut usize) -> String {
         *next += 1;
-        format!("${}", *next - 1)
+        D::placeholder(*next - 1)
     }
     let mut rest = template;
     while let Some(at) = rest.find(['{', '$']) {
         out.push_str(&rest[..at]);
-        let token_end = if rest[at..].starts_with('$') {
-            let digits = rest[at + 1..]
+        let (token, after) = if let Some(numbered) = rest[at..].strip_prefix('$') {
+            let digits = numbered
                 .find(|c: char| !c.is_ascii_digit())
-                .map_or(rest.len(), |i| at + 1 + i);
-            let p = param(next);
-            assert_eq!(p, rest[at..digits], "parameters out of order in {template}");
-            out.push_str(&p);
-            rest = &rest[digits..];
-            continue;
+                .unwrap_or(numbered.len());
+            let expected = next.to_string();
+            assert_eq!(
+                numbered[..digits],
+                expected,
+                "parameters out of order in {template}"
+            );
+            ("p", &numbered[digits..])
         } else {
-            at + rest[at..].find('}').expect("a `{` piece is closed")
+            let end = at + rest[at..].find('}').expect("a `{` piece is closed");
+            (&rest[at + 1..end], &rest[end + 1..])
         };
-        let token = &rest[at + 1..token_end];
-        rest = &rest[token_end + 1..];
+        rest = after;
         match token.split_once(' ').unwrap_or((token, "")) {
             ("now", _) => out.push_str(D::NOW),
-            ("p", _) => out.push_str(&param(next)),
-            ("ms", _) => out.push_str(&D::interval(&param(next))),
-            ("json", _) => out.push_str(&D::json(&param(next))),
+            ("p", _) => out.push_str(&param::<D>(next)),
+            ("ms", _) => out.push_str(&D::interval(&param::<D>(next))),
+            ("json", _) => out.push_str(&D::json(&param::<D>(next))),
             ("returning", columns) if D::RETURNING => {
                 out.push_str(" RETURNING ");
                 out.push_str(columns);
@@ -113,8 +114,7 @@ fn expand<D: Dialect>(template: &str, out: &mut String, next: &mut usize) {
             ("skip_locked", _) => out.push_str(D::SKIP_LOCKED),
             ("metadata", _) => out.push_str(D::METADATA),
             ("record", _) => out.push_str(&format!(
-                "{}, {} AS lease_live, {} AS expired, {} AS age_ms",
-                crate::rows::record_columns!(),
+                "{RECORD_COLUMNS}, {} AS lease_live, {} AS expired, {} AS age_ms",
                 D::flag(&format!(
                     "locked_until IS NOT NULL AND locked_until > {}",
                     D::NOW
@@ -138,37 +138,15 @@ fn expand<D: Dialect>(template: &str, out: &mut String, next: &mut usize) {
     out.push_str(rest);
 }
 
-/// `$1`, `$2`, ... as `?`, checking that each appears once and in order
-/// (a `?` is bound by position).
-pub(crate) fn question_marks(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len());
-    let mut next = 1;
-    let mut rest = sql;
-    while let Some(at) = rest.find('$') {
-        out.push_str(&rest[..at]);
-        let digits = rest[at + 1..]
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len() - at - 1);
-        let number: usize = rest[at + 1..at + 1 + digits]
-            .parse()
-            .expect("a statement's `$` is followed by its parameter's number");
-        assert_eq!(number, next, "parameters out of order in {sql}");
-        next += 1;
-        out.push('?');
-        rest = &rest[at + 1 + digits..];
-    }
-    out.push_str(rest);
-    out
-}
-
 #[cfg(test)]
 mod tests {
-    use super::question_marks;
+    use super::render;
+    use crate::{MySql, Postgres};
 
     #[test]
     fn numbers_become_positions() {
         assert_eq!(
-            question_marks("a = $1 AND b IN ($2, $3) LIMIT $4"),
+            render::<MySql>("a = $1 AND b IN ($2, {p}) LIMIT $4"),
             "a = ? AND b IN (?, ?) LIMIT ?"
         );
     }
@@ -176,6 +154,6 @@ mod tests {
     #[test]
     #[should_panic(expected = "out of order")]
     fn refuses_reordered_parameters() {
-        question_marks("a = $2 AND b = $1");
+        render::<Postgres>("a = $2 AND b = $1");
     }
 }

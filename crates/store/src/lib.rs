@@ -1,11 +1,8 @@
-//! # payments-store
-//!
 //! The backends of the domain's [`Store`] port: SQLite (the embedded
 //! default), PostgreSQL and MySQL/MariaDB. Each statement is written once,
-//! in [`sql`], against a small [`Dialect`] (placeholders, the database's
-//! clock, intervals, `RETURNING`, `SKIP LOCKED`); the backends' own files
-//! hold their connection settings and the few places where behaviour truly
-//! differs. `docs/architecture.md` has the table of those differences.
+//! in [`sql`], against a small [`Dialect`]; the backends' own files hold
+//! their connection settings and the few places where behaviour truly
+//! differs (the table in `docs/architecture.md`).
 //!
 //! Time is the database's: every time that decides who owns a record or
 //! whether it exists is computed in SQL, never read from this host.
@@ -66,10 +63,6 @@ impl DatabaseUrl {
         })
     }
 
-    pub fn kind(&self) -> BackendKind {
-        self.kind
-    }
-
     /// The URL with its password, for the driver only.
     pub fn expose(&self) -> &str {
         &self.url
@@ -120,15 +113,6 @@ pub struct PoolSettings {
     pub acquire_timeout: Duration,
 }
 
-impl Default for PoolSettings {
-    fn default() -> Self {
-        Self {
-            max_connections: 10,
-            acquire_timeout: Duration::from_secs(10),
-        }
-    }
-}
-
 /// A pooled connection idle longer than this is pinged before use.
 const PING_IF_IDLE_FOR: Duration = Duration::from_secs(30);
 
@@ -136,11 +120,10 @@ impl PoolSettings {
     /// The pool options every backend starts from, with `max` connections.
     ///
     /// sqlx pings every connection before handing it out, by default: one
-    /// more round trip per statement. Only a connection that sat idle for
-    /// [`PING_IF_IDLE_FOR`] (long enough for a server restart or a
-    /// middlebox to have dropped it) is pinged here, and a failed ping
-    /// replaces it. A busy connection that breaks fails its statement,
-    /// which the request answers as an error to retry with the same key.
+    /// more round trip per statement. Here only a connection idle for
+    /// [`PING_IF_IDLE_FOR`] (long enough for a restart or a middlebox to
+    /// drop it) is pinged; a busy one that breaks fails its statement, an
+    /// error the client retries with the same key.
     pub(crate) fn options<DB: sqlx::Database>(&self, max: u32) -> sqlx::pool::PoolOptions<DB> {
         sqlx::pool::PoolOptions::new()
             .max_connections(max)
@@ -159,7 +142,7 @@ impl PoolSettings {
 
 /// Opens the backend the URL names. Does not migrate.
 pub async fn connect(url: &DatabaseUrl, pool: &PoolSettings) -> Result<Arc<dyn Store>, StoreError> {
-    Ok(match url.kind() {
+    Ok(match url.kind {
         BackendKind::Sqlite => Arc::new(SqliteStore::connect(url, pool).await?),
         BackendKind::Postgres => Arc::new(PostgresStore::connect(url, pool).await?),
         BackendKind::MySql => Arc::new(MySqlStore::connect(url, pool).await?),
@@ -181,12 +164,6 @@ impl From<sqlx::Error> for Error {
     }
 }
 
-impl From<sqlx::migrate::MigrateError> for Error {
-    fn from(e: sqlx::migrate::MigrateError) -> Self {
-        Error::Sql(sqlx::Error::Migrate(Box::new(e)))
-    }
-}
-
 /// The port's error for a driver error, by the driver's error kind and
 /// SQLSTATE, never by message text:
 /// - a unique violation (PostgreSQL 23505, SQLite 2067/1555, MySQL 1062);
@@ -195,8 +172,8 @@ impl From<sqlx::migrate::MigrateError> for Error {
 /// - unavailable: the connection, not the statement, failed (I/O, pool
 ///   timeout, TLS; SQLSTATE class 08; PostgreSQL's 57P01-57P03, a server
 ///   shutting down or starting).
-pub(crate) fn classify(e: Error) -> StoreError {
-    let e = match e {
+pub(crate) fn classify(e: impl Into<Error>) -> StoreError {
+    let e = match e.into() {
         Error::Invariant(what) => return StoreError::Invariant(what),
         Error::Sql(e) => e,
     };
@@ -214,13 +191,12 @@ pub(crate) fn classify(e: Error) -> StoreError {
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed
             | sqlx::Error::Tls(_)
-    );
+    ) || code
+        .as_deref()
+        .is_some_and(|c| c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03"));
     let boxed: BoxError = e.into();
     match code.as_deref() {
         Some("40001" | "40P01") => StoreError::Retryable(boxed),
-        Some(c) if c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03") => {
-            StoreError::Unavailable(boxed)
-        }
         _ if unavailable => StoreError::Unavailable(boxed),
         _ => StoreError::Database(boxed),
     }

@@ -18,7 +18,7 @@
 use sqlx::Executor;
 use sqlx::mysql::{MySqlConnectOptions, MySqlQueryResult};
 
-use crate::dialect::{Dialect, question_marks};
+use crate::dialect::Dialect;
 use crate::{DatabaseUrl, PoolSettings, SqlStore, classify};
 use payments_domain::store::StoreError;
 
@@ -32,6 +32,7 @@ impl Dialect for MySql {
     const NOW: &'static str = "SYSDATE(3)";
     const RETURNING: bool = false;
     const DELETE_LIMIT: bool = true;
+    const MIGRATOR: &'static sqlx::migrate::Migrator = &sqlx::migrate!("../../migrations/mysql");
 
     fn interval(param: &str) -> String {
         format!("INTERVAL ({param} * 1000) MICROSECOND")
@@ -44,18 +45,13 @@ impl Dialect for MySql {
         )
     }
 
-    fn migrator() -> &'static sqlx::migrate::Migrator {
-        static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/mysql");
-        &MIGRATOR
-    }
-
     /// The driver asks for `CLIENT_FOUND_ROWS`: rows matched, not changed.
     fn rows_affected(done: &MySqlQueryResult) -> u64 {
         done.rows_affected()
     }
 
-    fn finish_sql(sql: String) -> String {
-        question_marks(&sql)
+    fn placeholder(_: usize) -> String {
+        "?".to_owned()
     }
 }
 
@@ -65,8 +61,7 @@ pub type MySqlStore = SqlStore<MySql>;
 impl MySqlStore {
     pub async fn connect(url: &DatabaseUrl, settings: &PoolSettings) -> Result<Self, StoreError> {
         let url = url.expose().replacen("mariadb://", "mysql://", 1);
-        let options: MySqlConnectOptions =
-            url.parse().map_err(|e: sqlx::Error| classify(e.into()))?;
+        let options: MySqlConnectOptions = url.parse().map_err(classify)?;
         let pool = settings
             .options(settings.max_connections)
             .after_connect(|conn: &mut sqlx::MySqlConnection, _| {
@@ -81,7 +76,7 @@ impl MySqlStore {
             })
             .connect_with(options)
             .await
-            .map_err(|e| classify(e.into()))?;
+            .map_err(classify)?;
         Ok(Self::new(pool.clone(), pool))
     }
 }

@@ -6,12 +6,10 @@
 //! concurrent claimer to commit or roll back, and the following read sees
 //! its committed row.
 //!
-//! The common cases are one statement each, one round trip instead of four
-//! or five (`BEGIN`, the writes, `COMMIT`; see `docs/benchmarks.md`): a claim
-//! reads the key and returns its record, or, for a new key, inserts the
-//! record and its charge with writable CTEs; a finish updates the record and
-//! its charge the same way. Only a record past its TTL, or one committed by
-//! a racer after the statement's snapshot, goes to the transaction that
+//! A claim and a finish are one statement each (writable CTEs): one round
+//! trip instead of four or five (`BEGIN`, the writes, `COMMIT`; see
+//! `docs/benchmarks.md`). Only a record past its TTL, or one a racer
+//! committed after the statement's snapshot, goes to the transaction that
 //! reads the row and may reclaim it.
 //!
 //! Time: `clock_timestamp()` (when the expression runs, not the
@@ -36,6 +34,7 @@ impl Dialect for Postgres {
     const NOW: &'static str = "date_trunc('milliseconds', clock_timestamp())";
     const METADATA: &'static str = "metadata::text AS metadata";
     const ONE_STATEMENT: bool = true;
+    const MIGRATOR: &'static sqlx::migrate::Migrator = &sqlx::migrate!("../../migrations/postgres");
 
     fn interval(param: &str) -> String {
         format!("({param}::float8 * interval '1 millisecond')")
@@ -56,11 +55,6 @@ impl Dialect for Postgres {
         format!("{param}::jsonb")
     }
 
-    fn migrator() -> &'static sqlx::migrate::Migrator {
-        static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/postgres");
-        &MIGRATOR
-    }
-
     fn rows_affected(done: &PgQueryResult) -> u64 {
         done.rows_affected()
     }
@@ -71,15 +65,12 @@ pub type PostgresStore = SqlStore<Postgres>;
 
 impl PostgresStore {
     pub async fn connect(url: &DatabaseUrl, settings: &PoolSettings) -> Result<Self, StoreError> {
-        let options: PgConnectOptions = url
-            .expose()
-            .parse()
-            .map_err(|e: sqlx::Error| classify(e.into()))?;
+        let options: PgConnectOptions = url.expose().parse().map_err(classify)?;
         let pool = settings
             .options(settings.max_connections)
             .connect_with(options.application_name("payments"))
             .await
-            .map_err(|e| classify(e.into()))?;
+            .map_err(classify)?;
         Ok(Self::new(pool.clone(), pool))
     }
 }

@@ -35,17 +35,11 @@ impl Timestamp for DateTime<Utc> {
     }
 }
 
-/// The columns of `idempotent_requests`, in `RecordRow` order. A backend's
-/// reads add its `record_clock!()`: `lease_live`, `expired` and `age_ms`,
-/// computed against the database's clock in the same statement.
-macro_rules! record_columns {
-    () => {
-        "id, idempotency_key, route, customer_id, request_hash, state, lease_token, \
-         locked_until, charge_id, response_status, response_body, response_content_type, \
-         response_location, created_at, completed_at, expires_at"
-    };
-}
-pub(crate) use record_columns;
+/// The columns of `idempotent_requests`, in `RecordRow` order; `{record}`
+/// adds `lease_live`, `expired` and `age_ms`, computed by the database.
+pub(crate) const RECORD_COLUMNS: &str = "id, idempotency_key, route, customer_id, request_hash, \
+    state, lease_token, locked_until, charge_id, response_status, response_body, \
+    response_content_type, response_location, created_at, completed_at, expires_at";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct RecordRow<T> {
@@ -151,10 +145,4 @@ impl<T: Timestamp> TryFrom<ChargeRow<T>> for Charge {
             decline_code: r.decline_code,
         })
     }
-}
-
-/// A charge's metadata as the JSON text the backends store.
-pub(crate) fn metadata_json(charge: &Charge) -> String {
-    serde_json::to_string(&charge.metadata)
-        .expect("metadata is a JSON object with string keys, which always serialises")
 }

@@ -1,15 +1,14 @@
-//! Every statement of the store, written once, and the one implementation
-//! of the `Store` port over them. A newcomer looking for a statement's SQL
-//! finds it in [`Statements::render`]; the per-backend choices are the
-//! [`Dialect`]'s, and the only branches on them here are where behaviour
-//! truly differs: PostgreSQL's one-statement claim and finish, MySQL's
-//! duplicate-key claim and read-back (no `RETURNING`) and `DELETE .. LIMIT`,
-//! SQLite's single writer.
+//! Every statement of the store, written once (in [`Statements::render`]),
+//! and the one implementation of the `Store` port over them. The only
+//! branches on the [`Dialect`] are where behaviour truly differs:
+//! PostgreSQL's one-statement claim and finish, MySQL's duplicate-key claim,
+//! read-back (no `RETURNING`) and `DELETE .. LIMIT`, SQLite's single writer.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use payments_domain::charge::Charge;
 use payments_domain::idempotency::{IdempotencyRecord, LeaseToken, RecordId};
 use payments_domain::store::{
@@ -24,10 +23,10 @@ use sqlx::{
 };
 
 use crate::dialect::Dialect;
-use crate::rows::{ChargeRow, RecordRow, metadata_json};
+use crate::rows::{ChargeRow, RecordRow, decode};
 use crate::{Error, millis, run};
 
-/// The columns of a `charges` row, in the order [`bind_charge`] binds them,
+/// The columns of a `charges` row, in the order `charge_values` binds them,
 /// then its two times.
 const CHARGE_COLUMNS: &str = "id, customer_id, amount_cents, currency, card_token, description, \
      metadata, status, provider_key, gateway_charge_id, decline_code, created_at, updated_at";
@@ -78,8 +77,14 @@ impl Statements {
             response_body = $3, response_content_type = $4, response_location = $5, \
             completed_at = {now}, lease_token = NULL, locked_until = NULL \
             WHERE id = $6 AND state = 'in_progress' AND lease_token = $7";
-        let pick = "SELECT id FROM idempotent_requests WHERE state = 'in_progress' \
-            AND locked_until <= {now} AND created_at {age} {now} - {ms}";
+        let lease = "UPDATE idempotent_requests SET lease_token = $1, locked_until = {now} + {ms}";
+        // What a takeover may take: a lease expired, and claimed {age} ago.
+        let expired = "state = 'in_progress' AND locked_until <= {now} \
+            AND created_at {age} {now} - {ms}";
+        let pick = format!(
+            "SELECT id FROM idempotent_requests WHERE {expired} \
+             ORDER BY locked_until LIMIT 1{{skip_locked}}"
+        );
         let prunable = "state = 'complete' AND expires_at <= {now}";
         Self {
             record_by_key: r("SELECT {record} FROM idempotent_requests \
@@ -118,11 +123,9 @@ impl Statements {
                  FROM (SELECT {{now}} AS at) AS clock{{returning created_at}}"
             )),
             charge_created_at: r("SELECT created_at FROM charges WHERE id = $1"),
-            take_over: aged(
-                "UPDATE idempotent_requests SET lease_token = $1, locked_until = {now} + {ms} \
-                 WHERE id = $3 AND state = 'in_progress' AND lease_token = $4 \
-                 AND locked_until <= {now} AND created_at {age} {now} - {ms}",
-            ),
+            take_over: aged(&format!(
+                "{lease} WHERE id = $3 AND lease_token = $4 AND {expired}"
+            )),
             release: r("UPDATE idempotent_requests SET locked_until = {now} \
                 WHERE id = $1 AND state = 'in_progress' AND lease_token = $2"),
             // Outside a finish, only a charge still pending is settled.
@@ -131,16 +134,10 @@ impl Statements {
                 WHERE id = $4 AND (NOT $5 OR status = 'pending')"),
             // The candidate is picked, then re-checked as it is once locked.
             claim_expired: aged(&format!(
-                "UPDATE idempotent_requests SET lease_token = $1, locked_until = {{now}} + {{ms}} \
-                 WHERE id = ({pick} ORDER BY locked_until LIMIT 1{{skip_locked}}) \
-                 AND state = 'in_progress' AND locked_until <= {{now}} \
-                 AND created_at {{age}} {{now}} - {{ms}} RETURNING {{record}}"
+                "{lease} WHERE id = ({pick}) AND {expired} RETURNING {{record}}"
             )),
-            candidate: aged(&format!(
-                "{pick} ORDER BY locked_until LIMIT 1{{skip_locked}}"
-            )),
-            lease_by_id: r("UPDATE idempotent_requests \
-                SET lease_token = $1, locked_until = {now} + {ms} WHERE id = $3"),
+            candidate: aged(&pick),
+            lease_by_id: r(&format!("{lease} WHERE id = $3")),
             prune: r(&if D::DELETE_LIMIT {
                 format!("DELETE FROM idempotent_requests WHERE {prunable} LIMIT $1")
             } else {
@@ -152,11 +149,10 @@ impl Statements {
             count_prunable: r(&format!(
                 "SELECT COUNT(*) FROM idempotent_requests WHERE {prunable}"
             )),
-            charge: r(
-                "SELECT id, customer_id, amount_cents, currency, card_token, \
-                description, {metadata}, status, provider_key, gateway_charge_id, \
-                decline_code, created_at, updated_at FROM charges WHERE id = $1",
-            ),
+            charge: r(&format!(
+                "SELECT {} FROM charges WHERE id = $1",
+                CHARGE_COLUMNS.replace("metadata", "{metadata}")
+            )),
             applied_migrations: r("SELECT version FROM _sqlx_migrations WHERE success = TRUE"),
             // A known key's record comes back and nothing is attempted; a
             // fresh key inserts the record and its pending charge (the
@@ -235,25 +231,19 @@ impl<D: Dialect> SqlStore<D> {
 
 type Q<'q, D> = Query<'q, <D as Dialect>::Db, <<D as Dialect>::Db as Database>::Arguments>;
 
-/// The eleven values of a new charge, in [`CHARGE_COLUMNS`] order.
-fn bind_charge<'q, D: Dialect>(q: Q<'q, D>, c: &'q Charge) -> Q<'q, D>
-where
-    for<'a> &'a str: Encode<'a, D::Db> + Type<D::Db>,
-    for<'a> String: Encode<'a, D::Db> + Type<D::Db>,
-    for<'a> Option<String>: Encode<'a, D::Db> + Type<D::Db>,
-    for<'a> i64: Encode<'a, D::Db> + Type<D::Db>,
-{
-    q.bind(c.id.as_str())
-        .bind(c.customer_id.as_str())
-        .bind(c.amount_cents)
-        .bind(c.currency.as_str())
-        .bind(c.card_token.as_str())
-        .bind(&c.description)
-        .bind(metadata_json(c))
-        .bind(c.status.as_str())
-        .bind(c.provider_key.as_str())
-        .bind(&c.gateway_charge_id)
-        .bind(&c.decline_code)
+/// A charge as stored: both its times the database's `at`.
+fn stored(charge: &Charge, at: DateTime<Utc>) -> Charge {
+    Charge {
+        created_at: at,
+        updated_at: at,
+        ..charge.clone()
+    }
+}
+
+/// A won claim: its record, and its charge stamped with the record's time.
+fn claimed(record_id: RecordId, c: &Claim, at: DateTime<Utc>) -> ClaimOutcome {
+    let charge = Box::new(stored(&c.charge, at));
+    ClaimOutcome::Claimed { record_id, charge }
 }
 
 /// The driver capabilities the generic code needs, written once.
@@ -294,24 +284,48 @@ sql_impl! {{
         Ok(self.writer.begin_with(D::BEGIN_WRITE).await?)
     }
 
-    /// A record from the statement `sql`, binding `key` and `route` or an id.
+    fn record(row: &<D::Db as Database>::Row) -> Result<IdempotencyRecord, Error> {
+        IdempotencyRecord::try_from(RecordRow::<D::Ts>::from_row(row)?)
+    }
+
+    /// The record a query returns, if any.
     async fn read_record<'e>(
         e: impl Executor<'e, Database = D::Db>,
         q: Q<'_, D>,
     ) -> Result<Option<IdempotencyRecord>, Error> {
-        match q.fetch_optional(e).await? {
-            Some(row) => Ok(Some(IdempotencyRecord::try_from(RecordRow::<D::Ts>::from_row(&row)?)?)),
-            None => Ok(None),
-        }
+        q.fetch_optional(e).await?.as_ref().map(Self::record).transpose()
     }
 
-    fn by_key<'q>(&'q self, c: &'q Claim) -> Q<'q, D> {
-        Self::q(&self.sql.record_by_key).bind(c.key.as_str()).bind(c.route)
+    /// The statement `sql` with the claim's key and route bound.
+    fn keyed<'q>(sql: &'q str, c: &'q Claim) -> Q<'q, D> {
+        Self::q(sql).bind(c.key.as_str()).bind(c.route)
     }
 
     /// A new record's eight values (`{new_record}` in `Statements::render`).
     fn new_record<'q>(q: Q<'q, D>, c: &'q Claim) -> Q<'q, D> {
         Self::claimant(q.bind(c.key.as_str()).bind(c.route), c)
+    }
+
+    /// The eleven values of a new charge, in [`CHARGE_COLUMNS`] order.
+    fn charge_values<'q>(q: Q<'q, D>, c: &'q Charge) -> Q<'q, D> {
+        let metadata = serde_json::to_string(&c.metadata)
+            .expect("metadata is a JSON object with string keys, which always serialises");
+        q.bind(c.id.as_str())
+            .bind(c.customer_id.as_str())
+            .bind(c.amount_cents)
+            .bind(c.currency.as_str())
+            .bind(c.card_token.as_str())
+            .bind(&c.description)
+            .bind(metadata)
+            .bind(c.status.as_str())
+            .bind(c.provider_key.as_str())
+            .bind(&c.gateway_charge_id)
+            .bind(&c.decline_code)
+    }
+
+    /// The statement `sql` with a new lease's token and duration bound.
+    fn leased<'q>(sql: &'q str, lease: &'q NewLease) -> Q<'q, D> {
+        Self::q(sql).bind(lease.token.as_str()).bind(millis(lease.duration))
     }
 
     /// What a claim writes to a record it inserts or reclaims: its
@@ -323,11 +337,6 @@ sql_impl! {{
             .bind(millis(c.lease.duration))
             .bind(c.charge.id.as_str())
             .bind(millis(c.ttl))
-    }
-
-    /// The id and `created_at` of the claim's record.
-    fn stamp<'q>(&'q self, c: &'q Claim) -> Q<'q, D> {
-        Self::q(&self.sql.stamp_by_key).bind(c.key.as_str()).bind(c.route)
     }
 
     /// Runs a write that stamps a row with the database's time, and returns
@@ -357,17 +366,18 @@ sql_impl! {{
     async fn try_claim(&self, c: &Claim) -> Result<Option<ClaimOutcome>, Error> {
         let mut tx = self.begin_write().await?;
         let insert = Self::new_record(Self::q(&self.sql.insert_record), c);
+        let stamp = || Self::keyed(&self.sql.stamp_by_key, c);
         // Without ON CONFLICT (MySQL), a duplicate key is the error; InnoDB
         // rolls back only the failed statement.
-        let inserted: Option<(i64, D::Ts)> =
-            match Self::stamped(&mut tx, insert, self.stamp(c)).await {
-                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => None,
-                other => other?,
-            };
+        let inserted: Option<(i64, D::Ts)> = match Self::stamped(&mut tx, insert, stamp()).await {
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => None,
+            other => other?,
+        };
         let (record_id, at) = match inserted {
             Some(row) => row,
             None => {
-                let Some(existing) = Self::read_record(&mut *tx, self.by_key(c)).await? else {
+                let by_key = Self::keyed(&self.sql.record_by_key, c);
+                let Some(existing) = Self::read_record(&mut *tx, by_key).await? else {
                     return Ok(None);
                 };
                 if !existing.reclaimable() {
@@ -375,46 +385,31 @@ sql_impl! {{
                     return Ok(Some(ClaimOutcome::Existing(Box::new(existing))));
                 }
                 let reclaim = Self::claimant(Self::q(&self.sql.reclaim), c).bind(existing.id.0);
-                match Self::stamped(&mut tx, reclaim, self.stamp(c)).await? {
+                match Self::stamped(&mut tx, reclaim, stamp()).await? {
                     Some(row) => row,
                     None => return Ok(None),
                 }
             }
         };
-        bind_charge::<D>(Self::q(&self.sql.insert_claimed_charge), &c.charge)
+        Self::charge_values(Self::q(&self.sql.insert_claimed_charge), &c.charge)
             .bind(record_id)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        let at = crate::rows::decode(at)?;
-        Ok(Some(ClaimOutcome::Claimed {
-            record_id: RecordId(record_id),
-            charge: Box::new(Charge {
-                created_at: at,
-                updated_at: at,
-                ..c.charge.clone()
-            }),
-        }))
+        Ok(Some(claimed(RecordId(record_id), c, decode(at)?)))
     }
 
     /// PostgreSQL's claim in one statement. `None` when the key exists but
     /// the statement's snapshot cannot see it (a racer committed while the
     /// insert waited).
     async fn claim_or_read(&self, sql: &str, c: &Claim) -> Result<Option<ClaimOutcome>, Error> {
-        let q = Self::new_record(Self::q(sql).bind(c.key.as_str()).bind(c.route), c);
-        let Some(row) = bind_charge::<D>(q, &c.charge).fetch_optional(&self.pool).await? else {
+        let q = Self::new_record(Self::keyed(sql, c), c);
+        let Some(row) = Self::charge_values(q, &c.charge).fetch_optional(&self.pool).await? else {
             return Ok(None);
         };
-        let record = IdempotencyRecord::try_from(RecordRow::<D::Ts>::from_row(&row)?)?;
+        let record = Self::record(&row)?;
         Ok(Some(if row.try_get::<bool, _>("claimed")? {
-            ClaimOutcome::Claimed {
-                record_id: record.id,
-                charge: Box::new(Charge {
-                    created_at: record.created_at,
-                    updated_at: record.created_at,
-                    ..c.charge.clone()
-                }),
-            }
+            claimed(record.id, c, record.created_at)
         } else {
             ClaimOutcome::Existing(Box::new(record))
         }))
@@ -428,7 +423,7 @@ sql_impl! {{
                 Some(claimed) => return Ok(claimed),
                 None => None,
             },
-            None => Self::read_record(&self.pool, self.by_key(c)).await?,
+            None => Self::read_record(&self.pool, Self::keyed(&self.sql.record_by_key, c)).await?,
         };
         if let Some(record) = found.filter(|r| !r.reclaimable()) {
             return Ok(ClaimOutcome::Existing(Box::new(record)));
@@ -442,6 +437,12 @@ sql_impl! {{
             "claim of key {:?} did not settle after {CLAIM_ATTEMPTS} attempts",
             c.key
         )))
+    }
+
+    /// Column `i` of `row`, a count.
+    fn count(row: &<D::Db as Database>::Row, i: usize) -> Result<u64, Error> {
+        let n: i64 = row.try_get(i)?;
+        Ok(u64::try_from(n).expect("a count is never negative"))
     }
 
     fn settle<'q>(q: Q<'q, D>, o: &'q ChargeOutcome) -> Q<'q, D> {
@@ -464,8 +465,7 @@ sql_impl! {{
         };
         let (finished, settled) = if let Some(sql) = &self.sql.finish_one {
             let row = Self::settle(record(sql), &f.outcome).fetch_one(&self.pool).await?;
-            let count = |i: usize| row.try_get::<i64, _>(i).map(|n| u64::try_from(n).unwrap_or(0));
-            (count(0)?, count(1)?)
+            (Self::count(&row, 0)?, Self::count(&row, 1)?)
         } else {
             let mut tx = self.begin_write().await?;
             let finished = D::rows_affected(&record(&self.sql.finish_record).execute(&mut *tx).await?);
@@ -498,46 +498,6 @@ sql_impl! {{
     async fn write(&self, q: Q<'_, D>) -> Result<u64, Error> {
         Ok(D::rows_affected(&q.execute(&self.writer).await?))
     }
-
-    async fn claim_expired(
-        &self,
-        lease: &NewLease,
-        age: ClaimAge,
-    ) -> Result<Option<IdempotencyRecord>, Error> {
-        let (i, age_ms) = age_index(age);
-        let lease_q = |sql| Self::q(sql).bind(lease.token.as_str()).bind(millis(lease.duration));
-        if D::RETURNING {
-            let q = lease_q(&self.sql.claim_expired[i]).bind(age_ms).bind(age_ms);
-            return Self::read_record(&self.writer, q).await;
-        }
-        // No UPDATE .. RETURNING: lock one candidate (SKIP LOCKED, so a
-        // second reaper takes another), lease it, read it back.
-        let mut tx = self.begin_write().await?;
-        let picked = Self::q(&self.sql.candidate[i]).bind(age_ms).fetch_optional(&mut *tx).await?;
-        let Some(id) = picked.map(|row| row.try_get::<i64, _>(0)).transpose()? else {
-            tx.rollback().await?;
-            return Ok(None);
-        };
-        lease_q(&self.sql.lease_by_id).bind(id).execute(&mut *tx).await?;
-        let record = Self::read_record(&mut *tx, Self::q(&self.sql.record_by_id).bind(id)).await?;
-        tx.commit().await?;
-        Ok(record)
-    }
-
-    async fn insert_charge(&self, charge: &Charge) -> Result<Charge, Error> {
-        let mut conn = self.writer.acquire().await?;
-        let write = bind_charge::<D>(Self::q(&self.sql.insert_charge), charge);
-        let read = Self::q(&self.sql.charge_created_at).bind(charge.id.as_str());
-        let (at,): (D::Ts,) = Self::stamped(&mut conn, write, read)
-            .await?
-            .ok_or_else(|| Error::Invariant(format!("charge {} was not inserted", charge.id)))?;
-        let at = crate::rows::decode(at)?;
-        Ok(Charge {
-            created_at: at,
-            updated_at: at,
-            ..charge.clone()
-        })
-    }
 }}
 
 /// Which of a pair of age-guarded statements applies, and its milliseconds.
@@ -550,7 +510,7 @@ fn age_index(age: ClaimAge) -> (usize, i64) {
 
 sql_impl! {#[async_trait] Store for {
     async fn migrate(&self) -> Result<(), StoreError> {
-        run(|| async { Ok(D::migrator().run(&self.writer).await?) }).await
+        run(|| async { Ok(D::MIGRATOR.run(&self.writer).await.map_err(sqlx::Error::from)?) }).await
     }
 
     async fn ready(&self) -> Result<(), StoreError> {
@@ -559,7 +519,7 @@ sql_impl! {#[async_trait] Store for {
             Ok(rows.iter().map(|r| r.try_get::<i64, _>(0)).collect::<Result<_, _>>()?)
         })
         .await?;
-        let missing: Vec<i64> = D::migrator()
+        let missing: Vec<i64> = D::MIGRATOR
             .iter()
             .map(|m| m.version)
             .filter(|v| !applied.contains(v))
@@ -586,14 +546,8 @@ sql_impl! {#[async_trait] Store for {
     ) -> Result<bool, StoreError> {
         let (i, age_ms) = age_index(age);
         run(|| {
-            self.write(
-                Self::q(&self.sql.take_over[i])
-                    .bind(lease.token.as_str())
-                    .bind(millis(lease.duration))
-                    .bind(record_id.0)
-                    .bind(expected_token.as_str())
-                    .bind(age_ms),
-            )
+            let q = Self::leased(&self.sql.take_over[i], lease).bind(record_id.0);
+            self.write(q.bind(expected_token.as_str()).bind(age_ms))
         })
         .await
         .map(|n| n == 1)
@@ -610,7 +564,16 @@ sql_impl! {#[async_trait] Store for {
     }
 
     async fn insert_charge(&self, charge: &Charge) -> Result<Charge, StoreError> {
-        run(|| self.insert_charge(charge)).await
+        run(|| async {
+            let mut conn = self.writer.acquire().await?;
+            let write = Self::charge_values(Self::q(&self.sql.insert_charge), charge);
+            let read = Self::q(&self.sql.charge_created_at).bind(charge.id.as_str());
+            let (at,): (D::Ts,) = Self::stamped(&mut conn, write, read)
+                .await?
+                .ok_or_else(|| Error::Invariant(format!("charge {} was not inserted", charge.id)))?;
+            Ok(stored(charge, decode(at)?))
+        })
+        .await
     }
 
     async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<bool, StoreError> {
@@ -624,7 +587,28 @@ sql_impl! {#[async_trait] Store for {
         lease: &NewLease,
         age: ClaimAge,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        run(|| self.claim_expired(lease, age)).await
+        let (i, age_ms) = age_index(age);
+        run(|| async {
+            if D::RETURNING {
+                let q = Self::leased(&self.sql.claim_expired[i], lease).bind(age_ms).bind(age_ms);
+                return Self::read_record(&self.writer, q).await;
+            }
+            // No UPDATE .. RETURNING: lock one candidate (SKIP LOCKED, so a
+            // second reaper takes another), lease it, read it back.
+            let mut tx = self.begin_write().await?;
+            let candidate = Self::q(&self.sql.candidate[i]).bind(age_ms);
+            let Some(row) = candidate.fetch_optional(&mut *tx).await? else {
+                tx.rollback().await?;
+                return Ok(None);
+            };
+            let id: i64 = row.try_get(0)?;
+            Self::leased(&self.sql.lease_by_id, lease).bind(id).execute(&mut *tx).await?;
+            let by_id = Self::q(&self.sql.record_by_id).bind(id);
+            let record = Self::read_record(&mut *tx, by_id).await?;
+            tx.commit().await?;
+            Ok(record)
+        })
+        .await
     }
 
     async fn expired_in_progress(&self, limit: u32) -> Result<Vec<IdempotencyRecord>, StoreError> {
@@ -633,9 +617,7 @@ sql_impl! {#[async_trait] Store for {
                 .bind(i64::from(limit))
                 .fetch_all(&self.pool)
                 .await?;
-            rows.iter()
-                .map(|row| IdempotencyRecord::try_from(RecordRow::<D::Ts>::from_row(row)?))
-                .collect()
+            rows.iter().map(Self::record).collect()
         })
         .await
     }
@@ -660,7 +642,7 @@ sql_impl! {#[async_trait] Store for {
     async fn count_prunable(&self) -> Result<u64, StoreError> {
         run(|| async {
             let row = Self::q(&self.sql.count_prunable).fetch_one(&self.pool).await?;
-            Ok(u64::try_from(row.try_get::<i64, _>(0)?).unwrap_or(0))
+            Self::count(&row, 0)
         })
         .await
     }
@@ -672,11 +654,8 @@ sql_impl! {#[async_trait] Store for {
 
     async fn charge(&self, charge_id: &str) -> Result<Option<Charge>, StoreError> {
         run(|| async {
-            let q = Self::q(&self.sql.charge).bind(charge_id);
-            match q.fetch_optional(&self.pool).await? {
-                Some(row) => Ok(Some(Charge::try_from(ChargeRow::<D::Ts>::from_row(&row)?)?)),
-                None => Ok(None),
-            }
+            let row = Self::q(&self.sql.charge).bind(charge_id).fetch_optional(&self.pool).await?;
+            row.map(|row| Charge::try_from(ChargeRow::<D::Ts>::from_row(&row)?)).transpose()
         })
         .await
     }

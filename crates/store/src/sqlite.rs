@@ -22,7 +22,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteQueryResult, SqliteSynchronous};
 
 use crate::dialect::Dialect;
-use crate::{DatabaseUrl, Error, PoolSettings, SqlStore, classify};
+use crate::{DatabaseUrl, PoolSettings, SqlStore, classify};
 use payments_domain::store::StoreError;
 
 /// SQLite's dialect.
@@ -36,6 +36,7 @@ impl Dialect for Sqlite {
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const SKIP_LOCKED: &'static str = "";
     const SINGLE_WRITER: bool = true;
+    const MIGRATOR: &'static sqlx::migrate::Migrator = &sqlx::migrate!("../../migrations/sqlite");
 
     fn interval(param: &str) -> String {
         param.to_owned()
@@ -43,11 +44,6 @@ impl Dialect for Sqlite {
 
     fn ms_since(column: &str) -> String {
         format!("({} - {column})", Self::NOW)
-    }
-
-    fn migrator() -> &'static sqlx::migrate::Migrator {
-        static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations/sqlite");
-        &MIGRATOR
     }
 
     fn rows_affected(done: &SqliteQueryResult) -> u64 {
@@ -61,7 +57,7 @@ pub type SqliteStore = SqlStore<Sqlite>;
 impl SqliteStore {
     pub async fn connect(url: &DatabaseUrl, settings: &PoolSettings) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::from_str(url.expose())
-            .map_err(|e| classify(e.into()))?
+            .map_err(classify)?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
@@ -69,13 +65,11 @@ impl SqliteStore {
         if let Some(dir) = options.get_filename().parent()
             && !dir.as_os_str().is_empty()
         {
-            std::fs::create_dir_all(dir).map_err(|e| classify(Error::Sql(e.into())))?;
+            std::fs::create_dir_all(dir).map_err(|e| classify(sqlx::Error::from(e)))?;
         }
         let open = |max| settings.options(max).connect_with(options.clone());
-        let writer = open(1).await.map_err(|e| classify(e.into()))?;
-        let pool = open(settings.max_connections)
-            .await
-            .map_err(|e| classify(e.into()))?;
+        let writer = open(1).await.map_err(classify)?;
+        let pool = open(settings.max_connections).await.map_err(classify)?;
         Ok(Self::new(pool, writer))
     }
 }
