@@ -389,13 +389,12 @@ impl Display for Prune {
         } else {
             "**not the whole run** (a shorter `BENCH_PRUNE_SECONDS` would cover it)"
         };
-        let ratio = prune_ratio(self).map_or("-".into(), |(ratio, _)| ratio);
         write!(
             f,
             "Seeded {} rows in {:.1} s. The pruner {exited} in {:.2} s wall ({} rows deleted, \
              {} batches, {speed} rows/s; its own timing {} ms); it ran {overlap:.1} s of the \
-             {run:.1} s run: {whole}. Left after the pass: {}. New p99 without -> with: \
-             {ratio}.\n\nWithout the pruner:\n\n{}With the pruner:\n\n{}",
+             {run:.1} s run: {whole}. Left after the pass: {}.\n\nWithout the pruner:\n\n{}With \
+             the pruner:\n\n{}",
             self.seeded,
             self.seed_secs,
             self.prune_wall_secs,

@@ -81,12 +81,8 @@ fn read<T>(
     doc: &'static str,
     parse: fn(&str) -> Result<T>,
 ) -> Result<T> {
-    let value = std::env::var(name).unwrap_or_default().trim().to_owned();
-    let value = if value.is_empty() {
-        default.into()
-    } else {
-        value
-    };
+    let set = std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let value = set.map_or(default.into(), |v| v.trim().to_owned());
     let parsed = parse(&value).with_context(|| format!("{name}={value:?}"));
     // A URL may carry a password: the markdown only says it was set.
     let secret = name.ends_with("_URL") && !value.is_empty();
