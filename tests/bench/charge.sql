@@ -1,30 +1,17 @@
 -- One new charge, as the PostgreSQL store does it: the pgbench ceiling of
--- `make bench` (`payments-bench`, tests/bench/main.rs).
+-- `make bench` (tests/bench/main.rs), which divides the API's new charges/s
+-- by this script's tps. MIRRORS crates/store/src/sql.rs (PostgreSQL's
+-- `claim_or_read`, then `finish_one`, as crates/domain/src/service.rs
+-- `create_charge` calls them for a new key): keep the two in sync.
 --
--- MIRRORS crates/store/src/sql.rs (PostgreSQL's `claim_or_read`, then
--- `finish_one`) as crates/domain/src/service.rs `create_charge` calls them
--- for a key it has not seen. Keep the statements and their order in sync
--- with that file: the bench divides the API's new charges/s by this
--- script's tps.
---
--- Run by the bench as: pgbench -n -M prepared -f tests/bench/charge.sql
--- -c <BENCH_CONCURRENCY> -j 2 -T <BENCH_PGBENCH_SECONDS> <database>
--- on a fresh database with migrations/postgres applied.
---
--- Keys and charge ids are unique per transaction (client id plus a 60-bit
--- random number), so the claim always inserts, as for a new charge. Values
--- have the server's shapes: a UUID-length idempotency key, a 32-hex-digit
--- lease token, a 64-hex-digit request hash, `ch_` + 32 characters, metadata
--- JSONB as payments-load sends it, and a ~340-byte stored 201 body. Every
--- time is the database's clock when the row is written, as in the store;
--- the record's clock flags are computed in the same statement.
+-- Keys and charge ids are unique per transaction (client id plus a random
+-- number), so the claim always inserts. Values have the server's shapes and
+-- sizes; every time is the database's clock when the row is written.
 
 \set n random(1, 1000000000000000000)
 
 -- 1. The claim (`claim_or_read`): the record and its pending charge in one
--- statement, so one implicit transaction. It reads the key first
--- (`existing`): for a known key (a replay) it attempts nothing and returns
--- the record; here the key is new, so the insert runs.
+-- statement; a known key (a replay) would be read and returned instead.
 WITH existing AS (
   SELECT id, idempotency_key, route, customer_id, request_hash, state, lease_token,
     locked_until, charge_id, response_status, response_body, response_content_type,
@@ -72,7 +59,7 @@ SELECT false, * FROM existing \gset
 -- (The provider call happens here, with no transaction or connection held.)
 
 -- 2. The finish (`try_finish`): the record completes with the stored answer,
--- guarded by the lease token, and its charge is settled, in one statement.
+-- guarded by the lease token, and its charge is settled.
 WITH done AS (
   UPDATE idempotent_requests SET state = 'complete', response_status = 201,
     response_body = '{"id":"ch_' || lpad(:client_id::text, 13, '0') || lpad(:n::text, 19, '0')

@@ -1,150 +1,103 @@
 //! What the bench asks of its databases beyond the tests' [`TestDb`]: the
-//! versions for the machine facts, the expired records the `prune` scenario
-//! seeds (and counts afterwards), and PostgreSQL's durability.
+//! versions, the expired records `prune` seeds, PostgreSQL's durability,
+//! and the pgbench ceiling: `tests/bench/charge.sql` (one new charge, as
+//! `crates/store/src/sql.rs` runs it on PostgreSQL) on a fresh migrated
+//! database, with as many clients as `new` has concurrency. The API's new
+//! charges/s divided by its tps says how much of the database's capacity
+//! the server's own work leaves.
 
-use std::time::{Duration, Instant};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, ensure};
 use payments_tests::{Backend, TestDb};
+use serde::Serialize;
 use sqlx::{AssertSqlSafe, Connection, PgConnection, SqliteConnection};
 
-/// Rows per statement when seeding SQLite, each batch its own transaction.
+/// Rows per statement when seeding SQLite, each its own transaction.
 const SQLITE_SEED_BATCH: u64 = 50_000;
 
 /// A stored 201 body of the shape and size (~330 bytes) the API stores for a
-/// `payments-load` charge; `n` makes it unique.
-fn body_sql(n: &str) -> String {
-    format!(
-        r#"'{{"id":"ch_seed' || {n} || '","customer_id":"cus_seed","amount_cents":100,"currency":"GBP","status":"succeeded","description":"payments-load new","metadata":{{"load_op":"new-' || {n} || '","load_run":"load-0123456789abcdef0123456789abcdef"}},"gateway_charge_id":"ch_whF4sGDcKVkjbo1t4xc9syZW","created_at":"2026-01-01T00:00:00.000Z"}}'"#
-    )
-}
+/// `payments-load` charge, unique by `n`.
+const BODY: &str = r#"'{"id":"ch_seed' || n || '","customer_id":"cus_seed","amount_cents":100,"currency":"GBP","status":"succeeded","description":"payments-load new","metadata":{"load_op":"new-' || n || '","load_run":"load-0123456789abcdef0123456789abcdef"},"gateway_charge_id":"ch_whF4sGDcKVkjbo1t4xc9syZW","created_at":"2026-01-01T00:00:00.000Z"}'"#;
 
 /// `rows` complete records past their expiry, written straight to the
 /// table (no charges: `idempotent_requests` has no foreign key to them, and
-/// the pruner never reads them). Returns how long it took.
-pub async fn seed_expired(db: &TestDb, rows: u64) -> Result<Duration> {
-    let started = Instant::now();
-    let columns = "idempotency_key, route, customer_id, request_hash, state, lease_token, \
-                   locked_until, charge_id, response_status, response_body, \
-                   response_content_type, response_location, created_at, completed_at, expires_at";
-    let values = |hash: &str, times: &str| {
+/// the pruner never reads them).
+pub async fn seed_expired(db: &TestDb, rows: u64) {
+    let select = |hash: &str, times: &str| {
         format!(
-            "SELECT 'seed-' || n, 'POST /api/charges', 'cus_seed', {hash}, 'complete', NULL, NULL, \
-             'ch_seed' || n, 201, {}, 'application/json', '/api/charges/ch_seed' || n, {times}",
-            body_sql("n")
+            "INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
+             state, lease_token, locked_until, charge_id, response_status, response_body, \
+             response_content_type, response_location, created_at, completed_at, expires_at) \
+             SELECT 'seed-' || n, 'POST /api/charges', 'cus_seed', {hash}, 'complete', NULL, \
+             NULL, 'ch_seed' || n, 201, {BODY}, 'application/json', \
+             '/api/charges/ch_seed' || n, {times}"
         )
     };
+    // The bench runs no MySQL.
     if db.backend == Backend::Postgres {
-        let mut pg = PgConnection::connect(&db.url).await?;
-        let rows = i64::try_from(rows).context("BENCH_PRUNE_ROWS is too large")?;
-        let select = values(
-            "md5(n::text) || md5((n + 1)::text)",
-            "now() - interval '48 hours', now() - interval '48 hours', now() - interval '24 hours'",
-        );
-        let sql = format!(
-            "INSERT INTO idempotent_requests ({columns}) {select} \
-             FROM generate_series(1, $1::bigint) AS n"
-        );
-        let seeded = sqlx::query(AssertSqlSafe(sql))
-            .bind(rows)
-            .execute(&mut pg)
-            .await;
-        seeded.context("seeding expired records")?;
-        // As autovacuum would before long: plans on a table that just grew
-        // by a million rows.
-        sqlx::raw_sql("ANALYZE idempotent_requests")
-            .execute(&mut pg)
-            .await?;
-        let _ = pg.close().await;
-        return Ok(started.elapsed());
+        let hash = "md5(n::text) || md5((n + 1)::text)";
+        let ago = |hours| format!("now() - interval '{hours} hours'");
+        let select = select(hash, &[ago(48), ago(48), ago(24)].join(", "));
+        let sql = format!("{select} FROM generate_series(1, {rows}) AS n");
+        db.execute("", &sql, "").await;
+    } else {
+        let (now, day) = (chrono::Utc::now().timestamp_millis(), 24 * 3600 * 1000);
+        let times = format!("{}, {}, {}", now - 2 * day, now - 2 * day, now - day);
+        let select = select("lower(hex(randomblob(32)))", &times);
+        for first in (1..=rows).step_by(SQLITE_SEED_BATCH as usize) {
+            let last = (first + SQLITE_SEED_BATCH - 1).min(rows);
+            let sql = format!(
+                "WITH RECURSIVE seq(n) AS (SELECT {first} UNION ALL SELECT n + 1 FROM seq \
+                 WHERE n < {last}) {select} FROM seq"
+            );
+            db.execute(&sql, "", "").await;
+        }
     }
-    let mut sqlite = SqliteConnection::connect(&db.url).await?;
-    let (now, day) = (chrono::Utc::now().timestamp_millis(), 24 * 3600 * 1000);
-    let select = values("lower(hex(randomblob(32)))", "?3, ?3, ?4");
-    let sql = format!(
-        "WITH RECURSIVE seq(n) AS (SELECT ?1 UNION ALL SELECT n + 1 FROM seq WHERE n < ?2) \
-         INSERT INTO idempotent_requests ({columns}) {select} FROM seq"
-    );
-    let mut first: u64 = 1;
-    while first <= rows {
-        let last = (first + SQLITE_SEED_BATCH - 1).min(rows);
-        let mut tx = sqlite.begin().await?;
-        sqlx::query(AssertSqlSafe(sql.clone()))
-            .bind(i64::try_from(first)?)
-            .bind(i64::try_from(last)?)
-            .bind(now - 2 * day)
-            .bind(now - day)
-            .execute(&mut *tx)
-            .await
-            .context("seeding expired records")?;
-        tx.commit().await?;
-        first = last + 1;
-    }
-    sqlx::raw_sql("ANALYZE").execute(&mut sqlite).await?;
-    let _ = sqlite.close().await;
-    Ok(started.elapsed())
+    // As autovacuum would before long: plans on a table that just grew.
+    let analyze = "ANALYZE idempotent_requests";
+    db.execute(analyze, analyze, "").await;
 }
 
 /// Complete records past their expiry (what the pruner deletes).
-pub async fn count_prunable(db: &TestDb) -> Result<u64> {
-    let sql =
-        "SELECT COUNT(*) FROM idempotent_requests WHERE state = 'complete' AND expires_at <= ";
-    let n: i64 = if db.backend == Backend::Postgres {
-        let mut pg = PgConnection::connect(&db.url).await?;
-        let count = sqlx::query_scalar(AssertSqlSafe(format!("{sql}now()")));
-        count.fetch_one(&mut pg).await?
-    } else {
-        let mut sqlite = SqliteConnection::connect(&db.url).await?;
-        let count = sqlx::query_scalar(AssertSqlSafe(format!("{sql}?1")));
-        let now = chrono::Utc::now().timestamp_millis();
-        count.bind(now).fetch_one(&mut sqlite).await?
-    };
-    u64::try_from(n).map_err(|e| anyhow!("a negative count: {e}"))
+pub async fn count_prunable(db: &TestDb) -> i64 {
+    let sqlite = "SELECT COUNT(*) FROM idempotent_requests WHERE state = 'complete' \
+                  AND expires_at <= CAST(unixepoch('subsec') * 1000 AS INTEGER)";
+    let postgres = "SELECT COUNT(*) FROM idempotent_requests WHERE state = 'complete' \
+                    AND expires_at <= now()";
+    db.count(sqlite, postgres, &[]).await
 }
 
 /// A one-value query of ours on a PostgreSQL connection of its own.
 pub async fn pg_one(url: &str, sql: &str) -> Result<String> {
-    let mut pg = PgConnection::connect(url)
-        .await
-        .context("connecting to PostgreSQL")?;
-    let value = sqlx::query_scalar(AssertSqlSafe(sql.to_owned()))
-        .fetch_one(&mut pg)
-        .await;
-    let _ = pg.close().await;
+    let mut pg = PgConnection::connect(url).await?;
+    let value = sqlx::query_scalar(AssertSqlSafe(sql.to_owned()));
+    let value = value.fetch_one(&mut pg).await;
     value.with_context(|| sql.to_owned())
 }
 
-/// `sqlite_version()` of the SQLite the workspace links (sqlx's bundled
-/// one, as the API uses).
+/// The version of the SQLite the workspace links (sqlx's bundled one).
 pub async fn sqlite_version() -> Result<String> {
     let mut db = SqliteConnection::connect("sqlite::memory:").await?;
-    let version = sqlx::query_scalar("SELECT sqlite_version()")
-        .fetch_one(&mut db)
-        .await?;
-    let _ = db.close().await;
-    Ok(version)
+    let version = sqlx::query_scalar("SELECT sqlite_version()");
+    Ok(version.fetch_one(&mut db).await?)
 }
 
 /// Makes the server of `admin_url` flush every commit to disk (`fsync`,
 /// `synchronous_commit`, `full_page_writes` on), as production runs, or
-/// not. All three take effect on a reload; no restart.
+/// not. All three take effect on a reload.
 pub async fn set_durable(admin_url: &str, durable: bool) -> Result<()> {
     let value = if durable { "on" } else { "off" };
     let mut admin = PgConnection::connect(admin_url).await?;
     // One statement each: ALTER SYSTEM runs outside a transaction block.
     for setting in ["fsync", "synchronous_commit", "full_page_writes"] {
-        // Settings cannot be bound; both names and values are ours.
         let sql = format!("ALTER SYSTEM SET {setting} = {value}");
-        let set = sqlx::raw_sql(AssertSqlSafe(sql.clone()))
-            .execute(&mut admin)
-            .await;
-        set.context(sql)?;
+        let set = sqlx::raw_sql(AssertSqlSafe(sql.clone()));
+        set.execute(&mut admin).await.context(sql)?;
     }
-    let reload = sqlx::query("SELECT pg_reload_conf()")
-        .execute(&mut admin)
-        .await;
-    reload.context("pg_reload_conf()")?;
-    let _ = admin.close().await;
+    let reload = sqlx::query("SELECT pg_reload_conf()");
+    reload.execute(&mut admin).await?;
     // The reload is asynchronous: wait until a new session sees it.
     for _ in 0..50 {
         if pg_one(admin_url, "SHOW fsync").await? == value {
@@ -153,4 +106,72 @@ pub async fn set_durable(admin_url: &str, durable: bool) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Err(anyhow!("fsync did not become {value} after a reload"))
+}
+
+/// What pgbench measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pgbench {
+    pub clients: u64,
+    pub threads: u64,
+    pub seconds: u64,
+    /// `tps = X (without initial connection time)`.
+    pub tps: f64,
+    pub latency_avg_ms: Option<f64>,
+    pub transactions: Option<u64>,
+    pub failed: Option<u64>,
+}
+
+/// pgbench (beside the server binaries, else on `PATH`) running
+/// `tests/bench/charge.sql` against `db` for `seconds` with `clients`
+/// clients on up to 2 threads; its output goes to `log`.
+pub async fn pgbench(db: &TestDb, clients: u64, seconds: u64, log: PathBuf) -> Result<Pgbench> {
+    let dir = payments_tests::postgres::binaries_dir();
+    let program = dir.map(|d| d.join("pgbench")).filter(|p| p.is_file());
+    let mut command = tokio::process::Command::new(program.unwrap_or_else(|| "pgbench".into()));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/charge.sql");
+    command.args(["-n", "-M", "prepared", "-f"]).arg(script);
+    let threads = clients.min(2);
+    let [c, j, t] = [clients, threads, seconds].map(|n| n.to_string());
+    command.args(["-c", &c, "-j", &j, "-T", &t, &db.url]);
+    command.env("PGCONNECT_TIMEOUT", "10").kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(seconds + 120), command.output()).await;
+    let out = out.context("pgbench did not finish")??;
+    let output = String::from_utf8_lossy(&[out.stdout, out.stderr].concat()).into_owned();
+    std::fs::write(&log, &output).with_context(|| format!("writing {}", log.display()))?;
+    let status = out.status;
+    ensure!(status.success(), "pgbench failed ({status}):\n{output}");
+    let tps = field(&output, "tps = ");
+    Ok(Pgbench {
+        clients,
+        threads,
+        seconds,
+        tps: tps.with_context(|| format!("no `tps = ` in pgbench's output:\n{output}"))?,
+        latency_avg_ms: field(&output, "latency average = "),
+        transactions: field(&output, "number of transactions actually processed: "),
+        failed: field(&output, "number of failed transactions: "),
+    })
+}
+
+/// The first word after `prefix` on the line that starts with it.
+fn field<T: std::str::FromStr>(output: &str, prefix: &str) -> Option<T> {
+    let mut lines = output.lines();
+    let rest = lines.find_map(|line| line.trim().strip_prefix(prefix))?;
+    rest.split_whitespace().next()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_pgbench_15_output() {
+        let out = "number of transactions actually processed: 8672\n\
+                   number of failed transactions: 0 (0.000%)\n\
+                   latency average = 1.381 ms\n\
+                   tps = 2897.070157 (without initial connection time)\n";
+        let field = |prefix| super::field::<f64>(out, prefix);
+        assert_eq!(field("tps = "), Some(2897.070157));
+        assert_eq!(field("latency average = "), Some(1.381));
+        let transactions = "number of transactions actually processed: ";
+        assert_eq!(field(transactions), Some(8672.0));
+        assert_eq!(field("number of failed transactions: "), Some(0.0));
+    }
 }

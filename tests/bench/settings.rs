@@ -1,18 +1,17 @@
 //! Every knob of the bench: an environment variable with a default, read
-//! once at start. The knobs are also listed, with this run's values, in the
-//! generated markdown, so a figure is never separated from its settings.
+//! once at start and listed with this run's value in the markdown, so a
+//! figure is never separated from its settings.
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use payments_tests::Backend;
 use serde::Serialize;
 
 /// The pool the `slow` scenario runs with, whatever `BENCH_POOL` says: the
 /// incident it reproduces had exactly 10 connections.
-pub const SLOW_POOL: u32 = 10;
+pub const SLOW_POOL: u64 = 10;
 
 /// The scenarios, in the order they run on each backend.
 const SCENARIOS: &str = "pgbench,new,replay,storm,slow,prune,fsync-off";
@@ -26,11 +25,10 @@ pub struct Knob {
     pub doc: &'static str,
 }
 
-/// Declares [`Settings`], a field per knob: its type, variable, default and
-/// what it sets, in the order the markdown lists them.
+/// Declares [`Settings`], a field per knob: its type, how it is parsed, its
+/// variable, default and what it sets, in the order the markdown lists them.
 macro_rules! knobs {
-    ($($field:ident: $type:ty = $name:literal, $default:expr, $doc:literal;)*) => {
-        /// The bench's settings.
+    ($($field:ident: $type:ty = $parse:ident($name:literal, $default:expr), $doc:literal;)*) => {
         #[derive(Debug, Clone)]
         pub struct Settings {
             $(pub $field: $type,)*
@@ -40,7 +38,7 @@ macro_rules! knobs {
         impl Settings {
             pub fn from_env() -> Result<Self> {
                 let mut knobs = Vec::new();
-                $(let $field = read(&mut knobs, $name, $default, $doc)?;)*
+                $(let $field = read(&mut knobs, $name, $default, $doc, $parse)?;)*
                 Ok(Self { $($field,)* knobs })
             }
         }
@@ -48,143 +46,96 @@ macro_rules! knobs {
 }
 
 knobs! {
-    backends: Vec<Backend> = "BENCH_BACKENDS", "sqlite,postgres", "backends, comma-separated";
-    scenarios: BTreeSet<String> = "BENCH_SCENARIOS", SCENARIOS, "scenarios to run, comma-separated";
-    new_requests: u64 = "BENCH_NEW_REQUESTS", "20000", "`new`: charges";
-    concurrency: u64 = "BENCH_CONCURRENCY", "16", "`new` (and `prune`) concurrency; pgbench clients";
-    pool: u32 = "BENCH_POOL", "10", "the API's pool size (`slow` always uses 10)";
-    replay_keys: u64 = "BENCH_REPLAY_KEYS", "100", "`replay`: keys";
-    replay_requests: u64 = "BENCH_REPLAY_REQUESTS", "100000", "`replay`: requests";
-    replay_concurrency: u64 = "BENCH_REPLAY_CONCURRENCY", "32", "`replay`: concurrency";
-    storm_keys: u64 = "BENCH_STORM_KEYS", "50", "`storm`: keys";
-    storm_per_key: u64 = "BENCH_STORM_PER_KEY", "100", "`storm`: concurrent requests per key";
-    storm_concurrency: u64 = "BENCH_STORM_CONCURRENCY", "2", "`storm`: keys stormed at once";
-    slow_in_flight: u64 = "BENCH_SLOW_IN_FLIGHT", "1000", "`slow`: charges in flight at once";
-    slow_latency: Duration = "BENCH_SLOW_LATENCY", "18s", "`slow`: the provider's latency";
-    slow_timeout: Duration = "BENCH_SLOW_TIMEOUT", "10s", "`slow`: the client's per-attempt timeout (then it retries the same key)";
-    slow_probe_concurrency: u64 = "BENCH_SLOW_PROBE_CONCURRENCY", "4", "`slow`: probes replaying and reading completed charges";
-    slow_probe_keys: u64 = "BENCH_SLOW_PROBE_KEYS", "20", "`slow`: completed keys probed";
-    slow_probe_interval: Duration = "BENCH_SLOW_PROBE_INTERVAL", "10ms", "`slow`: pause between a probe's rounds";
-    prune_rows: u64 = "BENCH_PRUNE_ROWS", "1000000", "`prune`: expired records seeded";
-    prune_seconds: Duration = "BENCH_PRUNE_SECONDS", "5s", "`prune`: length of each `new` run (without, then with the pruner); at most the pruner's time, so the pruner covers the run";
-    pgbench_seconds: u64 = "BENCH_PGBENCH_SECONDS", "20", "pgbench ceiling: seconds (`-T`)";
-    run_cap: Duration = "BENCH_RUN_CAP", "300s", "hard cap on one load run (`slow`: latency x 2 + 60 s)";
-    log_level: String = "BENCH_RUST_LOG", "info", "the API's RUST_LOG (`info` as shipped: per-request lines to a file)";
-    out: PathBuf = "BENCH_OUT", "docs/benchmarks.md", "the markdown written (relative to the workspace)";
-    postgres_url: Option<String> = "BENCH_POSTGRES_URL", "", "an existing PostgreSQL (admin URL) instead of the throwaway cluster";
+    backends: Vec<Backend> = backends("BENCH_BACKENDS", "sqlite,postgres"), "backends, comma-separated";
+    scenarios: BTreeSet<String> = scenarios("BENCH_SCENARIOS", SCENARIOS), "scenarios to run, comma-separated";
+    new_requests: u64 = count("BENCH_NEW_REQUESTS", "20000"), "`new`: charges";
+    concurrency: u64 = count("BENCH_CONCURRENCY", "16"), "`new` (and `prune`) concurrency; pgbench clients";
+    pool: u64 = count("BENCH_POOL", "10"), "the API's pool size (`slow` always uses 10)";
+    replay_keys: u64 = count("BENCH_REPLAY_KEYS", "100"), "`replay`: keys";
+    replay_requests: u64 = count("BENCH_REPLAY_REQUESTS", "100000"), "`replay`: requests";
+    replay_concurrency: u64 = count("BENCH_REPLAY_CONCURRENCY", "32"), "`replay`: concurrency";
+    storm_keys: u64 = count("BENCH_STORM_KEYS", "50"), "`storm`: keys";
+    storm_per_key: u64 = count("BENCH_STORM_PER_KEY", "100"), "`storm`: concurrent requests per key";
+    storm_concurrency: u64 = count("BENCH_STORM_CONCURRENCY", "2"), "`storm`: keys stormed at once";
+    slow_in_flight: u64 = count("BENCH_SLOW_IN_FLIGHT", "1000"), "`slow`: charges in flight at once";
+    slow_latency: Duration = duration("BENCH_SLOW_LATENCY", "18s"), "`slow`: the provider's latency";
+    slow_timeout: Duration = duration("BENCH_SLOW_TIMEOUT", "10s"), "`slow`: the client's per-attempt timeout (then it retries the same key)";
+    slow_probe_concurrency: u64 = count("BENCH_SLOW_PROBE_CONCURRENCY", "4"), "`slow`: probes replaying and reading completed charges";
+    slow_probe_keys: u64 = count("BENCH_SLOW_PROBE_KEYS", "20"), "`slow`: completed keys probed";
+    slow_probe_interval: Duration = duration("BENCH_SLOW_PROBE_INTERVAL", "10ms"), "`slow`: pause between a probe's rounds";
+    prune_rows: u64 = count("BENCH_PRUNE_ROWS", "1000000"), "`prune`: expired records seeded";
+    prune_seconds: Duration = duration("BENCH_PRUNE_SECONDS", "5s"), "`prune`: length of each `new` run (without, then with the pruner); at most the pruner's time, so the pruner covers the run";
+    pgbench_seconds: u64 = count("BENCH_PGBENCH_SECONDS", "20"), "pgbench ceiling: seconds (`-T`)";
+    run_cap: Duration = duration("BENCH_RUN_CAP", "300s"), "hard cap on one load run (`slow`: latency x 2 + 60 s)";
+    log_level: String = text("BENCH_RUST_LOG", "info"), "the API's RUST_LOG (`info` as shipped: per-request lines to a file)";
+    out: String = text("BENCH_OUT", "docs/benchmarks.md"), "the markdown written (relative to the workspace)";
+    postgres_url: Option<String> = url("BENCH_POSTGRES_URL", ""), "an existing PostgreSQL (admin URL) instead of the throwaway cluster";
 }
 
 /// Reads a knob (its default when unset or blank), records it for the
 /// markdown and parses it.
-fn read<T: Parse>(
+fn read<T>(
     knobs: &mut Vec<Knob>,
     name: &'static str,
     default: &'static str,
     doc: &'static str,
+    parse: fn(&str) -> Result<T>,
 ) -> Result<T> {
-    let value = std::env::var(name).unwrap_or_default().trim().to_owned();
-    let value = if value.is_empty() {
-        default.to_owned()
-    } else {
-        value
-    };
-    let parsed = T::parse(&value).with_context(|| format!("{name}={value:?}"));
+    let set = std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let value = set.map_or(default.into(), |v| v.trim().to_owned());
+    let parsed = parse(&value).with_context(|| format!("{name}={value:?}"));
     // A URL may carry a password: the markdown only says it was set.
-    let shown = if name.ends_with("_URL") && !value.is_empty() {
-        "(set)".to_owned()
-    } else {
-        value
-    };
+    let secret = name.ends_with("_URL") && !value.is_empty();
+    let value = if secret { "(set)".to_owned() } else { value };
     knobs.push(Knob {
         name,
         default,
-        value: shown,
+        value,
         doc,
     });
     parsed
 }
 
-/// A knob's type.
-trait Parse: Sized {
-    fn parse(value: &str) -> Result<Self>;
-}
-
 /// Counts, sizes and seconds: at least 1, as `payments-load` requires.
-impl Parse for u64 {
-    fn parse(value: &str) -> Result<Self> {
-        let n: u64 = value
-            .replace('_', "")
-            .parse()
-            .context("not a whole number")?;
-        if n == 0 {
-            bail!("must be at least 1");
-        }
-        Ok(n)
-    }
+fn count(value: &str) -> Result<u64> {
+    let n = value.replace('_', "").parse::<u64>();
+    let n = n.context("not a whole number")?;
+    ensure!(n > 0, "must be at least 1");
+    Ok(n)
 }
 
-impl Parse for u32 {
-    fn parse(value: &str) -> Result<Self> {
-        Ok(u32::try_from(u64::parse(value)?)?)
-    }
+fn duration(value: &str) -> Result<Duration> {
+    humantime::parse_duration(value).context("not a duration (e.g. 1500ms, 18s, 2m)")
 }
 
-impl Parse for Duration {
-    fn parse(value: &str) -> Result<Self> {
-        humantime::parse_duration(value).context("not a duration (e.g. 1500ms, 18s, 2m)")
-    }
+fn text(value: &str) -> Result<String> {
+    Ok(value.to_owned())
 }
 
-impl Parse for String {
-    fn parse(value: &str) -> Result<Self> {
-        Ok(value.to_owned())
-    }
-}
-
-impl Parse for PathBuf {
-    fn parse(value: &str) -> Result<Self> {
-        Ok(value.into())
-    }
-}
-
-impl Parse for Option<String> {
-    fn parse(value: &str) -> Result<Self> {
-        Ok(Some(value.to_owned()).filter(|v| !v.is_empty()))
-    }
+fn url(value: &str) -> Result<Option<String>> {
+    Ok(Some(value.to_owned()).filter(|v| !v.is_empty()))
 }
 
 fn list(value: &str) -> impl Iterator<Item = &str> {
     value.split(',').map(str::trim).filter(|s| !s.is_empty())
 }
 
-impl Parse for Vec<Backend> {
-    fn parse(value: &str) -> Result<Self> {
-        let names: Vec<&str> = list(value).collect();
-        let known = [Backend::Sqlite, Backend::Postgres];
-        if let Some(other) = names
-            .iter()
-            .find(|n| !known.iter().any(|b| b.name() == **n))
-        {
-            bail!("unknown backend {other:?} (known: sqlite, postgres)");
-        }
-        let named: Vec<Backend> = known
-            .into_iter()
-            .filter(|b| names.contains(&b.name()))
-            .collect();
-        if named.is_empty() {
-            bail!("names no backend");
-        }
-        Ok(named)
+fn backends(value: &str) -> Result<Vec<Backend>> {
+    let known = [Backend::Sqlite, Backend::Postgres];
+    if let Some(other) = list(value).find(|n| !known.iter().any(|b| b.name() == *n)) {
+        bail!("unknown backend {other:?} (known: sqlite, postgres)");
     }
+    let named = |b: &Backend| list(value).any(|n| n == b.name());
+    let named: Vec<Backend> = known.into_iter().filter(named).collect();
+    ensure!(!named.is_empty(), "names no backend");
+    Ok(named)
 }
 
-impl Parse for BTreeSet<String> {
-    fn parse(value: &str) -> Result<Self> {
-        if let Some(other) = list(value).find(|s| !list(SCENARIOS).any(|known| known == *s)) {
-            bail!("unknown scenario {other:?} (known: {SCENARIOS})");
-        }
-        Ok(list(value).map(str::to_owned).collect())
+fn scenarios(value: &str) -> Result<BTreeSet<String>> {
+    if let Some(other) = list(value).find(|s| !list(SCENARIOS).any(|known| known == *s)) {
+        bail!("unknown scenario {other:?} (known: {SCENARIOS})");
     }
+    Ok(list(value).map(str::to_owned).collect())
 }
 
 impl Settings {
@@ -192,14 +143,11 @@ impl Settings {
         self.scenarios.contains(scenario)
     }
 
-    /// Knobs whose value is not the default, as `NAME=value`.
+    /// Knobs whose value is not the default, as `NAME=value`, but for where
+    /// things are (not how big the runs are).
     pub fn changed(&self) -> Vec<String> {
-        self.knobs
-            .iter()
-            // Where things are, not how big the runs are.
-            .filter(|k| !matches!(k.name, "BENCH_POSTGRES_URL" | "BENCH_OUT"))
-            .filter(|k| k.value != k.default)
-            .map(|k| format!("{}={}", k.name, k.value))
-            .collect()
+        let sized = self.knobs.iter().filter(|k| !k.name.ends_with("_URL"));
+        let sized = sized.filter(|k| k.name != "BENCH_OUT" && k.value != k.default);
+        sized.map(|k| format!("{}={}", k.name, k.value)).collect()
     }
 }

@@ -1,22 +1,18 @@
-//! The Docker files, checked without Docker (there is no engine on this
-//! project's machines or CI): `docker/Dockerfile`, `docker/compose.yaml` and
+//! The Docker files, checked without Docker (no engine on this project's
+//! machines or CI): `docker/Dockerfile`, `docker/compose.yaml` and
 //! `docker/grafana-dashboard.json` must agree with the workspace they ship.
 //!
-//! - The Dockerfile builds (release, locked, without default features) and
-//!   copies exactly the shipped binaries, real `[[bin]]`s of the workspace
-//!   (`cargo metadata`); its dependency layer lists every workspace member;
-//!   the image runs as a non-root user; the API reads every `ENV` it sets.
-//! - Every command compose runs is a real binary, subcommand and flag, and
-//!   every variable it sets on a service of our image is one the binary reads
-//!   (`[env: NAME` in its `--help`): a misspelt one would be silently ignored.
-//! - The API and the jobs accept compose's configuration (the real binaries,
-//!   run with it, get as far as opening the database) and would refuse the
-//!   sandbox's key or the development secret there.
-//! - `DATABASE_URL` matches the postgres service; the API and the jobs wait
-//!   for the migrations; the health checks probe the right ports and paths.
+//! - The Dockerfile builds release, locked, without default features, and
+//!   copies exactly the shipped `[[bin]]`s; its dependency layer lists every
+//!   workspace member; the image runs as non-root; the API reads its `ENV`s.
+//! - Compose runs only real binaries, subcommands and flags, and sets only
+//!   variables the binary reads (`[env: NAME` in its `--help`); the API and
+//!   the jobs accept its configuration (and would refuse the sandbox's key or
+//!   the development secret); the services agree on the database, provider,
+//!   start order and health checks.
 //! - The dashboard and `docs/rollout.md` name only the metrics the binaries
-//!   record (`payments_api::telemetry::COUNTERS`, each name a constant of
-//!   the crate that records it), and the dashboard shows them all.
+//!   record (`payments_api::telemetry::{COUNTERS, HISTOGRAMS}`), and the
+//!   dashboard shows them all.
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -87,9 +83,8 @@ fn help(argv: &[String]) -> String {
 fn env_vars_in_help(help: &str) -> BTreeSet<String> {
     let name = |c: &char| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_';
     let names = help.split("[env: ").skip(1);
-    names
-        .map(|rest| rest.chars().take_while(name).collect())
-        .collect()
+    let names = names.map(|rest| rest.chars().take_while(name).collect());
+    names.collect()
 }
 
 // ---------------------------------------------------------------------------
@@ -145,10 +140,8 @@ fn flag_values<'a>(words: &[&'a str], flag: &str) -> Vec<&'a str> {
 
 /// The paths a `COPY` names (sources, then its destination) without flags.
 fn paths<'a>(copy: &[&'a str]) -> Vec<&'a str> {
-    copy.iter()
-        .copied()
-        .filter(|w| !w.starts_with("--"))
-        .collect()
+    let paths = copy.iter().filter(|w| !w.starts_with("--"));
+    paths.copied().collect()
 }
 
 /// The exec-form `CMD` of the final stage.
@@ -164,14 +157,10 @@ fn the_dockerfile_builds_and_ships_the_four_binaries_without_default_features() 
     let (builder, runtime) = (&stages[0], stages.last().unwrap());
     let base = &builder[0][1];
     assert!(base.starts_with("rust:"), "the builder is {base}");
-    let builder_name = builder[0].get(3).expect("a named builder stage");
+    let builder_name = builder[0].get(3).expect("a named builder stage").as_str();
 
     let builds = cargo_builds(builder);
-    let packages = |build| {
-        flag_values(build, "-p")
-            .into_iter()
-            .collect::<BTreeSet<_>>()
-    };
+    let packages = |build| BTreeSet::from_iter(flag_values(build, "-p"));
     let mut built = BTreeSet::new();
     for build in &builds {
         let (line, selected) = (build.join(" "), packages(build));
@@ -192,10 +181,7 @@ fn the_dockerfile_builds_and_ships_the_four_binaries_without_default_features() 
     assert_eq!(built, BTreeSet::from(SHIPPED), "binaries built (--bin)");
 
     // The final stage copies exactly those from the builder's release dir to the PATH.
-    let from_builder = all(runtime, "COPY").filter(|copy| {
-        let from = flag_values(copy, "--from");
-        from == [builder_name.as_str()]
-    });
+    let from_builder = all(runtime, "COPY").filter(|c| flag_values(c, "--from") == [builder_name]);
     let (mut copied, release) = (BTreeSet::new(), "/src/target/release/");
     for copy in from_builder {
         let mut sources = paths(&copy);
@@ -209,12 +195,8 @@ fn the_dockerfile_builds_and_ships_the_four_binaries_without_default_features() 
 fn the_dependency_layer_lists_every_workspace_member() {
     let (members, _) = workspace();
     let builder = &dockerfile()[0];
-    let copies: Vec<Vec<&str>> = all(builder, "COPY").map(|c| paths(&c)).collect();
-    let copied: BTreeSet<&str> = copies
-        .iter()
-        .flatten()
-        .map(|p| p.trim_start_matches("./"))
-        .collect();
+    let copies = all(builder, "COPY").flat_map(|c| paths(&c));
+    let copied: BTreeSet<&str> = copies.map(|p| p.trim_start_matches("./")).collect();
     let manifests = members.iter().map(|member| format!("{member}/Cargo.toml"));
     for file in manifests.chain(["Cargo.toml".into(), "Cargo.lock".into()]) {
         // Else cargo cannot load the workspace in the dependency layer.
@@ -223,10 +205,8 @@ fn the_dependency_layer_lists_every_workspace_member() {
     // sqlx::migrate! compiles the migrations into the binaries.
     let position = |what| builder.iter().position(|i| i.iter().any(|w| w == what));
     let (migrations, build) = (position("migrations"), position("--bin"));
-    assert!(
-        migrations.is_some() && migrations < build,
-        "migrations first"
-    );
+    let first = migrations.is_some() && migrations < build;
+    assert!(first, "migrations first");
 }
 
 #[test]
@@ -331,13 +311,9 @@ fn compose_runs_only_real_binaries_with_real_flags_and_variables() {
         // A misspelt or invented variable would be silently ignored.
         let read = env_vars_in_help(&help);
         assert!(!read.is_empty(), "{name}: no [env: ...] in --help");
-        let set = services[name]["environment"]
-            .as_object()
-            .into_iter()
-            .flatten();
-        let unread = set
-            .map(|(k, _)| k)
-            .filter(|k| !read.contains(*k) && *k != READ_OUTSIDE_CLAP);
+        let set = services[name]["environment"].as_object().into_iter();
+        let unread = set.flat_map(|env| env.keys());
+        let unread = unread.filter(|k| !read.contains(*k) && *k != READ_OUTSIDE_CLAP);
         let unread: Vec<&String> = unread.collect();
         assert!(unread.is_empty(), "{name}: {unread:?}; reads {read:?}");
     }
@@ -378,12 +354,7 @@ fn the_services_share_one_database_and_provider_and_wait_for_each_other() {
     }
 
     // Provider, lease and timeout must agree between everything that drives a charge.
-    for var in [
-        "GATEWAY_URL",
-        "GATEWAY_SECRET_KEY",
-        "LEASE",
-        "GATEWAY_TIMEOUT",
-    ] {
+    for var in "GATEWAY_URL GATEWAY_SECRET_KEY LEASE GATEWAY_TIMEOUT".split(' ') {
         let [api, jobs] = ["api", "jobs"].map(|name| &s[name]["environment"][var]);
         assert_eq!(api, jobs, "{var} differs between api and jobs");
     }
@@ -428,10 +399,9 @@ fn no_service_uses_the_sandbox_key_or_the_development_secret() {
 async fn start_with_compose_env(name: &str, overrides: &[(&str, &str)]) -> String {
     let services = compose();
     let command = ours(&services)[name].clone();
-    let mut env: BTreeMap<&str, &str> = BTreeMap::new();
-    for (k, v) in services[name]["environment"].as_object().unwrap() {
-        env.insert(k, v.as_str().unwrap());
-    }
+    let set = services[name]["environment"].as_object().unwrap().iter();
+    let set = set.map(|(k, v)| (k.as_str(), v.as_str().unwrap()));
+    let mut env: BTreeMap<&str, &str> = set.collect();
     let mut db = Url::parse(env["DATABASE_URL"]).unwrap();
     db.set_host(Some("127.0.0.1")).unwrap();
     db.set_port(Some(1)).unwrap();
@@ -502,10 +472,8 @@ fn the_dashboard_queries_exactly_the_exported_metrics() {
     assert!(dashboard["schemaVersion"].as_u64().unwrap() >= 36);
     let variables = dashboard["templating"]["list"].as_array().unwrap();
     let prometheus = |v: &&Value| v["type"] == "datasource" && v["query"] == "prometheus";
-    let datasource = variables
-        .iter()
-        .find(prometheus)
-        .expect("a datasource variable");
+    let datasource = variables.iter().find(prometheus);
+    let datasource = datasource.expect("a datasource variable");
     let datasource = format!("${{{}}}", datasource["name"].as_str().unwrap());
 
     let (mut used, mut ids) = (BTreeSet::new(), BTreeSet::new());
