@@ -109,8 +109,9 @@ impl RequestFingerprint {
     /// before version 2 hold it, and are compared with it too.
     pub fn of_v1(body: &Value) -> Self {
         // Canonicalising a parsed `Value` cannot fail: its numbers are finite
-        // and its keys are strings. Hash the empty string in the impossible case.
-        let canonical = serde_json_canonicalizer::to_vec(body).unwrap_or_default();
+        // and its keys are strings. An empty fingerprint would match any body.
+        let canonical = serde_json_canonicalizer::to_vec(body)
+            .expect("a parsed JSON value always canonicalises");
         Self(Sha256::digest(&canonical).into())
     }
 
