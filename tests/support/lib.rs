@@ -576,6 +576,8 @@ impl AppOptions {
 /// The real API in front of a real sandbox, both on loopback.
 pub struct TestApp {
     pub base_url: String,
+    /// The router `base_url` serves, for [`TestApp::oneshot`].
+    pub router: axum::Router,
     pub service: Arc<ChargeService>,
     pub sandbox: SandboxHandle,
     pub db: TestDb,
@@ -622,6 +624,7 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
         .await
         .expect("assemble the app");
     let state = AppState::new(&settings, app.service.clone()).expect("the app's state");
+    let router = payments_api::router(state.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -632,6 +635,7 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
     }));
     Some(TestApp {
         base_url,
+        router,
         service: app.service,
         sandbox,
         db,
@@ -650,7 +654,51 @@ pub fn new_key() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 
+/// An answer: its status, headers and JSON body (`Null` when not JSON).
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+}
+
+impl Answer {
+    /// A response received over HTTP.
+    pub async fn of(response: reqwest::Response) -> Self {
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let bytes = response.bytes().await.expect("read the body");
+        Self {
+            status,
+            headers,
+            body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        }
+    }
+}
+
 impl TestApp {
+    /// `request` through the app's router in process (`Router::oneshot`):
+    /// no socket, for tests of what the HTTP layer refuses.
+    pub async fn oneshot(&self, request: axum::http::Request<axum::body::Body>) -> Answer {
+        use tower::ServiceExt;
+        let response = self
+            .router
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("the router is infallible");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .expect("read the body");
+        Answer {
+            status,
+            headers,
+            body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        }
+    }
+
     /// A bearer token for `customer`.
     pub fn token(&self, customer: &str) -> String {
         mint_hs256(TEST_SECRET, customer, Duration::from_secs(3600)).expect("token")
