@@ -322,7 +322,7 @@ impl Bench {
         progress!("{name} {label}: {scenario:?}");
         let mut config = Config::new(api.url.clone(), self.token.clone(), scenario);
         config.sandbox_url = Some(self.sandbox.url.clone());
-        config.database_url = Some(db.url.clone());
+        config.database_url = Some(db.url.clone().into());
         config.duration = cap;
         if let Scenario::Slow { .. } = config.scenario {
             config.timeout = self.settings.slow_timeout;

@@ -22,7 +22,7 @@ const ALL_CHECKS: [Check; 5] = [
 
 fn config_for(app: &TestApp) -> Config {
     let mut config = Config::new(&app.base_url, app.token("cus_smoke"));
-    config.database_url = Some(app.db.url.clone());
+    config.database_url = Some(app.db.url.clone().into());
     config.timeout = Duration::from_secs(10);
     config
 }

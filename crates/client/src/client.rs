@@ -5,8 +5,9 @@
 //! attempt, and every attempt is built from the operation. No attempt can
 //! make its own key, so no retry can become a second charge.
 
-use std::fmt;
 use std::time::{Duration, Instant};
+
+use secrecy::{ExposeSecret, SecretString};
 
 use reqwest::Url;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
@@ -58,47 +59,24 @@ impl ChargeOutcome {
 
 /// A typed client for the payments API. Cheap to clone (the connection pool
 /// is shared).
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
     base_url: String,
     charges_url: Url,
-    token: String,
+    token: SecretString,
     attempt_timeout: Duration,
     retry: RetryPolicy,
-}
-
-impl fmt::Debug for Client {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Client")
-            .field("base_url", &self.base_url)
-            .field("token", &"<redacted>")
-            .field("attempt_timeout", &self.attempt_timeout)
-            .field("retry", &self.retry)
-            .finish()
-    }
 }
 
 /// Settings for a [`Client`]; start with [`Client::builder`].
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct ClientBuilder {
     base_url: String,
-    token: String,
+    token: SecretString,
     attempt_timeout: Duration,
     connect_timeout: Duration,
     retry: RetryPolicy,
-}
-
-impl fmt::Debug for ClientBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientBuilder")
-            .field("base_url", &self.base_url)
-            .field("token", &"<redacted>")
-            .field("attempt_timeout", &self.attempt_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("retry", &self.retry)
-            .finish()
-    }
 }
 
 impl ClientBuilder {
@@ -184,7 +162,7 @@ impl Client {
     pub fn builder(base_url: impl Into<String>, token: impl Into<String>) -> ClientBuilder {
         ClientBuilder {
             base_url: base_url.into(),
-            token: token.into(),
+            token: SecretString::from(token.into()),
             attempt_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(5),
             retry: RetryPolicy::default(),
@@ -250,7 +228,7 @@ impl Client {
         let exchange = exchange(
             self.http
                 .get(url)
-                .bearer_auth(&self.token)
+                .bearer_auth(self.token.expose_secret())
                 .timeout(self.attempt_timeout),
         )
         .await
@@ -300,7 +278,7 @@ impl Client {
         let mut request = self
             .http
             .post(self.charges_url.clone())
-            .bearer_auth(&self.token)
+            .bearer_auth(self.token.expose_secret())
             .header(CONTENT_TYPE, "application/json")
             .timeout(timeout)
             .body(body);
@@ -659,6 +637,16 @@ mod tests {
         let second = built(&other)?;
         assert_ne!(second.0, first.0, "a new operation gets a new key");
         assert_eq!(second.1, first.1);
+        Ok(())
+    }
+
+    #[test]
+    fn the_token_stays_out_of_debug_output() -> Result<(), Box<dyn std::error::Error>> {
+        let builder = Client::builder("http://127.0.0.1:9", "tok-secret-123");
+        let client = builder.clone().build()?;
+        for shown in [format!("{builder:?}"), format!("{client:?}")] {
+            assert!(!shown.contains("tok-secret-123"), "{shown}");
+        }
         Ok(())
     }
 }

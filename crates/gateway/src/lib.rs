@@ -12,11 +12,11 @@
 //!   unknown outcome. Only an answer that proves what happened is final.
 #![forbid(unsafe_code)]
 
-use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use payments_domain::provider::{Gateway, ProviderChargeRequest, ProviderOutcome};
+use secrecy::{ExposeSecret, SecretString};
 
 /// The provider calls' latency and outcomes, by `outcome` (metric names, with
 /// the others in `payments_api::telemetry`).
@@ -49,21 +49,11 @@ mod wire {
 }
 
 /// The provider over HTTP.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct HttpGateway {
     client: reqwest::Client,
     charges_url: String,
-    secret_key: String,
-}
-
-/// The secret key stays out of logs.
-impl fmt::Debug for HttpGateway {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HttpGateway")
-            .field("charges_url", &self.charges_url)
-            .field("secret_key", &"***")
-            .finish()
-    }
+    secret_key: SecretString,
 }
 
 impl HttpGateway {
@@ -82,7 +72,7 @@ impl HttpGateway {
         Ok(Self {
             client,
             charges_url: format!("{}/v1/charges", base_url.trim_end_matches('/')),
-            secret_key: secret_key.to_owned(),
+            secret_key: secret_key.into(),
         })
     }
 }
@@ -111,7 +101,7 @@ impl Gateway for HttpGateway {
         let sent = self
             .client
             .post(&self.charges_url)
-            .bearer_auth(&self.secret_key)
+            .bearer_auth(self.secret_key.expose_secret())
             .header("Idempotency-Key", &request.idempotency_key)
             .form(&form(request))
             .send()

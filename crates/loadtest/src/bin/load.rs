@@ -58,7 +58,7 @@ fn main() -> ExitCode {
     let json = args.json;
     let mut config = Config::new(args.base_url, args.token, args.scenario);
     config.sandbox_url = args.sandbox_url;
-    config.database_url = args.database_url;
+    config.database_url = args.database_url.map(Into::into);
     config.duration = args.duration;
     config.drain = args.drain;
     config.timeout = args.timeout;

@@ -53,8 +53,8 @@ fn main() -> ExitCode {
     let json = args.json;
     let config = Config {
         base_url: args.base_url,
-        token: args.token,
-        database_url: args.database_url,
+        token: args.token.into(),
+        database_url: args.database_url.map(Into::into),
         require_key: args.require_key,
         timeout: args.timeout,
         amount_cents: args.amount_cents,

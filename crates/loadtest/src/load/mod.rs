@@ -39,11 +39,11 @@ mod stream;
 mod target;
 
 use std::collections::BTreeSet;
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use payments_client::{Client, ClientError, RetryPolicy};
+use secrecy::{ExposeSecret, SecretString};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -221,18 +221,18 @@ impl Scenario {
 }
 
 /// A run's settings.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Config {
     /// The API; loopback only.
     pub base_url: String,
     /// A bearer token for a test customer.
-    pub token: String,
+    pub token: SecretString,
     /// The sandbox provider behind the API, to count its charges and (for
     /// `slow`) set its latency; loopback only.
     pub sandbox_url: Option<String>,
     /// The API's database (`sqlite:`, `postgres://`, `mysql://`), to count
     /// this run's `charges` rows.
-    pub database_url: Option<String>,
+    pub database_url: Option<SecretString>,
     pub scenario: Scenario,
     /// A hard cap on the whole run, setup included. Default 60 s.
     pub duration: Duration,
@@ -250,7 +250,7 @@ impl Config {
     pub fn new(base_url: impl Into<String>, token: impl Into<String>, scenario: Scenario) -> Self {
         Self {
             base_url: base_url.into(),
-            token: token.into(),
+            token: SecretString::from(token.into()),
             sandbox_url: None,
             database_url: None,
             scenario,
@@ -260,20 +260,6 @@ impl Config {
             reset_sandbox: false,
             amount_cents: 100,
         }
-    }
-}
-
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        tool::debug_settings(f, &self.base_url, self.database_url.as_deref())
-            .field("sandbox_url", &self.sandbox_url)
-            .field("scenario", &self.scenario)
-            .field("duration", &self.duration)
-            .field("drain", &self.drain)
-            .field("timeout", &self.timeout)
-            .field("reset_sandbox", &self.reset_sandbox)
-            .field("amount_cents", &self.amount_cents)
-            .finish()
     }
 }
 
@@ -332,7 +318,7 @@ pub async fn run(config: &Config) -> Result<Report, LoadError> {
             ));
         }
     }
-    let client = Client::builder(&config.base_url, &config.token)
+    let client = Client::builder(&config.base_url, config.token.expose_secret())
         .attempt_timeout(config.timeout)
         .build()?;
     let run_id = format!("load-{}", uuid::Uuid::new_v4().simple());
@@ -341,7 +327,7 @@ pub async fn run(config: &Config) -> Result<Report, LoadError> {
     tool::preflight(&client, "ch_load_preflight").await?;
     let mut database = match &config.database_url {
         Some(url) => {
-            let mut db = database::connect(url).await?;
+            let mut db = database::connect(url.expose_secret()).await?;
             database::rows_of_run(&mut db, &run_id)
                 .await
                 .map_err(|e| LoadError::Database(e.to_string()))?;

@@ -26,24 +26,24 @@ mod checks;
 mod database;
 mod report;
 
-use std::fmt;
 use std::time::Duration;
 
 use payments_client::{Client, ClientError};
+use secrecy::{ExposeSecret, SecretString};
 
 pub use report::{Check, CheckResult, EXIT_ERROR, EXIT_FAILED, EXIT_PASSED, Report, Skipped};
 
 use crate::tool::{self, PreflightError};
 
 /// What to smoke-test and how.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Config {
     pub base_url: String,
     /// A bearer token for a test customer.
-    pub token: String,
+    pub token: SecretString,
     /// The server's database (`sqlite:`, `postgres://`, `mysql://`), for
     /// `one_row_per_key`; `None` skips that check.
-    pub database_url: Option<String>,
+    pub database_url: Option<SecretString>,
     /// Fail `missing_key` when the server serves keyless requests.
     pub require_key: bool,
     /// One request's timeout.
@@ -58,7 +58,7 @@ impl Config {
     pub fn new(base_url: impl Into<String>, token: impl Into<String>) -> Self {
         Self {
             base_url: base_url.into(),
-            token: token.into(),
+            token: SecretString::from(token.into()),
             database_url: None,
             require_key: false,
             timeout: Duration::from_secs(30),
@@ -66,18 +66,6 @@ impl Config {
             currency: "GBP".to_owned(),
             card_token: "tok_visa".to_owned(),
         }
-    }
-}
-
-impl fmt::Debug for Config {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        tool::debug_settings(f, &self.base_url, self.database_url.as_deref())
-            .field("require_key", &self.require_key)
-            .field("timeout", &self.timeout)
-            .field("amount_cents", &self.amount_cents)
-            .field("currency", &self.currency)
-            .field("card_token", &self.card_token)
-            .finish()
     }
 }
 
@@ -99,7 +87,7 @@ pub enum SmokeError {
 /// Runs every check once and reports. `Err` only when the smoke could not
 /// run: a bad URL, an unreachable server or database, a refused token.
 pub async fn run(config: &Config) -> Result<Report, SmokeError> {
-    let client = Client::builder(&config.base_url, &config.token)
+    let client = Client::builder(&config.base_url, config.token.expose_secret())
         .attempt_timeout(config.timeout)
         .deadline(config.timeout.max(Duration::from_secs(30)))
         .max_attempts(10)
@@ -110,7 +98,7 @@ pub async fn run(config: &Config) -> Result<Report, SmokeError> {
     // Before any charge: the database opens and its `charges` table answers.
     let mut database = match &config.database_url {
         Some(url) => {
-            let mut db = database::connect(url).await?;
+            let mut db = database::connect(url.expose_secret()).await?;
             database::rows_of_run(&mut db, &run_id)
                 .await
                 .map_err(SmokeError::Database)?;
