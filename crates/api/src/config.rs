@@ -432,4 +432,20 @@ mod tests {
             assert_eq!(settings.core.gateway.lease, Duration::from_secs(60));
         }
     }
+
+    #[test]
+    fn secrets_stay_out_of_debug_output() {
+        let s = settings(&[
+            SECRET,
+            "--gateway-url=http://127.0.0.1:1",
+            "--gateway-secret-key=sk_test_hidden_42",
+        ]);
+        let shown = format!("{s:?}");
+        assert!(shown.contains("gateway_url"), "{shown}");
+        for secret in ["sk_test_hidden_42", "0123456789abcdef0123456789abcdef-x"] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
+        let key = s.jwt_key().expect("a key");
+        assert!(!format!("{key:?}").contains("0123456789abcdef"));
+    }
 }
