@@ -137,7 +137,7 @@ enum Concrete {
 }
 
 fn database_url(url: &str) -> DatabaseUrl {
-    DatabaseUrl::parse(url).expect("a test database's URL")
+    url.parse::<DatabaseUrl>().expect("a test database's URL")
 }
 
 /// One test's own database, migrated, with its `Store`.

@@ -43,7 +43,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A URL with its password hidden, for messages.
 pub(crate) fn redact(url: &str) -> String {
-    payments_store::DatabaseUrl::parse(url).map_or_else(|_| url.to_owned(), |u| u.to_string())
+    url.parse::<payments_store::DatabaseUrl>()
+        .map_or_else(|_| url.to_owned(), |u| u.to_string())
 }
 use sqlx::{AssertSqlSafe, Connection, MySqlConnection, PgConnection};
 

@@ -43,37 +43,32 @@ pub struct DatabaseUrl {
     kind: BackendKind,
 }
 
-impl DatabaseUrl {
-    pub fn parse(url: &str) -> Result<Self, String> {
-        let kind = if url.starts_with("sqlite:") {
-            BackendKind::Sqlite
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            BackendKind::Postgres
-        } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-            BackendKind::MySql
-        } else {
-            return Err(format!(
-                "unsupported database URL {:?}: use sqlite:, postgres:// or mysql:// (mariadb://)",
-                redact(url)
-            ));
+impl std::str::FromStr for DatabaseUrl {
+    type Err = String;
+
+    fn from_str(url: &str) -> Result<Self, String> {
+        let kind = match url.split_once(':').map_or("", |(scheme, _)| scheme) {
+            "sqlite" => BackendKind::Sqlite,
+            "postgres" | "postgresql" => BackendKind::Postgres,
+            "mysql" | "mariadb" => BackendKind::MySql,
+            _ => {
+                return Err(format!(
+                    "unsupported database URL {:?}: use sqlite:, postgres:// or mysql:// (mariadb://)",
+                    redact(url)
+                ));
+            }
         };
         Ok(Self {
             url: url.to_owned(),
             kind,
         })
     }
+}
 
+impl DatabaseUrl {
     /// The URL with its password, for the driver only.
     pub fn expose(&self) -> &str {
         &self.url
-    }
-}
-
-impl std::str::FromStr for DatabaseUrl {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::parse(s)
     }
 }
 
@@ -91,17 +86,11 @@ impl fmt::Debug for DatabaseUrl {
 
 /// A URL with its password replaced.
 fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
-    };
-    let authority_end = url[scheme_end + 3..]
-        .find('/')
-        .map_or(url.len(), |i| scheme_end + 3 + i);
-    match url[..authority_end].rfind('@') {
-        Some(at) if at > scheme_end => match url[scheme_end + 3..at].find(':') {
-            Some(colon) => format!("{}:***{}", &url[..scheme_end + 3 + colon], &url[at..]),
-            None => url.to_owned(),
-        },
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            let _ = parsed.set_password(Some("***"));
+            parsed.into()
+        }
         _ => url.to_owned(),
     }
 }
@@ -248,13 +237,17 @@ mod tests {
         );
         assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact("sqlite://data/p@1.db"), "sqlite://data/p@1.db");
-        let url = DatabaseUrl::parse("postgres://u:secret@h/db").expect("valid");
+        let url = "postgres://u:secret@h/db"
+            .parse::<DatabaseUrl>()
+            .expect("valid");
         assert!(!format!("{url} {url:?}").contains("secret"));
     }
 
     #[test]
     fn refuses_unknown_schemes_without_the_password() {
-        let err = DatabaseUrl::parse("oracle://u:secret@h/db").expect_err("refused");
+        let err = "oracle://u:secret@h/db"
+            .parse::<DatabaseUrl>()
+            .expect_err("refused");
         assert!(err.contains("oracle://u:***@h/db"), "{err}");
     }
 }

@@ -51,12 +51,12 @@ pub(crate) struct Statements {
     insert_claimed_charge: String,
     insert_charge: String,
     charge_created_at: String,
-    take_over: [String; 2],
+    take_over: String,
     release: String,
     finish_record: String,
     settle: String,
-    claim_expired: [String; 2],
-    candidate: [String; 2],
+    claim_expired: String,
+    candidate: String,
     lease_by_id: String,
     prune: String,
     count_prunable: String,
@@ -71,16 +71,15 @@ impl Statements {
     /// pieces (see [`crate::dialect::render`]).
     fn render<D: Dialect>() -> Self {
         let r = crate::dialect::render::<D>;
-        // Records claimed under / at least the bound milliseconds ago.
-        let aged = |t: &str| [">", "<="].map(|op| r(&t.replace("{age}", op)));
         let finish_record = "UPDATE idempotent_requests SET state = $1, response_status = $2, \
             response_body = $3, response_content_type = $4, response_location = $5, \
             completed_at = {now}, lease_token = NULL, locked_until = NULL \
             WHERE id = $6 AND state = 'in_progress' AND lease_token = $7";
         let lease = "UPDATE idempotent_requests SET lease_token = $1, locked_until = {now} + {ms}";
-        // What a takeover may take: a lease expired, and claimed {age} ago.
+        // What a takeover may take: a lease expired, and claimed less than
+        // the bound milliseconds ago (the flag bound true) or not (false).
         let expired = "state = 'in_progress' AND locked_until <= {now} \
-            AND created_at {age} {now} - {ms}";
+            AND (created_at > {now} - {ms}) = {p}";
         let pick = format!(
             "SELECT id FROM idempotent_requests WHERE {expired} \
              ORDER BY locked_until LIMIT 1{{skip_locked}}"
@@ -123,7 +122,7 @@ impl Statements {
                  FROM (SELECT {{now}} AS at) AS clock{{returning created_at}}"
             )),
             charge_created_at: r("SELECT created_at FROM charges WHERE id = $1"),
-            take_over: aged(&format!(
+            take_over: r(&format!(
                 "{lease} WHERE id = $3 AND lease_token = $4 AND {expired}"
             )),
             release: r("UPDATE idempotent_requests SET locked_until = {now} \
@@ -133,10 +132,10 @@ impl Statements {
                 decline_code = $3, updated_at = {now} \
                 WHERE id = $4 AND (NOT $5 OR status = 'pending')"),
             // The candidate is picked, then re-checked as it is once locked.
-            claim_expired: aged(&format!(
+            claim_expired: r(&format!(
                 "{lease} WHERE id = ({pick}) AND {expired} RETURNING {{record}}"
             )),
-            candidate: aged(&pick),
+            candidate: r(&pick),
             lease_by_id: r(&format!("{lease} WHERE id = $3")),
             prune: r(&if D::DELETE_LIMIT {
                 format!("DELETE FROM idempotent_requests WHERE {prunable} LIMIT $1")
@@ -500,11 +499,12 @@ sql_impl! {{
     }
 }}
 
-/// Which of a pair of age-guarded statements applies, and its milliseconds.
-fn age_index(age: ClaimAge) -> (usize, i64) {
+/// An age guard's bound in milliseconds, and whether a record must be
+/// younger than it.
+fn age_guard(age: ClaimAge) -> (i64, bool) {
     match age {
-        ClaimAge::Under(d) => (0, millis(d)),
-        ClaimAge::AtLeast(d) => (1, millis(d)),
+        ClaimAge::Under(d) => (millis(d), true),
+        ClaimAge::AtLeast(d) => (millis(d), false),
     }
 }
 
@@ -544,10 +544,10 @@ sql_impl! {#[async_trait] Store for {
         lease: &NewLease,
         age: ClaimAge,
     ) -> Result<bool, StoreError> {
-        let (i, age_ms) = age_index(age);
+        let (age_ms, under) = age_guard(age);
         run(|| {
-            let q = Self::leased(&self.sql.take_over[i], lease).bind(record_id.0);
-            self.write(q.bind(expected_token.as_str()).bind(age_ms))
+            let q = Self::leased(&self.sql.take_over, lease).bind(record_id.0);
+            self.write(q.bind(expected_token.as_str()).bind(age_ms).bind(under))
         })
         .await
         .map(|n| n == 1)
@@ -587,16 +587,16 @@ sql_impl! {#[async_trait] Store for {
         lease: &NewLease,
         age: ClaimAge,
     ) -> Result<Option<IdempotencyRecord>, StoreError> {
-        let (i, age_ms) = age_index(age);
+        let (age_ms, under) = age_guard(age);
         run(|| async {
             if D::RETURNING {
-                let q = Self::leased(&self.sql.claim_expired[i], lease).bind(age_ms).bind(age_ms);
-                return Self::read_record(&self.writer, q).await;
+                let q = Self::leased(&self.sql.claim_expired, lease).bind(age_ms).bind(under);
+                return Self::read_record(&self.writer, q.bind(age_ms).bind(under)).await;
             }
             // No UPDATE .. RETURNING: lock one candidate (SKIP LOCKED, so a
             // second reaper takes another), lease it, read it back.
             let mut tx = self.begin_write().await?;
-            let candidate = Self::q(&self.sql.candidate[i]).bind(age_ms);
+            let candidate = Self::q(&self.sql.candidate).bind(age_ms).bind(under);
             let Some(row) = candidate.fetch_optional(&mut *tx).await? else {
                 tx.rollback().await?;
                 return Ok(None);
