@@ -27,8 +27,8 @@ test:
 	@./scripts/test-summary target/test.log
 
 ## Benchmarks of the release binaries on SQLite and PostgreSQL (a throwaway
-## cluster, or BENCH_POSTGRES_URL) with a pgbench ceiling: rewrites
-## docs/benchmarks.md (keeping its analysis section) and target/bench/*.json.
+## cluster, made durable) with a pgbench ceiling: rewrites docs/benchmarks.md
+## (keeping its analysis section) and target/bench/*.json.
 ## BENCH_* variables size the runs; the list is in docs/benchmarks.md.
 bench:
 	$(CARGO) build --release --workspace --bins

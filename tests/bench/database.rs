@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use payments_tests::{Backend, TestDb};
-use serde::Serialize;
 use sqlx::{AssertSqlSafe, Connection, PgConnection, SqliteConnection};
 
 /// Rows per statement when seeding SQLite, each its own transaction.
@@ -85,14 +84,13 @@ pub async fn sqlite_version() -> Result<String> {
 }
 
 /// Makes the server of `admin_url` flush every commit to disk (`fsync`,
-/// `synchronous_commit`, `full_page_writes` on), as production runs, or
-/// not. All three take effect on a reload.
-pub async fn set_durable(admin_url: &str, durable: bool) -> Result<()> {
-    let value = if durable { "on" } else { "off" };
+/// `synchronous_commit`, `full_page_writes` on), as production runs. All
+/// three take effect on a reload.
+pub async fn make_durable(admin_url: &str) -> Result<()> {
     let mut admin = PgConnection::connect(admin_url).await?;
     // One statement each: ALTER SYSTEM runs outside a transaction block.
     for setting in ["fsync", "synchronous_commit", "full_page_writes"] {
-        let sql = format!("ALTER SYSTEM SET {setting} = {value}");
+        let sql = format!("ALTER SYSTEM SET {setting} = on");
         let set = sqlx::raw_sql(AssertSqlSafe(sql.clone()));
         set.execute(&mut admin).await.context(sql)?;
     }
@@ -100,16 +98,16 @@ pub async fn set_durable(admin_url: &str, durable: bool) -> Result<()> {
     reload.execute(&mut admin).await?;
     // The reload is asynchronous: wait until a new session sees it.
     for _ in 0..50 {
-        if pg_one(admin_url, "SHOW fsync").await? == value {
+        if pg_one(admin_url, "SHOW fsync").await? == "on" {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Err(anyhow!("fsync did not become {value} after a reload"))
+    Err(anyhow!("fsync did not come on after a reload"))
 }
 
 /// What pgbench measured.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug)]
 pub struct Pgbench {
     pub clients: u64,
     pub threads: u64,

@@ -7,8 +7,6 @@
 use std::path::Path;
 use std::process::Command;
 
-use serde::Serialize;
-
 /// The machine's facts as the markdown lists them, `commit` and `date` last.
 pub fn facts(root: &Path, postgres: String, sqlite: String) -> Vec<(&'static str, String)> {
     let read = |path| std::fs::read_to_string(path).unwrap_or_default();
@@ -19,42 +17,31 @@ pub fn facts(root: &Path, postgres: String, sqlite: String) -> Vec<(&'static str
         values.map(|(_, v)| v.trim().to_owned()).collect::<Vec<_>>()
     };
     let model = cpu("model name").into_iter().next().unwrap_or_default();
-    let meminfo = read("/proc/meminfo");
-    let mem_kb = meminfo.lines().find_map(|l| l.strip_prefix("MemTotal:"));
-    let mem_kb = mem_kb.and_then(|kb| kb.trim().trim_end_matches(" kB").parse::<f64>().ok());
-    let memory = mem_kb.map(|kb| format!("{:.1} GiB", kb / 1024.0 / 1024.0));
+    let memory = proc_kb("/proc/meminfo", "MemTotal:");
+    let memory = memory.map(|kb| format!("{:.1} GiB", kb as f64 / 1024.0 / 1024.0));
     let loadavg = read("/proc/loadavg");
     let load: Vec<&str> = loadavg.split_whitespace().take(3).collect();
     let (now, load) = (chrono::Utc::now(), load.join(" "));
-    let run = |program: &str, args: &[&str]| {
-        let out = Command::new(program).args(args).current_dir(root).output();
+    // A command line's output, if it succeeded.
+    let run = |command: &str| {
+        let mut words = command.split(' ');
+        let mut command = Command::new(words.next()?);
+        let out = command.args(words).current_dir(root).output();
         let out = out.ok().filter(|out| out.status.success())?;
         Some(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     };
     // `-dirty` when tracked files differ from the commit (other than the
     // markdown the bench itself rewrites).
-    let exclude = ":(exclude)docs/benchmarks.md";
-    let status = [
-        "status",
-        "--porcelain",
-        "--untracked-files=no",
-        "--",
-        ".",
-        exclude,
-    ];
-    let dirty = if run("git", &status).is_some_and(|s| !s.is_empty()) {
-        "-dirty"
-    } else {
-        ""
-    };
-    let commit = run("git", &["rev-parse", "--short", "HEAD"]).map(|c| c + dirty);
+    let status = "git status --porcelain --untracked-files=no -- . :(exclude)docs/benchmarks.md";
+    let dirty = run(status).filter(|s| !s.is_empty()).map(|_| "-dirty");
+    let commit = run("git rev-parse --short HEAD").map(|c| c + dirty.unwrap_or_default());
     let facts = [
         ("CPU", Some(format!("{} x {model}", cpu("processor").len()))),
         ("memory", memory),
-        ("kernel", run("uname", &["-r"])),
+        ("kernel", run("uname -r")),
         // Other work on the machine skews every figure.
         ("load average at start", Some(load)),
-        ("rustc", run("rustc", &["--version"])),
+        ("rustc", run("rustc --version")),
         ("PostgreSQL", Some(postgres)),
         ("SQLite", Some(sqlite)),
         ("commit", commit),
@@ -64,45 +51,45 @@ pub fn facts(root: &Path, postgres: String, sqlite: String) -> Vec<(&'static str
     facts.map(unknown).to_vec()
 }
 
+/// The `key` line of a `/proc` file that counts in kB (`/proc/meminfo`,
+/// `/proc/<pid>/status`), kB.
+pub fn proc_kb(path: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let kb = text.lines().find_map(|line| line.strip_prefix(key));
+    kb?.trim().trim_end_matches(" kB").parse().ok()
+}
+
 /// Linux reports `/proc/<pid>/stat` times in USER_HZ, 100 per second on
 /// every architecture it supports.
 const TICKS_PER_SEC: f64 = 100.0;
 
-/// CPU ticks so far: the API, the sandbox, this process, PostgreSQL.
+/// CPU ticks so far: the API, the sandbox, this process (the load
+/// generator), and every process named `postgres` on the machine (SQLite
+/// runs inside the API).
 #[derive(Debug, Clone, Copy)]
 pub struct Snapshot([u64; 4]);
-
-/// CPU time per charge, µs.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct PerCharge {
-    pub api_us: f64,
-    pub sandbox_us: f64,
-    pub load_us: f64,
-    /// Every process named `postgres` on the machine (SQLite runs inside
-    /// the API).
-    pub postgres_us: f64,
-    pub charges: u64,
-}
 
 impl Snapshot {
     pub fn take(api: u32, sandbox: u32) -> Self {
         let [api, sandbox] = [api, sandbox].map(|pid| ticks(&pid.to_string()));
-        Self([api, sandbox, ticks("self"), postgres_ticks()])
+        let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+        let pids = entries.filter_map(|entry| entry.file_name().into_string().ok());
+        let postgres = pids.filter(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"));
+            comm.is_ok_and(|comm| comm.trim() == "postgres")
+        });
+        let postgres = postgres.map(|pid| ticks(&pid)).sum();
+        Self([api, sandbox, ticks("self"), postgres])
     }
 
-    /// From `self` to `later`, over `charges`.
-    pub fn per_charge(&self, later: &Snapshot, charges: u64) -> Option<PerCharge> {
+    /// CPU time per charge from `self` to `later`, µs, by process in the
+    /// same order.
+    pub fn per_charge(&self, later: &Snapshot, charges: u64) -> Option<[f64; 4]> {
         let us = |i: usize| {
             let spent = later.0[i].saturating_sub(self.0[i]) as f64;
             spent * 1e6 / TICKS_PER_SEC / charges as f64
         };
-        (charges > 0).then(|| PerCharge {
-            api_us: us(0),
-            sandbox_us: us(1),
-            load_us: us(2),
-            postgres_us: us(3),
-            charges,
-        })
+        (charges > 0).then(|| std::array::from_fn(us))
     }
 }
 
@@ -110,24 +97,11 @@ impl Snapshot {
 /// in parentheses may hold spaces, so count from the closing one), 0 when
 /// it cannot be read.
 fn ticks(pid: &str) -> u64 {
-    stat_ticks(pid).unwrap_or(0)
-}
-
-fn stat_ticks(pid: &str) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
-    let mut next = || fields.next()?.parse::<u64>().ok();
-    Some(next()? + next()?)
-}
-
-fn postgres_ticks() -> u64 {
-    let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
-    let pids = entries.filter_map(|entry| entry.file_name().into_string().ok());
-    let postgres = pids.filter(|pid| {
-        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"));
-        comm.is_ok_and(|comm| comm.trim() == "postgres")
-    });
-    postgres.map(|pid| ticks(&pid)).sum()
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields = stat.rsplit_once(')').map_or("", |(_, fields)| fields);
+    let mut fields = fields.split_whitespace().skip(11);
+    let mut next = || fields.next().map_or(0, |f| f.parse().unwrap_or(0));
+    next() + next()
 }
 
 #[cfg(test)]

@@ -3,9 +3,9 @@
 //! The release `payments-api` in front of the release `payments-sandbox`,
 //! driven by the `payments-load` library through the scenarios
 //! `tests/bench/template.md` describes, on a fresh SQLite file and a fresh
-//! database on PostgreSQL (the tests' throwaway cluster made durable, or
-//! `BENCH_POSTGRES_URL`), with the pgbench ceiling; written to
-//! `docs/benchmarks.md` (the raw reports and logs in `target/bench/`).
+//! database on PostgreSQL (the tests' throwaway cluster made durable), with
+//! the pgbench ceiling; written to `docs/benchmarks.md` (the raw reports and
+//! logs in `target/bench/`).
 //!
 //! Exits 1 when a load run was incorrect or a process failed, 2 when the
 //! bench could not run; a missed target is reported, not a failure. The
@@ -21,17 +21,16 @@ mod settings;
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::OnceLock;
+use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use payments_loadtest::load::{self, Config, Report, Scenario};
-use payments_tests::{Backend, Process, TestDb};
+use payments_tests::{Backend, Process, TestDb, postgres::throwaway_admin_url};
 use serde_json::Value;
 
-use database::Pgbench;
 use machine::Snapshot;
-use results::{BackendResults, Prune, Results, Slow};
+use results::{BackendResults, Prune, Slow};
 use settings::{SLOW_POOL, Settings};
 
 /// The bench's own JWT secret (at least 32 bytes); the API is given the same.
@@ -46,19 +45,19 @@ const PRUNE_REQUESTS: u64 = 10_000_000;
 /// How long the pruner may take at most.
 const PRUNE_CAP: Duration = Duration::from_secs(1800);
 
-static STARTED: OnceLock<Instant> = OnceLock::new();
+static STARTED: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 /// A progress line on stderr, with the time since the start.
 macro_rules! progress {
     ($($message:tt)*) => {{
-        let elapsed = STARTED.get_or_init(Instant::now).elapsed().as_secs_f64();
+        let elapsed = STARTED.elapsed().as_secs_f64();
         eprintln!("[bench {elapsed:>7.1}s] {}", format_args!($($message)*));
     }};
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    STARTED.get_or_init(Instant::now);
+    LazyLock::force(&STARTED);
     // Dropping `bench` on a signal drops every child and database guard.
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
     let outcome = tokio::select! {
@@ -91,15 +90,19 @@ async fn bench() -> Result<bool> {
     progress!("backends {backends:?}, scenarios {scenarios:?}, changed: {changed}");
 
     let sqlite = database::sqlite_version().await?;
-    let (pg_admin, postgres_server) = if backends.contains(&Backend::Postgres) {
-        let (url, what) = postgres_admin(&settings).await?;
-        (Some(url), what)
+    // The throwaway cluster (it blocks, so off the runtime's threads), never
+    // `TEST_POSTGRES_URL`.
+    let (pg_admin, postgres) = if backends.contains(&Backend::Postgres) {
+        progress!("starting the throwaway PostgreSQL cluster");
+        let url = tokio::task::spawn_blocking(throwaway_admin_url).await?;
+        let url = url.map_err(|skip| anyhow!("PostgreSQL is unavailable: {skip}"))?;
+        // The tests' cluster trades durability for speed; a payments database
+        // never runs that way.
+        database::make_durable(&url).await?;
+        let version = database::pg_one(&url, "SELECT version()").await?;
+        (Some(url), version)
     } else {
         (None, "not used".to_owned())
-    };
-    let postgres = match &pg_admin {
-        Some(url) => database::pg_one(url, "SELECT version()").await?,
-        None => "not used".to_owned(),
     };
     let machine = machine::facts(&root, postgres, sqlite);
     progress!("machine: {machine:?}");
@@ -113,67 +116,42 @@ async fn bench() -> Result<bool> {
     let token = token.map_err(|e| anyhow!("minting the bench's token: {e}"))?;
     let mut bench = Bench {
         settings,
-        root,
         out_dir,
         sandbox,
         token,
         pg_admin,
-        pgbench: None,
+        machine,
+        backends: Vec::new(),
         failures: Vec::new(),
     };
-    let mut backends = Vec::new();
     for backend in bench.settings.backends.clone() {
-        backends.push(bench.backend(backend).await);
+        bench.backend(backend).await;
     }
     let sandbox = std::mem::replace(&mut bench.sandbox, Process::detached(String::new()));
     if let Err(e) = sandbox.stop().await {
         bench.fail("sandbox", e);
     }
 
-    let results = Results {
-        machine,
-        knobs: bench.settings.knobs.clone(),
-        changed: bench.settings.changed(),
-        postgres_server,
-        pgbench: bench.pgbench.take(),
-        backends,
-        failures: bench.failures.clone(),
-        elapsed_secs: STARTED.get_or_init(Instant::now).elapsed().as_secs_f64(),
-    };
-    bench.write(&results)?;
-    Ok(results.failures.is_empty())
+    let out = root.join(&bench.settings.out);
+    let existing = std::fs::read_to_string(&out).ok();
+    let text = markdown::render(&bench, &markdown::kept_analysis(existing.as_deref()))?;
+    std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
+    progress!("wrote {}", out.display());
+    Ok(bench.failures.is_empty())
 }
 
-/// `BENCH_POSTGRES_URL`, else the throwaway cluster (started here; it
-/// blocks, so off the runtime's threads) made durable. Never
-/// `TEST_POSTGRES_URL`.
-async fn postgres_admin(settings: &Settings) -> Result<(String, String)> {
-    if let Some(url) = &settings.postgres_url {
-        return Ok((url.clone(), "the server of `BENCH_POSTGRES_URL`".to_owned()));
-    }
-    progress!("starting the throwaway PostgreSQL cluster");
-    let url = tokio::task::spawn_blocking(payments_tests::postgres::throwaway_admin_url).await?;
-    let url = url.map_err(|skip| anyhow!("PostgreSQL is unavailable: {skip}"))?;
-    // The tests' cluster trades durability for speed; a payments database
-    // never runs that way.
-    database::set_durable(&url, true).await?;
-    let what = "a throwaway cluster started the way the tests start theirs (initdb in a temp \
-                dir, a free port, `max_connections=300`, other settings at their defaults), \
-                then made durable as production runs: `fsync`, `synchronous_commit` and \
-                `full_page_writes` on (the tests run it with all three off, for speed)";
-    Ok((url, what.to_owned()))
-}
-
-/// What every step shares.
+/// What every step shares, and what they measured (for the markdown).
 #[derive(Debug)]
 struct Bench {
     settings: Settings,
-    root: PathBuf,
     out_dir: PathBuf,
     sandbox: Process,
     token: String,
     pg_admin: Option<String>,
-    pgbench: Option<Pgbench>,
+    /// The machine's facts, as read at the start.
+    machine: Vec<(&'static str, String)>,
+    backends: Vec<BackendResults>,
+    /// Why the bench exits non-zero: incorrect reports, failed processes.
     failures: Vec<String>,
 }
 
@@ -190,30 +168,31 @@ impl Bench {
     }
 
     /// A fresh, migrated database: a SQLite file, or on the PostgreSQL server.
-    async fn database(&self, backend: Backend) -> Result<TestDb> {
-        let admin = match backend {
-            Backend::Sqlite => None,
-            _ => Some(self.pg_admin.clone().context("no PostgreSQL server")?),
-        };
+    async fn database(&self, backend: Backend) -> TestDb {
+        // There is a server whenever PostgreSQL is one of the backends.
+        let postgres = backend == Backend::Postgres;
+        let admin = self.pg_admin.clone().filter(|_| postgres);
         let db = TestDb::on_server(backend, admin, 1).await;
         progress!("{}: {}", backend.name(), db.describe());
-        Ok(db)
+        db
     }
 
     /// Every selected scenario on one backend: what went wrong is in
-    /// `failures`, what was measured in the result.
-    async fn backend(&mut self, backend: Backend) -> BackendResults {
+    /// `failures`, what was measured in `backends`.
+    async fn backend(&mut self, backend: Backend) {
         let mut results = BackendResults::default();
         let name = backend.name();
         results.backend = name;
         let db = self.database(backend).await;
-        let Some(db) = self.keep(&format!("{name}: creating the database"), db) else {
-            return results;
-        };
-        let postgres = backend == Backend::Postgres;
-        if postgres && self.settings.runs("pgbench") {
-            let ceiling = self.pgbench("pgbench").await;
-            self.pgbench = self.keep("pgbench", ceiling);
+        if backend == Backend::Postgres && self.settings.runs("pgbench") {
+            // On a fresh database of its own: its rows stay out of `new`'s.
+            let own = self.database(Backend::Postgres).await;
+            let (clients, seconds) = (self.settings.concurrency, self.settings.pgbench_seconds);
+            progress!("pgbench: {clients} clients, {seconds} s");
+            let log = self.out_dir.join("pgbench.log");
+            let ceiling = database::pgbench(&own, clients, seconds, log).await;
+            results.pgbench = self.keep("pgbench", ceiling);
+            progress!("pgbench: {:?}", results.pgbench);
         }
         self.main_group(&db, &mut results).await;
         if self.settings.runs("slow") {
@@ -224,12 +203,7 @@ impl Bench {
             let prune = self.prune(&db).await;
             results.prune = self.keep(&format!("{name} prune"), prune);
         }
-        let throwaway = self.settings.postgres_url.is_none();
-        if postgres && self.settings.runs("fsync-off") && throwaway {
-            let fsync_off = self.fsync_off().await;
-            results.fsync_off = self.keep("postgres fsync-off", fsync_off);
-        }
-        results
+        self.backends.push(results);
     }
 
     /// `new`, `replay` and `storm` on one API process.
@@ -245,21 +219,21 @@ impl Bench {
             per_key: s.storm_per_key,
             concurrency: s.storm_concurrency,
         };
-        let scenarios = [
-            ("new", new(s.new_requests, &s)),
-            ("replay", replay),
-            ("storm", storm),
-        ];
-        let mut scenarios = scenarios.into_iter().filter(|(label, _)| s.runs(label));
-        let Some(first) = scenarios.next() else {
-            return;
+        let new = Scenario::New {
+            requests: s.new_requests,
+            concurrency: s.concurrency,
         };
+        let mut scenarios = vec![("new", new), ("replay", replay), ("storm", storm)];
+        scenarios.retain(|(label, _)| s.runs(label));
+        if scenarios.is_empty() {
+            return;
+        }
         let name = db.backend.name();
         let api = self.start_api(db, s.pool, "main").await;
         let Some(api) = self.keep(&format!("{name}: starting payments-api"), api) else {
             return;
         };
-        for (label, scenario) in [first].into_iter().chain(scenarios) {
+        for (label, scenario) in scenarios {
             let before = Snapshot::take(api.pid(), self.sandbox.pid());
             let report = self.load(db, label, &api, scenario, s.run_cap).await;
             let after = Snapshot::take(api.pid(), self.sandbox.pid());
@@ -319,7 +293,8 @@ impl Bench {
         cap: Duration,
     ) -> Result<Report> {
         let name = db.backend.name();
-        progress!("{name} {label}: {scenario:?}");
+        let what = format!("{name} {label}");
+        progress!("{what}: {scenario:?}");
         let mut config = Config::new(api.url.clone(), self.token.clone(), scenario);
         config.sandbox_url = Some(self.sandbox.url.clone());
         config.database_url = Some(db.url.clone().into());
@@ -330,18 +305,14 @@ impl Bench {
         // The bench owns the sandbox: a reset makes its counters this run's.
         config.reset_sandbox = true;
         let report = load::run(&config).await;
-        let report =
-            report.with_context(|| format!("{name} {label}: the load run could not run"))?;
+        let report = report.with_context(|| format!("{what}: the load run could not run"))?;
         let json = self.out_dir.join(format!("{name}-{label}.json"));
         let written = std::fs::write(&json, report.to_json());
         written.with_context(|| format!("writing {}", json.display()))?;
         eprint!("{}", report.to_text());
         if !report.correct {
             let violations = report.violations.join("; ");
-            self.fail(
-                &format!("{name} {label}"),
-                format!("INCORRECT: {violations}"),
-            );
+            self.fail(&what, format!("INCORRECT: {violations}"));
         }
         Ok(report)
     }
@@ -353,40 +324,6 @@ impl Bench {
         let stats: Value = stats.json().await?;
         let requests = stats["requests"].as_u64();
         requests.ok_or_else(|| anyhow!("no `requests` in the sandbox's stats: {stats}"))
-    }
-
-    /// The pgbench ceiling on its own fresh, migrated database, its output
-    /// in `target/bench/<label>.log`.
-    async fn pgbench(&self, label: &str) -> Result<Pgbench> {
-        let db = self.database(Backend::Postgres).await?;
-        let (clients, seconds) = (self.settings.concurrency, self.settings.pgbench_seconds);
-        progress!("{label}: {clients} clients, {seconds} s");
-        let log = self.out_dir.join(format!("{label}.log"));
-        let ceiling = database::pgbench(&db, clients, seconds, log).await?;
-        progress!("{label}: {ceiling:?}");
-        Ok(ceiling)
-    }
-
-    /// The throwaway cluster with the commit flush off (as the tests run
-    /// it): the pgbench ceiling, then `new` on a fresh database; durable
-    /// again afterwards, whatever happened.
-    async fn fsync_off(&mut self) -> Result<(Pgbench, Report)> {
-        let admin = self.pg_admin.clone().context("no PostgreSQL server")?;
-        database::set_durable(&admin, false).await?;
-        let measured = async {
-            let pgbench = self.pgbench("pgbench-fsync-off").await?;
-            let db = self.database(Backend::Postgres).await?;
-            let s = self.settings.clone();
-            let api = self.start_api(&db, s.pool, "fsync-off").await?;
-            let scenario = new(s.new_requests, &s);
-            let new = self.load(&db, "new-fsync-off", &api, scenario, s.run_cap);
-            let new = new.await;
-            api.stop().await.map_err(anyhow::Error::msg)?;
-            Ok((pgbench, new?))
-        };
-        let measured = measured.await;
-        database::set_durable(&admin, true).await?;
-        measured
     }
 
     /// `slow` on a fresh API with a pool of exactly 10.
@@ -404,7 +341,8 @@ impl Bench {
         // replays) plus setup and backoff.
         let cap = s.slow_latency * 2 + Duration::from_secs(60);
         let report = self.load(db, "slow", &api, scenario, cap).await;
-        let (vm_hwm_kb, log) = (vm_hwm_kb(api.pid()), api.log());
+        let status = format!("/proc/{}/status", api.pid());
+        let (vm_hwm_kb, log) = (machine::proc_kb(&status, "VmHWM:"), api.log());
         let provider_requests = self.sandbox_requests().await.ok();
         api.stop().await.map_err(anyhow::Error::msg)?;
         let count = |matches: fn(&str) -> bool| log.lines().filter(|l| matches(l)).count() as u64;
@@ -430,7 +368,11 @@ impl Bench {
         database::seed_expired(db, s.prune_rows).await;
         let seed_secs = seeding.elapsed().as_secs_f64();
         let api = self.start_api(db, s.pool, "prune").await?;
-        let (cap, scenario) = (s.prune_seconds, || new(PRUNE_REQUESTS, &s));
+        let (cap, concurrency) = (s.prune_seconds, s.concurrency);
+        let scenario = || Scenario::New {
+            requests: PRUNE_REQUESTS,
+            concurrency,
+        };
         let baseline = self.load(db, "prune-baseline", &api, scenario(), cap);
         let baseline = baseline.await?;
         let env = [("DATABASE_URL", db.url.as_str()), ("LOG_FORMAT", "json")];
@@ -460,7 +402,6 @@ impl Bench {
         let mut events = log.lines().filter_map(|l| serde_json::from_str(l).ok());
         let pass = events.find(|event: &Value| event["fields"]["message"] == "prune pass");
         Ok(Prune {
-            seeded: s.prune_rows,
             seed_secs,
             baseline,
             with_prune: with_prune?,
@@ -472,33 +413,4 @@ impl Bench {
             remaining,
         })
     }
-
-    /// `target/bench/summary.json` and the markdown.
-    fn write(&self, results: &Results) -> Result<()> {
-        let summary = self.out_dir.join("summary.json");
-        let json = serde_json::to_string_pretty(results)?;
-        std::fs::write(&summary, json).with_context(|| format!("writing {}", summary.display()))?;
-        let out = self.root.join(&self.settings.out);
-        let existing = std::fs::read_to_string(&out).ok();
-        let text = markdown::render(results, &markdown::kept_analysis(existing.as_deref()))?;
-        std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
-        progress!("wrote {} and {}", out.display(), summary.display());
-        Ok(())
-    }
-}
-
-/// `new`: `requests` fresh keys, `BENCH_CONCURRENCY` at a time.
-fn new(requests: u64, s: &Settings) -> Scenario {
-    let concurrency = s.concurrency;
-    Scenario::New {
-        requests,
-        concurrency,
-    }
-}
-
-/// The peak RSS of `pid` so far (`VmHWM` of `/proc/<pid>/status`), kB.
-fn vm_hwm_kb(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb = status.lines().find_map(|line| line.strip_prefix("VmHWM:"));
-    kb?.trim().trim_end_matches(" kB").parse().ok()
 }

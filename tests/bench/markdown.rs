@@ -1,5 +1,5 @@
-//! `docs/benchmarks.md`: `tests/bench/template.md` filled in from
-//! [`Results`]. A load run's table is the load report's own
+//! `docs/benchmarks.md`: `tests/bench/template.md` filled in from what the
+//! [`Bench`] measured. A load run's table is the load report's own
 //! [`Report::markdown`]; the hand-written analysis is kept across runs.
 
 use std::collections::BTreeMap;
@@ -8,8 +8,9 @@ use std::fmt::{self, Display, Write as _};
 use anyhow::{Context, Result};
 use payments_loadtest::load::{Report, StreamReport};
 
+use crate::Bench;
 use crate::database::Pgbench;
-use crate::results::{BackendResults, Prune, Results, Slow};
+use crate::results::{BackendResults, Prune, Slow};
 
 pub const ANALYSIS_START: &str = "<!-- analysis:start -->";
 pub const ANALYSIS_END: &str = "<!-- analysis:end -->";
@@ -29,40 +30,37 @@ pub fn kept_analysis(existing: Option<&str>) -> String {
     kept.unwrap_or_else(|| ANALYSIS_PLACEHOLDER.to_owned())
 }
 
-/// A markdown table (its first row the head), with a blank line after it.
-struct Table(Vec<Vec<String>>);
+/// A markdown table, with a blank line after it.
+struct Table(String);
 
 impl Table {
     /// Its columns' heads, as `a | b | c`.
     fn new(head: &str) -> Self {
-        Self(vec![head.split(" | ").map(str::to_owned).collect()])
+        let columns = head.split(" | ").count();
+        Self(format!("| {head} |\n|{}\n", "---|".repeat(columns)))
     }
 
     fn row<S: ToString>(&mut self, cells: impl IntoIterator<Item = S>) {
         // Free text must not break the table.
         let cell = |c: S| c.to_string().replace('|', "\\|").replace('\n', " ");
-        self.0.push(cells.into_iter().map(cell).collect());
+        let cells: Vec<String> = cells.into_iter().map(cell).collect();
+        let _ = writeln!(self.0, "| {} |", cells.join(" | "));
     }
 }
 
 impl Display for Table {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, row) in self.0.iter().enumerate() {
-            writeln!(f, "| {} |", row.join(" | "))?;
-            if i == 0 {
-                writeln!(f, "|{}", "---|".repeat(row.len()))?;
-            }
-        }
-        writeln!(f)
+        writeln!(f, "{}", self.0)
     }
 }
 
 /// The whole file: `tests/bench/template.md` filled in, `{new_requests}`
 /// with `BENCH_NEW_REQUESTS` and so on.
-pub fn render(r: &Results, analysis: &str) -> Result<String> {
+pub fn render(r: &Bench, analysis: &str) -> Result<String> {
     let mut warnings = String::new();
-    if !r.changed.is_empty() {
-        let changed = r.changed.join("`, `");
+    let changed = r.settings.changed();
+    if !changed.is_empty() {
+        let changed = changed.join("`, `");
         let _ = writeln!(
             warnings,
             "> **Not a full-size run.** Changed from the defaults: `{changed}`. The verdicts \
@@ -79,7 +77,7 @@ pub fn render(r: &Results, analysis: &str) -> Result<String> {
     }
     let mut vars = BTreeMap::new();
     let mut knobs = Table::new("variable | default | this run | what");
-    for k in &r.knobs {
+    for k in &r.settings.knobs {
         let key = k.name.trim_start_matches("BENCH_").to_ascii_lowercase();
         vars.insert(key, k.value.clone());
         let value = if k.value == k.default {
@@ -87,10 +85,7 @@ pub fn render(r: &Results, analysis: &str) -> Result<String> {
         } else {
             format!("**`{}`**", k.value)
         };
-        let default = match k.default {
-            "" => "-".to_owned(),
-            default => format!("`{default}`"),
-        };
+        let default = format!("`{}`", k.default);
         knobs.row([format!("`{}`", k.name), default, value, k.doc.to_owned()]);
     }
     let mut machine = Table::new(" | ");
@@ -100,27 +95,23 @@ pub fn render(r: &Results, analysis: &str) -> Result<String> {
         vars.insert(name.to_string(), value.clone());
     }
     let sheet = sheet(r);
-    let pgbench = r.pgbench.as_ref().map(Pgbench::to_string);
-    let unflushed = each(r, |b| b.fsync_off.as_ref().map(fsync_off));
-    let report = |report: Option<&Report>| Some(report?.markdown().to_string());
+    let elapsed = crate::STARTED.elapsed().as_secs_f64();
     let filled = [
-        ("elapsed", format!("{:.0}", r.elapsed_secs)),
+        ("elapsed", format!("{elapsed:.0}")),
         ("warnings", warnings),
         ("knobs", knobs.to_string()),
         ("machine", machine.to_string()),
         ("slow_pool", crate::settings::SLOW_POOL.to_string()),
         ("gateway_timeout", crate::GATEWAY_TIMEOUT.to_owned()),
         ("lease", crate::LEASE.to_owned()),
-        ("postgres_server", r.postgres_server.clone()),
         ("targets", sheet.targets.to_string()),
         ("figures", sheet.figures.to_string()),
-        ("new", each(r, |b| report(b.new.as_ref()))),
-        ("pgbench", pgbench.unwrap_or(NOT_RUN.into())),
-        ("fsync_off", unflushed),
-        ("replay", each(r, |b| report(b.replay.as_ref()))),
-        ("storm", each(r, |b| report(b.storm.as_ref()))),
-        ("slow", each(r, |b| Some(b.slow.as_ref()?.to_string()))),
-        ("prune", each(r, |b| Some(b.prune.as_ref()?.to_string()))),
+        ("new", each(r, |b| Some(b.new.as_ref()?.markdown()))),
+        ("pgbench", each(r, |b| b.pgbench.as_ref())),
+        ("replay", each(r, |b| Some(b.replay.as_ref()?.markdown()))),
+        ("storm", each(r, |b| Some(b.storm.as_ref()?.markdown()))),
+        ("slow", each(r, |b| b.slow.as_ref())),
+        ("prune", each(r, |b| b.prune.as_ref())),
         ("analysis", analysis.to_owned()),
     ];
     vars.extend(filled.map(|(key, value)| (key.to_owned(), value)));
@@ -178,7 +169,7 @@ impl Sheet<'_> {
 }
 
 /// The targets (as the design review set them) and the key figures.
-fn sheet(r: &Results) -> Sheet<'_> {
+fn sheet(r: &Bench) -> Sheet<'_> {
     let names: Vec<&str> = r.backends.iter().map(|b| b.backend).collect();
     let mut s = Sheet {
         backends: &r.backends,
@@ -195,21 +186,17 @@ fn sheet(r: &Results) -> Sheet<'_> {
     });
     let target = "new charges/s on PostgreSQL >= 60% of the pgbench ceiling";
     s.judged("new ÷ pgbench ceiling", target, |b| {
-        let tps = r.pgbench.as_ref().filter(|_| b.backend == "postgres")?.tps;
+        let tps = b.pgbench.as_ref()?.tps;
         let rps = new(b)?.throughput_rps;
-        Some((versus_ceiling(rps, tps), Some(rps / tps >= 0.60)))
+        let share = 100.0 * rps / tps;
+        let measured = format!("{share:.0}% ({} / {} tps)", rate(rps), rate(tps));
+        Some((measured, Some(rps / tps >= 0.60)))
     });
     let cpu = "new: CPU per charge (API + sandbox + load + PostgreSQL)";
     s.figure(cpu, |b| {
-        let c = b.new_cpu?;
-        let parts = [c.api_us, c.sandbox_us, c.load_us, c.postgres_us];
+        let parts = b.new_cpu?;
         let each = parts.map(|us| format!("{us:.0} µs")).join(" + ");
         Some(format!("{each} = {:.0} µs", parts.iter().sum::<f64>()))
-    });
-    s.figure("the same, fsync off (supplementary)", |b| {
-        let (ceiling, new) = b.fsync_off.as_ref()?;
-        let rps = new.stream("charge")?.throughput_rps;
-        Some(versus_ceiling(rps, ceiling.tps))
     });
     let target = "replays >= 10,000 req/s and p99 < 10 ms";
     s.judged("replay: req/s, p99", target, |b| {
@@ -223,21 +210,16 @@ fn sheet(r: &Results) -> Sheet<'_> {
         let (storm, calls) = (b.storm.as_ref()?, b.storm_provider_requests);
         let (keys, errors) = (storm.operations.started, server_errors(storm));
         let per_key = show(calls, |n| format!("{:.2}", n as f64 / keys.max(1) as f64));
-        let measured = format!(
-            "{per_key} ({} calls, {keys} keys), {errors} 5xx",
-            opt(calls)
-        );
+        let shown = opt(calls);
+        let measured = format!("{per_key} ({shown} calls, {keys} keys), {errors} 5xx");
         // Without the sandbox's request count it cannot be judged.
         let ok = calls.map(|n| n == keys && storm.correct && errors == 0);
         Some((measured, ok))
     });
-    fn slow(b: &BackendResults) -> Option<&Report> {
-        Some(&b.slow.as_ref()?.report)
-    }
     let name = "slow: ended 201; charges (provider / database / operations)";
     let target = "slow: every charge in flight ends 201, one charge each";
     s.judged(name, target, |b| {
-        let report = slow(b)?;
+        let report = &b.slow.as_ref()?.report;
         let (c, ops) = (&report.charges, &report.operations);
         let in_flight = report.settings["in_flight"].as_u64().unwrap_or_default();
         let ended_201 = report.stream("operation")?.statuses.get(&201);
@@ -251,32 +233,30 @@ fn sheet(r: &Results) -> Sheet<'_> {
         let ok = ended_201 == in_flight && report.correct && ops.charged == ops.started;
         Some((measured, Some(ok)))
     });
-    s.judged(
-        "slow: pool timeouts in the API's log",
-        "slow: no pool timeouts",
-        |b| {
-            let timeouts = b.slow.as_ref()?.pool_timeouts;
-            Some((timeouts.to_string(), Some(timeouts == 0)))
-        },
-    );
+    let name = "slow: pool timeouts in the API's log";
+    s.judged(name, "slow: no pool timeouts", |b| {
+        let timeouts = b.slow.as_ref()?.pool_timeouts;
+        Some((timeouts.to_string(), Some(timeouts == 0)))
+    });
     let target = "slow: probe replay and GET p99 < 50 ms";
     s.judged("slow: probe replay / GET p99", target, |b| {
-        let (replay, get) = (p99(slow(b)?, "probe_replay"), p99(slow(b)?, "probe_get"));
+        let slow = &b.slow.as_ref()?.report;
+        let (replay, get) = (p99(slow, "probe_replay"), p99(slow, "probe_get"));
         let ok = replay.zip(get).map(|(r, g)| r < 50_000 && g < 50_000);
         Some((format!("{} / {}", show(replay, ms), show(get, ms)), ok))
     });
-    s.judged(
-        "slow: API peak RSS (VmHWM)",
-        "slow: API peak RSS < 150 MB",
-        |b| {
-            let kb = b.slow.as_ref()?.vm_hwm_kb?;
-            Some((mb(kb), Some(kb < 150 * 1024)))
-        },
-    );
+    let target = "slow: API peak RSS < 150 MB";
+    s.judged("slow: API peak RSS (VmHWM)", target, |b| {
+        let kb = b.slow.as_ref()?.vm_hwm_kb?;
+        Some((mb(kb), Some(kb < 150 * 1024)))
+    });
     let target = "prune: new p99 with the pruner <= 2x without";
     s.judged("prune: new p99 without -> with", target, |b| {
         let prune = b.prune.as_ref()?;
-        let (mut measured, ratio) = prune_ratio(prune)?;
+        let without = p99(&prune.baseline, "charge")?;
+        let with = p99(&prune.with_prune, "charge")?;
+        let ratio = with as f64 / without.max(1) as f64;
+        let mut measured = format!("{} -> {} ({ratio:.2}x)", ms(without), ms(with));
         let (overlap, run) = (prune.overlap_secs, prune.run_secs);
         if overlap < run {
             let _ = write!(
@@ -307,34 +287,13 @@ fn server_errors(report: &Report) -> u64 {
     errors.map(|(_, n)| n).sum()
 }
 
-/// `new`'s p99 without and with the pruner, `19.3 ms -> 27.5 ms (1.43x)`,
-/// and their ratio.
-fn prune_ratio(prune: &Prune) -> Option<(String, f64)> {
-    let without = p99(&prune.baseline, "charge")?;
-    let with = p99(&prune.with_prune, "charge")?;
-    let ratio = with as f64 / without.max(1) as f64;
-    Some((
-        format!("{} -> {} ({ratio:.2}x)", ms(without), ms(with)),
-        ratio,
-    ))
-}
-
-/// `52% (2,502 / 4,780 tps)`.
-fn versus_ceiling(rps: f64, tps: f64) -> String {
-    let share = 100.0 * rps / tps;
-    format!("{share:.0}% ({} / {} tps)", rate(rps), rate(tps))
-}
-
-const NOT_RUN: &str = "Not run.\n\n";
-
 /// Each backend's section with a heading, if it has one.
-fn each(r: &Results, section: impl Fn(&BackendResults) -> Option<String>) -> String {
+fn each<'a, D: Display>(r: &'a Bench, section: impl Fn(&'a BackendResults) -> Option<D>) -> String {
     let backends = r.backends.iter();
-    let sections = backends.filter_map(|b| Some((b.backend, section(b)?)));
-    let sections = sections.map(|(name, text)| format!("#### {name}\n\n{text}"));
+    let sections = backends.filter_map(|b| Some(format!("#### {}\n\n{}", b.backend, section(b)?)));
     let sections: String = sections.collect();
     if sections.is_empty() {
-        NOT_RUN.into()
+        "Not run.\n\n".into()
     } else {
         sections
     }
@@ -346,18 +305,12 @@ impl Display for Pgbench {
         let (c, j, t) = (self.clients, self.threads, self.seconds);
         let command =
             format!("`pgbench -n -M prepared -f tests/bench/charge.sql -c {c} -j {j} -T {t}`");
-        let latency = self.latency_avg_ms.map(|ms| format!("{ms:.3} ms"));
-        let latency = latency.unwrap_or_else(|| "-".into());
+        let latency = show(self.latency_avg_ms, |ms| format!("{ms:.3} ms"));
         let mut table = Table::new("command | tps | latency avg | transactions | failed");
         let counts = [opt(self.transactions), opt(self.failed)];
         table.row([command, rate(self.tps), latency].into_iter().chain(counts));
         write!(f, "{table}")
     }
-}
-
-/// PostgreSQL without its commit flush: the ceiling, then `new`.
-fn fsync_off((ceiling, new): &(Pgbench, Report)) -> String {
-    format!("{ceiling}{}", new.markdown())
 }
 
 /// A slow run, with the API's memory and log.
@@ -391,11 +344,10 @@ impl Display for Prune {
         };
         write!(
             f,
-            "Seeded {} rows in {:.1} s. The pruner {exited} in {:.2} s wall ({} rows deleted, \
+            "Seeding took {:.1} s. The pruner {exited} in {:.2} s wall ({} rows deleted, \
              {} batches, {speed} rows/s; its own timing {} ms); it ran {overlap:.1} s of the \
              {run:.1} s run: {whole}. Left after the pass: {}.\n\nWithout the pruner:\n\n{}With \
              the pruner:\n\n{}",
-            self.seeded,
             self.seed_secs,
             self.prune_wall_secs,
             opt(deleted),
@@ -426,7 +378,7 @@ fn opt(n: Option<u64>) -> String {
 }
 
 /// A figure, or `-` when there is none.
-fn show(value: Option<u64>, format: impl Fn(u64) -> String) -> String {
+fn show<T>(value: Option<T>, format: impl Fn(T) -> String) -> String {
     value.map_or_else(|| "-".to_owned(), format)
 }
 

@@ -1,36 +1,20 @@
-//! What a bench run measured, whole, for `target/bench/summary.json` and the
-//! markdown: per backend each scenario's load [`Report`] plus what the bench
-//! measured around it.
+//! What a bench run measured on each backend, for the markdown: each
+//! scenario's load [`Report`] plus what the bench measured around it.
 
 use payments_loadtest::load::Report;
-use serde::Serialize;
 
 use crate::database::Pgbench;
-use crate::machine::PerCharge;
-use crate::settings::Knob;
 
-#[derive(Debug, Serialize)]
-pub struct Results {
-    pub machine: Vec<(&'static str, String)>,
-    pub knobs: Vec<Knob>,
-    /// Knobs away from their defaults (`NAME=value`).
-    pub changed: Vec<String>,
-    /// Where PostgreSQL came from.
-    pub postgres_server: String,
-    pub pgbench: Option<Pgbench>,
-    pub backends: Vec<BackendResults>,
-    /// Why the bench exits non-zero: incorrect reports, failed processes.
-    pub failures: Vec<String>,
-    pub elapsed_secs: f64,
-}
-
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default)]
 pub struct BackendResults {
     /// `sqlite`, `postgres`.
     pub backend: &'static str,
+    /// PostgreSQL only: the ceiling, run just before `new`.
+    pub pgbench: Option<Pgbench>,
     pub new: Option<Report>,
-    /// CPU per charge during `new`, by process.
-    pub new_cpu: Option<PerCharge>,
+    /// CPU per charge during `new`, µs: the API, the sandbox, the load
+    /// generator, PostgreSQL (see [`crate::machine::Snapshot`]).
+    pub new_cpu: Option<[f64; 4]>,
     pub replay: Option<Report>,
     pub storm: Option<Report>,
     /// Charge requests the sandbox received during `storm` (after a
@@ -38,13 +22,9 @@ pub struct BackendResults {
     pub storm_provider_requests: Option<u64>,
     pub slow: Option<Slow>,
     pub prune: Option<Prune>,
-    /// PostgreSQL only: the ceiling and `new` again with `fsync`,
-    /// `synchronous_commit` and `full_page_writes` off (the tests'
-    /// settings), where the database costs only CPU.
-    pub fsync_off: Option<(Pgbench, Report)>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 pub struct Slow {
     pub report: Report,
     /// `VmHWM` (peak RSS) of the API, fresh for this scenario, kB.
@@ -56,9 +36,8 @@ pub struct Slow {
     pub provider_requests: Option<u64>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 pub struct Prune {
-    pub seeded: u64,
     pub seed_secs: f64,
     pub baseline: Report,
     pub with_prune: Report,

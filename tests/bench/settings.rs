@@ -7,17 +7,16 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
 use payments_tests::Backend;
-use serde::Serialize;
 
 /// The pool the `slow` scenario runs with, whatever `BENCH_POOL` says: the
 /// incident it reproduces had exactly 10 connections.
 pub const SLOW_POOL: u64 = 10;
 
 /// The scenarios, in the order they run on each backend.
-const SCENARIOS: &str = "pgbench,new,replay,storm,slow,prune,fsync-off";
+const SCENARIOS: &str = "pgbench,new,replay,storm,slow,prune";
 
 /// One knob as the markdown lists it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Knob {
     pub name: &'static str,
     pub default: &'static str,
@@ -69,7 +68,6 @@ knobs! {
     run_cap: Duration = duration("BENCH_RUN_CAP", "300s"), "hard cap on one load run (`slow`: latency x 2 + 60 s)";
     log_level: String = text("BENCH_RUST_LOG", "info"), "the API's RUST_LOG (`info` as shipped: per-request lines to a file)";
     out: String = text("BENCH_OUT", "docs/benchmarks.md"), "the markdown written (relative to the workspace)";
-    postgres_url: Option<String> = url("BENCH_POSTGRES_URL", ""), "an existing PostgreSQL (admin URL) instead of the throwaway cluster";
 }
 
 /// Reads a knob (its default when unset or blank), records it for the
@@ -84,9 +82,6 @@ fn read<T>(
     let set = std::env::var(name).ok().filter(|v| !v.trim().is_empty());
     let value = set.map_or(default.into(), |v| v.trim().to_owned());
     let parsed = parse(&value).with_context(|| format!("{name}={value:?}"));
-    // A URL may carry a password: the markdown only says it was set.
-    let secret = name.ends_with("_URL") && !value.is_empty();
-    let value = if secret { "(set)".to_owned() } else { value };
     knobs.push(Knob {
         name,
         default,
@@ -110,10 +105,6 @@ fn duration(value: &str) -> Result<Duration> {
 
 fn text(value: &str) -> Result<String> {
     Ok(value.to_owned())
-}
-
-fn url(value: &str) -> Result<Option<String>> {
-    Ok(Some(value.to_owned()).filter(|v| !v.is_empty()))
 }
 
 fn list(value: &str) -> impl Iterator<Item = &str> {
@@ -144,10 +135,10 @@ impl Settings {
     }
 
     /// Knobs whose value is not the default, as `NAME=value`, but for where
-    /// things are (not how big the runs are).
+    /// the markdown goes (not how big the runs are).
     pub fn changed(&self) -> Vec<String> {
-        let sized = self.knobs.iter().filter(|k| !k.name.ends_with("_URL"));
-        let sized = sized.filter(|k| k.name != "BENCH_OUT" && k.value != k.default);
+        let changed = self.knobs.iter().filter(|k| k.value != k.default);
+        let sized = changed.filter(|k| k.name != "BENCH_OUT");
         sized.map(|k| format!("{}={}", k.name, k.value)).collect()
     }
 }

@@ -27,9 +27,6 @@ use reqwest::Url;
 use serde_json::{Map, Value};
 use yaml_rust2::{Yaml, YamlLoader};
 
-/// Read outside clap, so absent from `--help`: the log filter.
-const READ_OUTSIDE_CLAP: &str = "RUST_LOG";
-
 /// What the image must hold: the API, the jobs, the sandbox and the smoke test.
 const SHIPPED: [&str; 4] = [API, "payments-jobs", "payments-sandbox", "payments-smoke"];
 const API: &str = "payments-api";
@@ -115,22 +112,12 @@ fn all<'a>(stage: &'a Stage, keyword: &'a str) -> impl Iterator<Item = Vec<&'a s
     matching.map(|i| i[1..].iter().map(String::as_str).collect())
 }
 
-/// The `cargo build` commands of a stage's `RUN`s, each as its words.
-fn cargo_builds(stage: &Stage) -> Vec<Vec<&str>> {
-    let mut builds = Vec::new();
-    for run in all(stage, "RUN") {
-        let commands = run.split(|w| *w == "&&").map(<[&str]>::to_vec);
-        builds.extend(commands.filter(|c| c.starts_with(&["cargo", "build"])));
-    }
-    builds
-}
-
 /// The values of `flag` in `words`, as `flag value` or `flag=value`.
-fn flag_values<'a>(words: &[&'a str], flag: &str) -> Vec<&'a str> {
+fn flag_values<'a, S: AsRef<str>>(words: &'a [S], flag: &str) -> Vec<&'a str> {
     let mut values = Vec::new();
-    for (i, word) in words.iter().enumerate() {
-        if *word == flag {
-            values.extend(words.get(i + 1).copied());
+    for (i, word) in words.iter().map(S::as_ref).enumerate() {
+        if word == flag {
+            values.extend(words.get(i + 1).map(S::as_ref));
         } else if let Some(value) = word.strip_prefix(flag).and_then(|w| w.strip_prefix('=')) {
             values.push(value);
         }
@@ -159,10 +146,14 @@ fn the_dockerfile_builds_and_ships_the_four_binaries_without_default_features() 
     assert!(base.starts_with("rust:"), "the builder is {base}");
     let builder_name = builder[0].get(3).expect("a named builder stage").as_str();
 
-    let builds = cargo_builds(builder);
+    // The `cargo build` commands of its `RUN`s.
+    let runs: Vec<Vec<&str>> = all(builder, "RUN").collect();
+    let commands = runs.iter().flat_map(|run| run.split(|w| *w == "&&"));
+    let cargo_build = |c: &&[&str]| c.starts_with(&["cargo", "build"]);
+    let builds: Vec<&[&str]> = commands.filter(cargo_build).collect();
     let packages = |build| BTreeSet::from_iter(flag_values(build, "-p"));
     let mut built = BTreeSet::new();
-    for build in &builds {
+    for &build in &builds {
         let (line, selected) = (build.join(" "), packages(build));
         // Default features are for development: none may reach the image.
         for flag in ["--release", "--locked", "--no-default-features"] {
@@ -170,7 +161,7 @@ fn the_dockerfile_builds_and_ships_the_four_binaries_without_default_features() 
         }
         assert!(selected.contains("payments-api"), "`{line}`: no API");
         // The dependency layer builds the same packages, so its artifacts are reused.
-        assert_eq!(selected, packages(&builds[0]), "the same -p in every build");
+        assert_eq!(selected, packages(builds[0]), "the same -p in every build");
         for bin in flag_values(build, "--bin") {
             let package = bins.get(bin).expect("a [[bin]] of the workspace");
             let package = package.as_str();
@@ -289,9 +280,7 @@ fn port(address: &str) -> &str {
 
 /// Where the sandbox service listens (`--listen`).
 fn sandbox_port(services: &Map<String, Value>) -> String {
-    let command: Vec<String> = ours(services)["sandbox"].clone();
-    let command: Vec<&str> = command.iter().map(String::as_str).collect();
-    port(flag_values(&command, "--listen")[0]).to_owned()
+    port(flag_values(&ours(services)["sandbox"], "--listen")[0]).to_owned()
 }
 
 #[test]
@@ -308,12 +297,13 @@ fn compose_runs_only_real_binaries_with_real_flags_and_variables() {
             let listed = help.contains(&format!("{flag} ")) || help.contains(&format!("{flag}\n"));
             assert!(listed, "{name}: {program} has no {flag}");
         }
-        // A misspelt or invented variable would be silently ignored.
+        // A misspelt or invented variable would be silently ignored. RUST_LOG,
+        // the log filter, is read outside clap, so absent from `--help`.
         let read = env_vars_in_help(&help);
         assert!(!read.is_empty(), "{name}: no [env: ...] in --help");
         let set = services[name]["environment"].as_object().into_iter();
         let unread = set.flat_map(|env| env.keys());
-        let unread = unread.filter(|k| !read.contains(*k) && *k != READ_OUTSIDE_CLAP);
+        let unread = unread.filter(|k| !read.contains(*k) && *k != "RUST_LOG");
         let unread: Vec<&String> = unread.collect();
         assert!(unread.is_empty(), "{name}: {unread:?}; reads {read:?}");
     }
