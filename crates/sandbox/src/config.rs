@@ -1,6 +1,6 @@
-//! Fault injection: what the sandbox does to every charge request it
-//! processes. Set at start (CLI flags) and replaced at run time through
-//! `POST /_sandbox/config`.
+//! Fault injection: what the sandbox does to every charge and refund request
+//! it processes, and how far its search index lags. Set at start (CLI flags)
+//! and replaced at run time through `POST /_sandbox/config`.
 
 use std::fmt;
 
@@ -10,25 +10,31 @@ use serde::{Deserialize, Serialize};
 ///
 /// Every field is optional on the wire (`{}` is the well-behaved provider) and
 /// unknown fields are rejected, so a typo in a test cannot silently turn a
-/// fault off. Faults apply, in field order, to charge requests that are
-/// actually processed; idempotent replays and idempotency errors answer at
-/// once.
+/// fault off. Faults apply, in field order, to charge and refund requests
+/// that are actually processed; idempotent replays and idempotency errors
+/// answer at once.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxConfig {
-    /// Milliseconds to sleep before processing a charge.
+    /// Milliseconds to sleep before processing a charge or refund.
     pub latency_ms: u64,
-    /// Probability (0.0 to 1.0) of answering 500 `api_error` without charging.
+    /// Probability (0.0 to 1.0) of answering 500 `api_error` without charging
+    /// or refunding.
     pub error_rate: f64,
-    /// Never answer and never charge; the client has to time out.
+    /// Never answer and never charge or refund; the client has to time out.
     pub hang: bool,
-    /// Make and store the charge, then close the connection without writing a
-    /// single byte of the response.
+    /// Make and store the charge (or refund), then close the connection
+    /// without writing a single byte of the response.
     pub drop_after_charge: bool,
     /// Seconds the provider remembers an idempotency key (Stripe: 24 h).
     /// A request whose key was first used longer ago is processed as new,
     /// and charges again.
     pub key_retention_secs: u64,
+    /// Milliseconds before a new charge shows up in `GET
+    /// /v1/charges/search`, like Stripe's search index (Stripe: usually
+    /// under a minute). Read at search time: changing it changes which
+    /// existing charges are visible.
+    pub search_lag_ms: u64,
 }
 
 /// Stripe's key retention.
@@ -42,6 +48,7 @@ impl Default for SandboxConfig {
             hang: false,
             drop_after_charge: false,
             key_retention_secs: DEFAULT_KEY_RETENTION_SECS,
+            search_lag_ms: 0,
         }
     }
 }

@@ -194,7 +194,7 @@ mod tests {
 
     fn fingerprint(body: &str) -> Fingerprint {
         match FormParams::parse(body.as_bytes()) {
-            Ok(params) => params.fingerprint(),
+            Ok(params) => params.fingerprint("/v1/charges"),
             Err(error) => panic!("bad test body {body}: {error:?}"),
         }
     }

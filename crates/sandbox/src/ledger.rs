@@ -1,17 +1,27 @@
-//! What happened at the "card network": every charge made or attempted, and
-//! request counters. Tests read both to count provider-side effects.
+//! What happened at the "card network": every charge made or attempted,
+//! every refund, and request counters. Tests read them to count
+//! provider-side effects; `POST /v1/refunds`, `GET /v1/refunds` and
+//! `GET /v1/charges/search` read and change them too.
+//!
+//! Charges are kept whole (metadata, refunded amount, creation time in
+//! milliseconds) because refunds and searches answer with Stripe's charge
+//! object. A load run makes a few hundred thousand of them, so a charge is
+//! kept lean: metadata in a sorted boxed slice rather than a `BTreeMap`
+//! (whose first node alone is over 500 bytes), and no second copy for
+//! `GET /_sandbox/charges`, whose lines are built when asked for.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rand::Rng;
 use rand::distr::Alphanumeric;
 use serde::Serialize;
+use serde::ser::SerializeMap;
 
 use crate::network::Decline;
-use crate::params::ChargeRequest;
+use crate::params::{ChargeRequest, RefundRequest};
 
 /// A charge's final state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -21,6 +31,38 @@ pub(crate) enum ChargeStatus {
     Failed,
 }
 
+/// Stripe's `metadata`: string pairs, sorted by key, serialised as a JSON
+/// object.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Metadata(Box<[(String, String)]>);
+
+impl Metadata {
+    pub(crate) fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|(entry, _)| entry.as_str().cmp(key))
+            .ok()
+            .and_then(|index| self.0.get(index))
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+impl From<BTreeMap<String, String>> for Metadata {
+    fn from(map: BTreeMap<String, String>) -> Self {
+        // A BTreeMap iterates in key order: the slice is sorted.
+        Self(map.into_iter().collect())
+    }
+}
+
+impl Serialize for Metadata {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (key, value) in &self.0 {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+}
+
 /// Stripe's charge object (the subset the gateway reads, plus a few fields
 /// a Stripe client expects to see).
 #[derive(Debug, Clone, Serialize)]
@@ -28,17 +70,24 @@ pub(crate) struct Charge {
     pub(crate) id: String,
     object: &'static str,
     pub(crate) amount: u64,
+    /// What the charge's refunds add up to; never more than `amount`.
+    pub(crate) amount_refunded: u64,
     pub(crate) currency: String,
     pub(crate) status: ChargeStatus,
     paid: bool,
     captured: bool,
+    /// Fully refunded.
+    pub(crate) refunded: bool,
     livemode: bool,
     /// The token, echoed (Stripe returns a card object here).
     source: String,
     description: Option<String>,
-    metadata: BTreeMap<String, String>,
+    pub(crate) metadata: Metadata,
     /// Unix seconds.
     pub(crate) created: u64,
+    /// Unix milliseconds, for the search index's lag; not on the wire.
+    #[serde(skip)]
+    created_ms: u64,
     pub(crate) failure_code: Option<&'static str>,
     failure_message: Option<&'static str>,
 }
@@ -47,10 +96,12 @@ impl Charge {
     /// A new charge with a fresh `ch_` id; `decline` makes it a failed one.
     pub(crate) fn new(request: ChargeRequest, decline: Option<Decline>) -> Self {
         let succeeded = decline.is_none();
+        let created_ms = unix_now_ms();
         Self {
-            id: charge_id(),
+            id: object_id("ch"),
             object: "charge",
             amount: request.amount,
+            amount_refunded: 0,
             currency: request.currency,
             status: if succeeded {
                 ChargeStatus::Succeeded
@@ -59,31 +110,92 @@ impl Charge {
             },
             paid: succeeded,
             captured: succeeded,
+            refunded: false,
             livemode: false,
             source: request.source,
             description: request.description,
-            metadata: request.metadata,
-            created: unix_now(),
+            metadata: request.metadata.into(),
+            created: created_ms / 1000,
+            created_ms,
             failure_code: decline.map(|decline| decline.code),
             failure_message: decline.map(|decline| decline.message),
         }
     }
+
+    /// Whether the search index has caught up with the charge at `now_ms`,
+    /// given its lag.
+    fn searchable(&self, now_ms: u64, lag_ms: u64) -> bool {
+        now_ms.saturating_sub(self.created_ms) >= lag_ms
+    }
 }
 
-fn charge_id() -> String {
+/// Stripe's refund object. The sandbox's refunds succeed at once.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Refund {
+    pub(crate) id: String,
+    object: &'static str,
+    pub(crate) amount: u64,
+    /// The refunded charge's id.
+    pub(crate) charge: String,
+    pub(crate) currency: String,
+    status: &'static str,
+    pub(crate) reason: Option<&'static str>,
+    metadata: Metadata,
+    /// Unix seconds.
+    pub(crate) created: u64,
+}
+
+/// Why the ledger refused a refund; `refunds` turns it into Stripe's error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RefundRefusal {
+    /// No charge has this id.
+    NoSuchCharge,
+    /// The charge failed: there is nothing to give back.
+    ChargeFailed,
+    /// Every minor unit was refunded already.
+    AlreadyRefunded,
+    /// More than is left to refund.
+    TooLarge { requested: u64, unrefunded: u64 },
+}
+
+/// `GET /v1/refunds?charge=` named a charge the sandbox does not know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NoSuchCharge;
+
+/// A page of a list or a search, newest first.
+#[derive(Debug, Clone)]
+pub(crate) struct Page<T> {
+    pub(crate) data: Vec<T>,
+    /// More matched than the page holds.
+    pub(crate) has_more: bool,
+}
+
+impl<T> Page<T> {
+    /// The first `limit` of `matches` (newest first), and whether there were
+    /// more.
+    fn of(matches: impl Iterator<Item = T>, limit: usize) -> Self {
+        let mut data: Vec<T> = matches.take(limit.saturating_add(1)).collect();
+        let has_more = data.len() > limit;
+        data.truncate(limit);
+        Self { data, has_more }
+    }
+}
+
+/// A Stripe-style id: `prefix`, an underscore, 24 alphanumerics.
+fn object_id(prefix: &str) -> String {
     let suffix: String = rand::rng()
         .sample_iter(Alphanumeric)
         .take(24)
         .map(char::from)
         .collect();
-    format!("ch_{suffix}")
+    format!("{prefix}_{suffix}")
 }
 
-fn unix_now() -> u64 {
+fn unix_now_ms() -> u64 {
     // A clock before 1970 is not worth failing a charge over.
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|since| since.as_secs())
+        .map(|since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
         .unwrap_or_default()
 }
 
@@ -99,30 +211,84 @@ pub(crate) struct ChargeRecord {
     created: u64,
 }
 
+/// One line of `GET /_sandbox/refunds`.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RefundRecord {
+    id: String,
+    charge: String,
+    amount: u64,
+    currency: String,
+    reason: Option<&'static str>,
+    idempotency_key: Option<String>,
+    created: u64,
+}
+
 /// `GET /_sandbox/stats`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub(crate) struct Stats {
+    /// Requests to `POST /v1/charges` and `POST /v1/refunds`.
     pub(crate) requests: u64,
     pub(crate) in_flight: u64,
     pub(crate) max_in_flight: u64,
     pub(crate) charges: u64,
+    pub(crate) refunds: u64,
 }
 
-/// The charges list and the request counters.
+#[derive(Debug)]
+struct ChargeEntry {
+    charge: Charge,
+    idempotency_key: Option<String>,
+}
+
+#[derive(Debug)]
+struct RefundEntry {
+    refund: Refund,
+    idempotency_key: Option<String>,
+}
+
+/// Charges and refunds under one lock, so that a refund's check against its
+/// charge and its record are one critical section.
+#[derive(Debug, Default)]
+struct Books {
+    /// Oldest first.
+    charges: Vec<ChargeEntry>,
+    /// Oldest first.
+    refunds: Vec<RefundEntry>,
+}
+
+impl Books {
+    /// Newest first: a refund is nearly always for a recent charge, so the
+    /// scan stops early. A charge id index would cost ~80 bytes per charge
+    /// for the rare lookup of an old or unknown id (about a millisecond
+    /// across a few hundred thousand charges).
+    fn charge_mut(&mut self, id: &str) -> Option<&mut Charge> {
+        self.charges
+            .iter_mut()
+            .rev()
+            .map(|entry| &mut entry.charge)
+            .find(|charge| charge.id == id)
+    }
+
+    fn has_charge(&self, id: &str) -> bool {
+        self.charges.iter().rev().any(|entry| entry.charge.id == id)
+    }
+}
+
+/// The charges, the refunds and the request counters.
 ///
 /// A std mutex, not a tokio one: it is never held across an `.await`, and
-/// every critical section is a push or a clone.
+/// every critical section is a push, a scan or a copy.
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
-    charges: Mutex<Vec<ChargeRecord>>,
+    books: Mutex<Books>,
     requests: AtomicU64,
     in_flight: AtomicU64,
     max_in_flight: AtomicU64,
 }
 
 impl Ledger {
-    /// Counts a charge request and marks it in flight until the guard drops,
-    /// however the handling ends (answer, error, client gone).
+    /// Counts a charge or refund request and marks it in flight until the
+    /// guard drops, however the handling ends (answer, error, client gone).
     pub(crate) fn begin_request(self: &Arc<Self>) -> InFlight {
         self.requests.fetch_add(1, Ordering::SeqCst);
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
@@ -132,45 +298,159 @@ impl Ledger {
         }
     }
 
-    pub(crate) fn record(&self, charge: &Charge, idempotency_key: Option<String>) {
-        let record = ChargeRecord {
-            id: charge.id.clone(),
-            amount: charge.amount,
-            currency: charge.currency.clone(),
-            status: charge.status,
-            failure_code: charge.failure_code,
+    pub(crate) fn record(&self, charge: Charge, idempotency_key: Option<String>) {
+        self.lock().charges.push(ChargeEntry {
+            charge,
             idempotency_key,
-            created: charge.created,
+        });
+    }
+
+    /// Refunds `request.amount` (or what is left) of the charge, unless that
+    /// would take its refunds past its amount. The check and the record are
+    /// one critical section, so concurrent refunds can never add up to more
+    /// than the charge, whatever the caller checked before.
+    pub(crate) fn refund(
+        &self,
+        request: RefundRequest,
+        idempotency_key: Option<String>,
+    ) -> Result<Refund, RefundRefusal> {
+        let mut books = self.lock();
+        let charge = books
+            .charge_mut(&request.charge)
+            .ok_or(RefundRefusal::NoSuchCharge)?;
+        if charge.status == ChargeStatus::Failed {
+            return Err(RefundRefusal::ChargeFailed);
+        }
+        let unrefunded = charge.amount.saturating_sub(charge.amount_refunded);
+        if unrefunded == 0 {
+            return Err(RefundRefusal::AlreadyRefunded);
+        }
+        let amount = request.amount.unwrap_or(unrefunded);
+        if amount > unrefunded {
+            return Err(RefundRefusal::TooLarge {
+                requested: amount,
+                unrefunded,
+            });
+        }
+        // Everything that could fail comes before the first change.
+        let refund = Refund {
+            id: object_id("re"),
+            object: "refund",
+            amount,
+            charge: request.charge,
+            currency: charge.currency.clone(),
+            status: "succeeded",
+            reason: request.reason,
+            metadata: request.metadata.into(),
+            created: unix_now_ms() / 1000,
         };
-        self.lock_charges().push(record);
+        charge.amount_refunded += amount;
+        charge.refunded = charge.amount_refunded == charge.amount;
+        books.refunds.push(RefundEntry {
+            refund: refund.clone(),
+            idempotency_key,
+        });
+        Ok(refund)
+    }
+
+    /// Refunds newest first, only `charge`'s if given (which must exist).
+    pub(crate) fn refund_page(
+        &self,
+        charge: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<Refund>, NoSuchCharge> {
+        let books = self.lock();
+        if charge.is_some_and(|charge| !books.has_charge(charge)) {
+            return Err(NoSuchCharge);
+        }
+        let matches = books
+            .refunds
+            .iter()
+            .rev()
+            .map(|entry| &entry.refund)
+            .filter(|refund| charge.is_none_or(|charge| refund.charge == charge))
+            .cloned();
+        Ok(Page::of(matches, limit))
+    }
+
+    /// Charges with `metadata[key] == value` that the search index, `lag_ms`
+    /// behind, already shows; newest first.
+    pub(crate) fn search(&self, key: &str, value: &str, lag_ms: u64, limit: usize) -> Page<Charge> {
+        let now_ms = unix_now_ms();
+        let books = self.lock();
+        let matches = books
+            .charges
+            .iter()
+            .rev()
+            .map(|entry| &entry.charge)
+            .filter(|charge| charge.metadata.get(key) == Some(value))
+            .filter(|charge| charge.searchable(now_ms, lag_ms))
+            .cloned();
+        Page::of(matches, limit)
     }
 
     /// Every charge, oldest first.
     pub(crate) fn charges(&self) -> Vec<ChargeRecord> {
-        self.lock_charges().clone()
+        self.lock()
+            .charges
+            .iter()
+            .map(|entry| ChargeRecord {
+                id: entry.charge.id.clone(),
+                amount: entry.charge.amount,
+                currency: entry.charge.currency.clone(),
+                status: entry.charge.status,
+                failure_code: entry.charge.failure_code,
+                idempotency_key: entry.idempotency_key.clone(),
+                created: entry.charge.created,
+            })
+            .collect()
+    }
+
+    /// Every refund, oldest first.
+    pub(crate) fn refunds(&self) -> Vec<RefundRecord> {
+        self.lock()
+            .refunds
+            .iter()
+            .map(|entry| RefundRecord {
+                id: entry.refund.id.clone(),
+                charge: entry.refund.charge.clone(),
+                amount: entry.refund.amount,
+                currency: entry.refund.currency.clone(),
+                reason: entry.refund.reason,
+                idempotency_key: entry.idempotency_key.clone(),
+                created: entry.refund.created,
+            })
+            .collect()
     }
 
     pub(crate) fn stats(&self) -> Stats {
+        let (charges, refunds) = {
+            let books = self.lock();
+            (books.charges.len() as u64, books.refunds.len() as u64)
+        };
         Stats {
             requests: self.requests.load(Ordering::SeqCst),
             in_flight: self.in_flight.load(Ordering::SeqCst),
             max_in_flight: self.max_in_flight.load(Ordering::SeqCst),
-            charges: self.lock_charges().len() as u64,
+            charges,
+            refunds,
         }
     }
 
-    /// Forgets charges and counters. Requests still in flight stay counted
-    /// (their guards will decrement), so the high-water mark restarts there.
+    /// Forgets charges, refunds and counters. Requests still in flight stay
+    /// counted (their guards will decrement), so the high-water mark
+    /// restarts there.
     pub(crate) fn reset(&self) {
-        self.lock_charges().clear();
+        *self.lock() = Books::default();
         self.requests.store(0, Ordering::SeqCst);
         self.max_in_flight
             .store(self.in_flight.load(Ordering::SeqCst), Ordering::SeqCst);
     }
 
-    fn lock_charges(&self) -> std::sync::MutexGuard<'_, Vec<ChargeRecord>> {
-        // A panic while pushing leaves the list valid; keep serving.
-        self.charges.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Books> {
+        // A panic inside a critical section leaves the books valid: a refund
+        // changes its charge only after every check passed, then pushes.
+        self.books.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -208,10 +488,154 @@ mod tests {
     }
 
     #[test]
-    fn charge_ids_look_like_stripe_ids() {
-        let id = charge_id();
-        assert_eq!(id.len(), 27);
-        assert!(id.starts_with("ch_"));
-        assert!(id[3..].chars().all(|c| c.is_ascii_alphanumeric()));
+    fn ids_look_like_stripe_ids() {
+        for prefix in ["ch", "re"] {
+            let id = object_id(prefix);
+            assert_eq!(id.len(), 27);
+            assert!(id.starts_with(&format!("{prefix}_")));
+            assert!(id[3..].chars().all(|c| c.is_ascii_alphanumeric()));
+        }
+    }
+
+    fn charge(amount: u64, decline: Option<Decline>) -> Charge {
+        Charge::new(
+            ChargeRequest {
+                amount,
+                currency: "gbp".into(),
+                source: "tok_visa".into(),
+                description: None,
+                metadata: BTreeMap::from([("order".into(), "42".into())]),
+            },
+            decline,
+        )
+    }
+
+    fn refund_of(charge: &str, amount: Option<u64>) -> RefundRequest {
+        RefundRequest {
+            charge: charge.into(),
+            amount,
+            reason: None,
+            metadata: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn refunds_never_exceed_the_charge() {
+        let ledger = Ledger::default();
+        let paid = charge(1000, None);
+        let id = paid.id.clone();
+        ledger.record(paid, None);
+
+        let first = ledger.refund(refund_of(&id, Some(600)), None);
+        assert!(first.is_ok_and(|refund| refund.amount == 600 && refund.currency == "gbp"));
+        assert_eq!(
+            ledger.refund(refund_of(&id, Some(401)), None).err(),
+            Some(RefundRefusal::TooLarge {
+                requested: 401,
+                unrefunded: 400
+            })
+        );
+        // No amount: what is left.
+        let rest = ledger.refund(refund_of(&id, None), Some("k".into()));
+        assert!(rest.is_ok_and(|refund| refund.amount == 400));
+        assert_eq!(
+            ledger.refund(refund_of(&id, None), None).err(),
+            Some(RefundRefusal::AlreadyRefunded)
+        );
+        let found = ledger.search("order", "42", 0, 10);
+        assert!(
+            found
+                .data
+                .first()
+                .is_some_and(|charge| charge.amount_refunded == 1000 && charge.refunded)
+        );
+        assert_eq!(ledger.stats().refunds, 2);
+        assert_eq!(ledger.refunds().len(), 2);
+    }
+
+    #[test]
+    fn concurrent_refunds_add_up_to_at_most_the_charge() {
+        let ledger = Ledger::default();
+        let paid = charge(1000, None);
+        let id = paid.id.clone();
+        ledger.record(paid, None);
+        let start = std::sync::Barrier::new(20);
+        let made = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..20)
+                .map(|_| {
+                    scope.spawn(|| {
+                        start.wait();
+                        ledger.refund(refund_of(&id, Some(300)), None).is_ok()
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|thread| thread.join())
+                .filter(|joined| matches!(joined, Ok(true)))
+                .count()
+        });
+        assert_eq!(made, 3);
+        assert_eq!(ledger.stats().refunds, 3);
+    }
+
+    #[test]
+    fn unknown_and_failed_charges_are_not_refunded() {
+        let ledger = Ledger::default();
+        let declined = charge(
+            1000,
+            Some(Decline {
+                code: "card_declined",
+                decline_code: "generic_decline",
+                message: "Your card was declined.",
+            }),
+        );
+        let id = declined.id.clone();
+        ledger.record(declined, None);
+        assert_eq!(
+            ledger.refund(refund_of(&id, None), None).err(),
+            Some(RefundRefusal::ChargeFailed)
+        );
+        assert_eq!(
+            ledger.refund(refund_of("ch_nope", None), None).err(),
+            Some(RefundRefusal::NoSuchCharge)
+        );
+        assert!(ledger.refund_page(Some("ch_nope"), 10).is_err());
+        assert_eq!(ledger.stats().refunds, 0);
+    }
+
+    #[test]
+    fn search_lags_and_pages_newest_first() {
+        let ledger = Ledger::default();
+        let ids: Vec<String> = (0..3)
+            .map(|_| {
+                let made = charge(100, None);
+                let id = made.id.clone();
+                ledger.record(made, None);
+                id
+            })
+            .collect();
+        assert!(ledger.search("order", "42", 60_000, 10).data.is_empty());
+        assert!(ledger.search("order", "43", 0, 10).data.is_empty());
+        let page = ledger.search("order", "42", 0, 2);
+        let found: Vec<&str> = page.data.iter().map(|charge| charge.id.as_str()).collect();
+        assert_eq!(found, [ids[2].as_str(), ids[1].as_str()]);
+        assert!(page.has_more);
+        assert!(!ledger.search("order", "42", 0, 3).has_more);
+    }
+
+    #[test]
+    fn metadata_is_a_sorted_map() -> Result<(), serde_json::Error> {
+        let metadata = Metadata::from(BTreeMap::from([
+            ("b".to_owned(), "2".to_owned()),
+            ("a".to_owned(), "1".to_owned()),
+        ]));
+        assert_eq!(
+            (metadata.get("a"), metadata.get("b")),
+            (Some("1"), Some("2"))
+        );
+        assert_eq!(metadata.get("c"), None);
+        assert_eq!(serde_json::to_string(&metadata)?, r#"{"a":"1","b":"2"}"#);
+        Ok(())
     }
 }

@@ -5,21 +5,27 @@
 //! # Layout
 //!
 //! - [`config`]: [`SandboxConfig`], the fault-injection settings (latency,
-//!   error rate, hang, drop-after-charge) and their validation.
+//!   error rate, hang, drop-after-charge, key retention, search lag) and
+//!   their validation.
 //! - `server`: [`serve`] runs the accept loop on a listener the caller bound,
 //!   serving each connection with hyper so a handler can close its own
 //!   connection without answering; [`SandboxHandle`] runs it in the
 //!   background on a random loopback port for tests.
-//! - `routes`: the router: `POST /v1/charges`, the `/_sandbox/*` control
+//! - `routes`: the router: the `/v1` endpoints, the `/_sandbox/*` control
 //!   endpoints, `/healthz`, JSON 404/405.
-//! - `charges`: `POST /v1/charges`: authentication, the idempotency decision
-//!   and the processing task (latency, faults, the charge) that survives the
-//!   client hanging up.
+//! - `processing`: the path both `POST /v1/*` endpoints share:
+//!   authentication, the idempotency decision and the processing task
+//!   (latency, faults, the operation) that survives the client hanging up.
+//! - `charges`: `POST /v1/charges`: the charge.
+//! - `refunds`: `POST /v1/refunds` (the refund) and `GET /v1/refunds`.
+//! - `search`: `GET /v1/charges/search` and its query parser.
 //! - `idempotency`: the provider's key store (in flight, or the stored
 //!   answer), with a claim that releases the key if it is dropped unfinished.
-//! - `params`: the form body: parsing, fingerprint, validation.
+//! - `params`: form bodies and query strings: parsing, fingerprint,
+//!   validation.
 //! - `network`: Stripe's test tokens and what each does.
-//! - `ledger`: the charges made and the request counters.
+//! - `ledger`: the charges made (whole, for refunds and search), the refunds
+//!   and the request counters.
 //! - `response`, `error`: stored JSON answers and Stripe's error envelope.
 //! - `state`: what the handlers share.
 //!
@@ -27,33 +33,57 @@
 //!
 //! | Route | Does |
 //! | --- | --- |
-//! | `POST /v1/charges` | form: `amount`, `currency`, `source`, `description`, `metadata[k]`; `Authorization: Bearer <any>`; optional `Idempotency-Key` |
+//! | `POST /v1/charges` | form: `amount`, `currency`, `source`, `description`, `metadata[k]`; `Authorization: Bearer <any>`; optional `Idempotency-Key`. Answers Stripe's charge object (with `amount_refunded`, `refunded`) |
+//! | `POST /v1/refunds` | form: `charge` (`ch_...`), `amount` (default: what is left), `reason` (`duplicate`, `fraudulent`, `requested_by_customer`), `metadata[k]`; bearer auth and `Idempotency-Key` as for charges. Answers Stripe's refund object (`re_...`, `status: succeeded`) |
+//! | `GET /v1/refunds` | query: `charge` (optional), `limit` (1-100, default 10); bearer auth. Stripe's list, newest first |
+//! | `GET /v1/charges/search` | query: `query=metadata['KEY']:'VALUE'` (or double quotes), `limit` (1-100, default 10); bearer auth. Stripe's `search_result`, newest first, once the index caught up (`search_lag_ms`) |
 //! | `GET`/`POST /_sandbox/config` | read / replace the [`SandboxConfig`] (JSON) |
 //! | `GET /_sandbox/charges` | `{"data":[..]}`: every charge made or declined, oldest first |
-//! | `GET /_sandbox/stats` | `requests`, `in_flight`, `max_in_flight`, `charges` |
-//! | `POST /_sandbox/reset` | forget charges, keys and counters (not the config) |
+//! | `GET /_sandbox/refunds` | `{"data":[..]}`: every refund made, oldest first |
+//! | `GET /_sandbox/stats` | `requests`, `in_flight`, `max_in_flight` (of both `POST /v1/*`), `charges`, `refunds` |
+//! | `POST /_sandbox/reset` | forget charges, refunds, keys and counters (not the config) |
 //! | `GET /healthz` | `{"status":"ok"}` |
+//!
+//! Refund errors (400 `invalid_request_error`): `resource_missing` (param
+//! `charge`) for an unknown charge; `charge_not_refundable` for a failed
+//! (declined) charge, the sandbox's own code since nothing was taken;
+//! `charge_already_refunded` once nothing is left; `amount_too_large`
+//! (param `amount`) for more than is left, amounts in minor units.
+//! `GET /v1/refunds?charge=` with an unknown charge is `resource_missing`
+//! too. A search query of any other form is a 400 with param `query`.
 //!
 //! # Decisions
 //!
-//! - Faults apply only to requests that are processed. An idempotent replay,
-//!   a 409 (key in flight) or a 400 (key reused with other parameters)
-//!   answers at once, so a retry after `drop_after_charge` gets its replay
-//!   while the fault is still on. A request keeps the config it arrived with.
-//! - Order: `latency_ms`, then `hang`, then `error_rate`, then the charge,
-//!   then `drop_after_charge` (only when a charge, succeeded or declined,
-//!   was recorded; a validation error is answered normally).
+//! - Faults apply only to charge and refund requests that are processed
+//!   (the `GET` endpoints have none: they move no money). An idempotent
+//!   replay, a 409 (key in flight) or a 400 (key reused with other
+//!   parameters) answers at once, so a retry after `drop_after_charge` gets
+//!   its replay while the fault is still on. A request keeps the config it
+//!   arrived with.
+//! - Order: `latency_ms`, then `hang`, then `error_rate`, then the charge
+//!   or refund, then `drop_after_charge` (only when a charge, succeeded or
+//!   declined, or a refund was recorded; a validation error or a refused
+//!   refund is answered normally).
+//! - A refund's check against its charge (status, what is left) and its
+//!   record are one critical section, so concurrent refunds can never add
+//!   up to more than the charge, whatever the caller checked first.
+//! - Search visibility is worked out at search time from the charge's
+//!   creation in milliseconds and the current `search_lag_ms`. Searches scan
+//!   the charges newest first; the sandbox does not paginate (`next_page` is
+//!   null, `page` is refused).
 //! - `hang` releases the idempotency key when the hang begins: nothing was
 //!   charged, so a retry with the same key is processed anew (and hangs too
 //!   while the fault is on). The hanging request stays in flight until the
 //!   client hangs up.
 //! - Idempotency keys are scoped per API key, as Stripe scopes them per
-//!   account. The parameter fingerprint is SHA-256 over the raw form pairs
-//!   (order-insensitive), taken before validation, so a stored validation
-//!   error is replayed for the same parameters like any other answer.
+//!   account, across endpoints. The parameter fingerprint is SHA-256 over
+//!   the endpoint and the raw form pairs (order-insensitive), taken before
+//!   validation, so a stored validation error is replayed for the same
+//!   parameters like any other answer, and a key first used on another
+//!   endpoint is a 400 `idempotency_error`, as at Stripe.
 //! - `POST /_sandbox/reset` does not reset `in_flight` (those requests are
 //!   real); an attempt in flight across a reset stores no idempotent answer,
-//!   though its charge is still recorded.
+//!   though its charge or refund is still recorded.
 //! - On shutdown the server stops accepting, gives open connections 2 s to
 //!   finish, then closes them.
 
@@ -65,8 +95,11 @@ mod idempotency;
 mod ledger;
 mod network;
 mod params;
+mod processing;
+mod refunds;
 mod response;
 mod routes;
+mod search;
 mod server;
 mod state;
 

@@ -23,21 +23,25 @@ struct Args {
     /// Address to listen on; port 0 picks a free one.
     #[arg(long, env = "SANDBOX_LISTEN_ADDR", default_value = "127.0.0.1:12111")]
     listen: SocketAddr,
-    /// Milliseconds to wait before processing each charge.
+    /// Milliseconds to wait before processing each charge or refund.
     #[arg(long, env = "SANDBOX_LATENCY_MS", default_value_t = 0)]
     latency_ms: u64,
-    /// Probability (0.0-1.0) of answering a charge with 500 and charging nothing.
+    /// Probability (0.0-1.0) of answering a charge or refund with 500 and
+    /// doing nothing.
     #[arg(long, env = "SANDBOX_ERROR_RATE", default_value_t = 0.0, value_parser = parse_rate)]
     error_rate: f64,
-    /// Never answer charge requests and never charge.
+    /// Never answer charge or refund requests, and do nothing.
     #[arg(long, env = "SANDBOX_HANG", value_parser = BoolishValueParser::new())]
     hang: bool,
-    /// Charge, then close the connection without answering.
+    /// Charge (or refund), then close the connection without answering.
     #[arg(long, env = "SANDBOX_DROP_AFTER_CHARGE", value_parser = BoolishValueParser::new())]
     drop_after_charge: bool,
     /// Seconds the sandbox remembers an idempotency key (Stripe: 24 h).
     #[arg(long, env = "SANDBOX_KEY_RETENTION_SECS", default_value_t = payments_sandbox::DEFAULT_KEY_RETENTION_SECS)]
     key_retention_secs: u64,
+    /// Milliseconds before a new charge shows up in charge searches.
+    #[arg(long, env = "SANDBOX_SEARCH_LAG_MS", default_value_t = 0)]
+    search_lag_ms: u64,
 }
 
 fn parse_rate(raw: &str) -> Result<f64, String> {
@@ -66,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
         hang: args.hang,
         drop_after_charge: args.drop_after_charge,
         key_retention_secs: args.key_retention_secs,
+        search_lag_ms: args.search_lag_ms,
     };
     config.validate().context("invalid sandbox configuration")?;
 

@@ -1,5 +1,7 @@
-//! The form-encoded body of `POST /v1/charges`: raw pairs, their
-//! fingerprint for idempotency, and validation into a [`ChargeRequest`].
+//! Request parameters: the form-encoded bodies of `POST /v1/charges` and
+//! `POST /v1/refunds` (raw pairs, their fingerprint for idempotency, and
+//! validation into a [`ChargeRequest`] or a [`RefundRequest`]), and the query
+//! strings of the `GET` endpoints, which use the same encoding.
 //!
 //! The fingerprint is taken over the raw pairs, before validation, because
 //! Stripe stores validation errors under the idempotency key too: a retry with
@@ -14,6 +16,9 @@ use crate::error::ApiError;
 
 /// Stripe's ceiling for `amount` (99,999,999 minor units).
 const MAX_AMOUNT: u64 = 99_999_999;
+/// Stripe's page size for lists and searches: 10 unless asked, at most 100.
+const DEFAULT_LIMIT: usize = 10;
+const MAX_LIMIT: usize = 100;
 /// Stripe's metadata limits.
 const MAX_METADATA_KEYS: usize = 50;
 const MAX_METADATA_KEY_CHARS: usize = 40;
@@ -42,6 +47,59 @@ pub(crate) struct ChargeRequest {
     pub(crate) metadata: BTreeMap<String, String>,
 }
 
+/// A refund request that passed validation. Whether the charge exists and
+/// has that much left to refund is the ledger's to decide.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RefundRequest {
+    /// The sandbox's charge id (`ch_...`).
+    pub(crate) charge: String,
+    /// Minor units; `None` refunds whatever is left.
+    pub(crate) amount: Option<u64>,
+    /// One of Stripe's [`REFUND_REASONS`].
+    pub(crate) reason: Option<&'static str>,
+    pub(crate) metadata: BTreeMap<String, String>,
+}
+
+/// The reasons Stripe accepts for a refund.
+pub(crate) const REFUND_REASONS: [&str; 3] = ["duplicate", "fraudulent", "requested_by_customer"];
+
+/// `GET /v1/refunds`: which refunds, and how many at most.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RefundListRequest {
+    /// Only this charge's refunds; `None` for every refund.
+    pub(crate) charge: Option<String>,
+    pub(crate) limit: usize,
+}
+
+/// `GET /v1/charges/search`: the raw query (parsed by `search`) and the page
+/// size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SearchRequest {
+    pub(crate) query: String,
+    pub(crate) limit: usize,
+}
+
+/// The parameters an endpoint knows, by name, after [`FormParams::sort`].
+#[derive(Debug)]
+struct Known<'a> {
+    /// The last value sent for each known name.
+    values: BTreeMap<&'static str, &'a str>,
+    /// `metadata[KEY]` entries, validated.
+    metadata: BTreeMap<String, String>,
+}
+
+impl<'a> Known<'a> {
+    fn get(&self, name: &str) -> Option<&'a str> {
+        self.values.get(name).copied()
+    }
+
+    /// The value, unless it is missing or empty (Stripe reads an empty value
+    /// as "not set").
+    fn non_empty(&self, name: &str) -> Option<&'a str> {
+        self.get(name).filter(|value| !value.is_empty())
+    }
+}
+
 impl FormParams {
     /// Decodes an `application/x-www-form-urlencoded` body.
     pub(crate) fn parse(body: &[u8]) -> Result<Self, ApiError> {
@@ -55,13 +113,27 @@ impl FormParams {
             })
     }
 
+    /// Decodes a URL's query string (absent: no parameters).
+    pub(crate) fn parse_query(query: Option<&str>) -> Result<Self, ApiError> {
+        serde_urlencoded::from_str::<Vec<(String, String)>>(query.unwrap_or_default())
+            .map(|pairs| Self { pairs })
+            .map_err(|error| {
+                ApiError::invalid_request(format!("The query string could not be decoded: {error}"))
+            })
+    }
+
     /// The same parameters in any order give the same fingerprint. Pairs are
     /// sorted by name only (a stable sort), so repeated names keep their
     /// order: `a=1&a=2` and `a=2&a=1` mean different things (last one wins).
-    pub(crate) fn fingerprint(&self) -> Fingerprint {
+    ///
+    /// `endpoint` is hashed first: Stripe refuses a key reused on another
+    /// endpoint, and this makes that a parameter mismatch.
+    pub(crate) fn fingerprint(&self, endpoint: &str) -> Fingerprint {
         let mut pairs: Vec<&(String, String)> = self.pairs.iter().collect();
         pairs.sort_by(|a, b| a.0.cmp(&b.0));
         let mut hasher = Sha256::new();
+        hasher.update((endpoint.len() as u64).to_be_bytes());
+        hasher.update(endpoint.as_bytes());
         for (name, value) in pairs {
             // Length prefixes keep `ab=c` and `a=bc` apart.
             for part in [name, value] {
@@ -74,47 +146,114 @@ impl FormParams {
 
     /// Validates the parameters as Stripe's charge endpoint does.
     pub(crate) fn charge_request(&self) -> Result<ChargeRequest, ApiError> {
-        let mut amount = None;
-        let mut currency = None;
-        let mut source = None;
-        let mut description = None;
-        let mut metadata = BTreeMap::new();
-        for (name, value) in &self.pairs {
-            match name.as_str() {
-                "amount" => amount = Some(value),
-                "currency" => currency = Some(value),
-                "source" => source = Some(value),
-                "description" => description = Some(value.clone()),
-                // An empty `metadata=` is how Stripe clients send "no metadata".
-                "metadata" if value.is_empty() => {}
-                _ => match metadata_key(name) {
-                    Some(key) => {
-                        validate_metadata_entry(key, value)?;
-                        metadata.insert(key.to_owned(), value.clone());
-                    }
-                    None => {
-                        return Err(ApiError::invalid_request(format!(
-                            "Received unknown parameter: {name}"
+        let known = self.sort(&["amount", "currency", "source", "description"], true)?;
+        Ok(ChargeRequest {
+            amount: parse_amount(known.non_empty("amount"))?,
+            currency: parse_currency(known.non_empty("currency"))?,
+            source: known
+                .non_empty("source")
+                .map(str::to_owned)
+                .ok_or_else(|| missing("source"))?,
+            description: known.get("description").map(str::to_owned),
+            metadata: known.metadata,
+        })
+    }
+
+    /// Validates the parameters as Stripe's refund endpoint does (the subset
+    /// the sandbox supports: no `payment_intent`, no `refund_application_fee`).
+    pub(crate) fn refund_request(&self) -> Result<RefundRequest, ApiError> {
+        let known = self.sort(&["charge", "amount", "reason"], true)?;
+        let charge = known
+            .non_empty("charge")
+            .map(str::to_owned)
+            .ok_or_else(|| missing("charge"))?;
+        let amount = match known.non_empty("amount") {
+            None => None,
+            amount => Some(parse_amount(amount)?),
+        };
+        let reason = match known.non_empty("reason") {
+            None => None,
+            Some(reason) => Some(
+                REFUND_REASONS
+                    .into_iter()
+                    .find(|known| *known == reason)
+                    .ok_or_else(|| {
+                        ApiError::invalid_request(format!(
+                            "Invalid reason: must be one of {}; got {reason}",
+                            REFUND_REASONS.join(", ")
                         ))
-                        .with_code("parameter_unknown")
-                        .with_param(name.clone()));
-                    }
-                },
+                        .with_code("parameter_invalid_string")
+                        .with_param("reason")
+                    })?,
+            ),
+        };
+        Ok(RefundRequest {
+            charge,
+            amount,
+            reason,
+            metadata: known.metadata,
+        })
+    }
+
+    /// The query of `GET /v1/refunds`.
+    pub(crate) fn refund_list_request(&self) -> Result<RefundListRequest, ApiError> {
+        let known = self.sort(&["charge", "limit"], false)?;
+        Ok(RefundListRequest {
+            charge: known.non_empty("charge").map(str::to_owned),
+            limit: parse_limit(known.non_empty("limit"))?,
+        })
+    }
+
+    /// The query of `GET /v1/charges/search`. Stripe's `page` cursor is
+    /// refused as unknown: the sandbox answers one page only.
+    pub(crate) fn search_request(&self) -> Result<SearchRequest, ApiError> {
+        let known = self.sort(&["query", "limit"], false)?;
+        Ok(SearchRequest {
+            query: known
+                .non_empty("query")
+                .map(str::to_owned)
+                .ok_or_else(|| missing("query"))?,
+            limit: parse_limit(known.non_empty("limit"))?,
+        })
+    }
+
+    /// Sorts the pairs into the endpoint's known `names` (the last value
+    /// wins) and, where the endpoint takes metadata, `metadata[KEY]` entries.
+    /// Any other name is refused, as Stripe refuses it, so a typo cannot
+    /// silently drop a parameter.
+    fn sort(&self, names: &[&'static str], takes_metadata: bool) -> Result<Known<'_>, ApiError> {
+        let mut known = Known {
+            values: BTreeMap::new(),
+            metadata: BTreeMap::new(),
+        };
+        for (name, value) in &self.pairs {
+            if let Some(&name) = names.iter().find(|known| **known == name.as_str()) {
+                known.values.insert(name, value.as_str());
+                continue;
+            }
+            match metadata_key(name).filter(|_| takes_metadata) {
+                Some(key) => {
+                    validate_metadata_entry(key, value)?;
+                    known.metadata.insert(key.to_owned(), value.clone());
+                }
+                // An empty `metadata=` is how Stripe clients send "no metadata".
+                None if takes_metadata && name == "metadata" && value.is_empty() => {}
+                None => {
+                    return Err(ApiError::invalid_request(format!(
+                        "Received unknown parameter: {name}"
+                    ))
+                    .with_code("parameter_unknown")
+                    .with_param(name.clone()));
+                }
             }
         }
-        if metadata.len() > MAX_METADATA_KEYS {
+        if known.metadata.len() > MAX_METADATA_KEYS {
             return Err(ApiError::invalid_request(format!(
                 "You can specify up to {MAX_METADATA_KEYS} keys in metadata."
             ))
             .with_param("metadata"));
         }
-        Ok(ChargeRequest {
-            amount: parse_amount(amount)?,
-            currency: parse_currency(currency)?,
-            source: parse_source(source)?,
-            description,
-            metadata,
-        })
+        Ok(known)
     }
 }
 
@@ -153,10 +292,9 @@ fn missing(param: &'static str) -> ApiError {
         .with_param(param)
 }
 
-fn parse_amount(raw: Option<&String>) -> Result<u64, ApiError> {
-    let raw = raw
-        .filter(|raw| !raw.is_empty())
-        .ok_or_else(|| missing("amount"))?;
+/// A required amount; empty counts as missing.
+fn parse_amount(raw: Option<&str>) -> Result<u64, ApiError> {
+    let raw = raw.ok_or_else(|| missing("amount"))?;
     let invalid_integer = |message: String| {
         ApiError::invalid_request(message)
             .with_code("parameter_invalid_integer")
@@ -179,10 +317,8 @@ fn parse_amount(raw: Option<&String>) -> Result<u64, ApiError> {
     Ok(amount)
 }
 
-fn parse_currency(raw: Option<&String>) -> Result<String, ApiError> {
-    let raw = raw
-        .filter(|raw| !raw.is_empty())
-        .ok_or_else(|| missing("currency"))?;
+fn parse_currency(raw: Option<&str>) -> Result<String, ApiError> {
+    let raw = raw.ok_or_else(|| missing("currency"))?;
     if raw.len() != 3 || !raw.bytes().all(|byte| byte.is_ascii_alphabetic()) {
         // Stripe gives no error code for an unknown currency, only the param.
         return Err(
@@ -192,10 +328,27 @@ fn parse_currency(raw: Option<&String>) -> Result<String, ApiError> {
     Ok(raw.to_ascii_lowercase())
 }
 
-fn parse_source(raw: Option<&String>) -> Result<String, ApiError> {
-    raw.filter(|raw| !raw.is_empty())
-        .cloned()
-        .ok_or_else(|| missing("source"))
+/// Stripe's `limit`: 1 to 100, 10 when absent.
+fn parse_limit(raw: Option<&str>) -> Result<usize, ApiError> {
+    let Some(raw) = raw else {
+        return Ok(DEFAULT_LIMIT);
+    };
+    let invalid = |message: String| {
+        ApiError::invalid_request(message)
+            .with_code("parameter_invalid_integer")
+            .with_param("limit")
+    };
+    let limit: i64 = raw
+        .parse()
+        .map_err(|_| invalid(format!("Invalid integer: {raw}")))?;
+    usize::try_from(limit)
+        .ok()
+        .filter(|limit| (1..=MAX_LIMIT).contains(limit))
+        .ok_or_else(|| {
+            invalid(format!(
+                "limit must be between 1 and {MAX_LIMIT}, got {limit}"
+            ))
+        })
 }
 
 #[cfg(test)]
@@ -227,14 +380,18 @@ mod tests {
 
     #[test]
     fn fingerprint_ignores_order_but_not_values() -> Result<(), ApiError> {
-        let a = params("amount=1&currency=gbp&source=tok_visa")?.fingerprint();
-        let b = params("source=tok_visa&currency=gbp&amount=1")?.fingerprint();
-        let c = params("amount=2&currency=gbp&source=tok_visa")?.fingerprint();
-        let d = params("amount=1&amount=2")?.fingerprint();
-        let e = params("amount=2&amount=1")?.fingerprint();
+        let charges = "/v1/charges";
+        let a = params("amount=1&currency=gbp&source=tok_visa")?.fingerprint(charges);
+        let b = params("source=tok_visa&currency=gbp&amount=1")?.fingerprint(charges);
+        let c = params("amount=2&currency=gbp&source=tok_visa")?.fingerprint(charges);
+        let d = params("amount=1&amount=2")?.fingerprint(charges);
+        let e = params("amount=2&amount=1")?.fingerprint(charges);
+        let other_endpoint =
+            params("amount=1&currency=gbp&source=tok_visa")?.fingerprint("/v1/refunds");
         assert_eq!(a, b);
         assert_ne!(a, c);
         assert_ne!(d, e);
+        assert_ne!(a, other_endpoint);
         Ok(())
     }
 
@@ -253,6 +410,77 @@ mod tests {
             "amount=1&currency=gbp&source=tok_visa&metadata[]=x",
         ] {
             assert!(params(body)?.charge_request().is_err(), "accepted {body}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn parses_a_refund_request() -> Result<(), ApiError> {
+        let full = params(
+            "charge=ch_1&amount=300&reason=requested_by_customer&metadata[ticket]=7&metadata=",
+        )?
+        .refund_request()?;
+        assert_eq!(
+            full,
+            RefundRequest {
+                charge: "ch_1".into(),
+                amount: Some(300),
+                reason: Some("requested_by_customer"),
+                metadata: BTreeMap::from([("ticket".into(), "7".into())]),
+            }
+        );
+        // Without an amount the ledger refunds what is left; empty is absent.
+        let bare = params("charge=ch_1&amount=&reason=")?.refund_request()?;
+        assert_eq!((bare.amount, bare.reason), (None, None));
+        Ok(())
+    }
+
+    #[test]
+    fn rejects_bad_refund_parameters() -> Result<(), ApiError> {
+        for body in [
+            "amount=100",
+            "charge=&amount=100",
+            "charge=ch_1&amount=0",
+            "charge=ch_1&amount=1.5",
+            "charge=ch_1&reason=because",
+            "charge=ch_1&payment_intent=pi_1",
+            "charge=ch_1&metadata[]=x",
+        ] {
+            assert!(params(body)?.refund_request().is_err(), "accepted {body}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn list_and_search_queries_take_a_limit() -> Result<(), ApiError> {
+        let all = FormParams::parse_query(None)?.refund_list_request()?;
+        assert_eq!((all.charge, all.limit), (None, 10));
+        let one = FormParams::parse_query(Some("charge=ch_1&limit=100"))?.refund_list_request()?;
+        assert_eq!((one.charge.as_deref(), one.limit), (Some("ch_1"), 100));
+        for query in [
+            "limit=0",
+            "limit=101",
+            "limit=ten",
+            "charge=ch_1&metadata[a]=b",
+        ] {
+            assert!(
+                FormParams::parse_query(Some(query))?
+                    .refund_list_request()
+                    .is_err(),
+                "accepted {query}"
+            );
+        }
+        let search = FormParams::parse_query(Some("query=metadata%5B%27k%27%5D%3A%27v%27"))?
+            .search_request()?;
+        assert_eq!(search.query, "metadata['k']:'v'");
+        assert_eq!(search.limit, 10);
+        for query in ["", "limit=5", "query=x&page=abc"] {
+            assert!(
+                FormParams::parse_query(Some(query))?
+                    .search_request()
+                    .is_err(),
+                "accepted {query}"
+            );
         }
         Ok(())
     }

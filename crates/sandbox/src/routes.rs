@@ -9,17 +9,23 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
-use crate::charges;
 use crate::config::SandboxConfig;
 use crate::error::ApiError;
 use crate::state::AppState;
+use crate::{charges, refunds, search};
 
 /// Every route the sandbox serves.
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/charges", post(charges::create_charge))
+        .route("/v1/charges/search", get(search::search_charges))
+        .route(
+            "/v1/refunds",
+            post(refunds::create_refund).get(refunds::list_refunds),
+        )
         .route("/_sandbox/config", get(get_config).post(set_config))
         .route("/_sandbox/charges", get(list_charges))
+        .route("/_sandbox/refunds", get(list_refunds))
         .route("/_sandbox/stats", get(stats))
         .route("/_sandbox/reset", post(reset))
         .route("/healthz", get(health))
@@ -55,13 +61,17 @@ async fn list_charges(State(state): State<AppState>) -> Json<Value> {
     Json(json!({ "data": state.ledger.charges() }))
 }
 
+async fn list_refunds(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({ "data": state.ledger.refunds() }))
+}
+
 async fn stats(State(state): State<AppState>) -> Json<Value> {
     Json(json!(state.ledger.stats()))
 }
 
 async fn reset(State(state): State<AppState>) -> Json<Value> {
     state.reset();
-    tracing::info!("sandbox reset: charges, keys and counters cleared");
+    tracing::info!("sandbox reset: charges, refunds, keys and counters cleared");
     Json(json!({ "status": "ok" }))
 }
 

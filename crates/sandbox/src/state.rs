@@ -39,7 +39,7 @@ impl AppState {
         *self.config.write().unwrap_or_else(PoisonError::into_inner) = config;
     }
 
-    /// Forgets charges, keys and counters; keeps the config.
+    /// Forgets charges, refunds, keys and counters; keeps the config.
     pub(crate) fn reset(&self) {
         self.keys.clear();
         self.ledger.reset();

@@ -68,6 +68,92 @@ impl TestSandbox {
         self.charge_request(&self.client, form, key).send().await
     }
 
+    fn refund_request(
+        &self,
+        client: &reqwest::Client,
+        form: &[(&str, &str)],
+        key: Option<&str>,
+    ) -> reqwest::RequestBuilder {
+        let request = client
+            .post(self.url("/v1/refunds"))
+            .bearer_auth("sk_test_sandbox")
+            .form(form);
+        match key {
+            Some(key) => request.header("Idempotency-Key", key),
+            None => request,
+        }
+    }
+
+    async fn post_refund(
+        &self,
+        form: &[(&str, &str)],
+        key: Option<&str>,
+    ) -> reqwest::Result<reqwest::Response> {
+        self.refund_request(&self.client, form, key).send().await
+    }
+
+    /// A successful 1000 gbp charge (minor units); its id.
+    async fn paid_charge(
+        &self,
+        metadata: &[(&str, &str)],
+    ) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+        let mut form = charge_form("tok_visa");
+        form.extend_from_slice(metadata);
+        let (status, charge) = body_json(self.post_charge(&form, None).await?).await?;
+        assert_eq!(status, StatusCode::OK, "{charge}");
+        Ok(charge["id"].as_str().ok_or("no charge id")?.to_owned())
+    }
+
+    /// `GET` a `/v1` path with the query pairs and an API key.
+    async fn get_v1(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> Result<(StatusCode, Value), Box<dyn std::error::Error + Send + Sync>> {
+        let response = self
+            .client
+            .get(self.query_url(path, query)?)
+            .bearer_auth("sk_test_sandbox")
+            .send()
+            .await?;
+        Ok(body_json(response).await?)
+    }
+
+    /// `path?query`, form-encoded (reqwest's `query` is an optional feature).
+    fn query_url(
+        &self,
+        path: &str,
+        query: &[(&str, &str)],
+    ) -> Result<String, serde_urlencoded::ser::Error> {
+        Ok(format!(
+            "{}?{}",
+            self.url(path),
+            serde_urlencoded::to_string(query)?
+        ))
+    }
+
+    /// `GET /v1/charges/search` for `metadata['KEY']:'VALUE'`: the ids found.
+    async fn search_metadata(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> Result<Vec<String>, Box<dyn std::error::Error + Send + Sync>> {
+        let query = format!("metadata['{key}']:'{value}'");
+        let (status, body) = self
+            .get_v1("/v1/charges/search", &[("query", &query)])
+            .await?;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["object"], "search_result");
+        assert_eq!(body["url"], "/v1/charges/search");
+        assert_eq!(body["has_more"], false);
+        assert_eq!(body["next_page"], Value::Null);
+        let data = body["data"].as_array().ok_or("no data")?;
+        Ok(data
+            .iter()
+            .filter_map(|charge| charge["id"].as_str().map(str::to_owned))
+            .collect())
+    }
+
     async fn get_json(&self, path: &str) -> reqwest::Result<Value> {
         self.client
             .get(self.url(path))
@@ -80,6 +166,11 @@ impl TestSandbox {
 
     async fn charges(&self) -> reqwest::Result<Vec<Value>> {
         let list = self.get_json("/_sandbox/charges").await?;
+        Ok(list["data"].as_array().cloned().unwrap_or_default())
+    }
+
+    async fn refunds(&self) -> reqwest::Result<Vec<Value>> {
+        let list = self.get_json("/_sandbox/refunds").await?;
         Ok(list["data"].as_array().cloned().unwrap_or_default())
     }
 
@@ -142,6 +233,8 @@ async fn successful_charge_returns_a_charge_object_and_is_recorded() -> TestResu
     assert_eq!(charge["description"], "Tea & cake");
     assert_eq!(charge["metadata"], json!({"order_id": "42"}));
     assert_eq!(charge["failure_code"], Value::Null);
+    assert_eq!(charge["amount_refunded"], 0);
+    assert_eq!(charge["refunded"], false);
     assert!(
         charge["created"]
             .as_u64()
@@ -613,6 +706,502 @@ async fn hang_never_answers_never_charges_and_releases_the_key() -> TestResult {
 }
 
 #[tokio::test]
+async fn refund_returns_a_refund_object_and_its_replay() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let charge_id = sandbox.paid_charge(&[("metadata[order_id]", "7")]).await?;
+    let form = [
+        ("charge", charge_id.as_str()),
+        ("amount", "400"),
+        ("reason", "requested_by_customer"),
+        ("metadata[ticket]", "T-1"),
+    ];
+    let first = sandbox.post_refund(&form, Some("refund-1")).await?;
+    assert!(!is_replay(&first));
+    let first_status = first.status();
+    let first_body = first.bytes().await?;
+    assert_eq!(first_status, StatusCode::OK);
+    let refund: Value = serde_json::from_slice(&first_body)?;
+    let id = refund["id"].as_str().ok_or("no id")?;
+    assert!(id.starts_with("re_") && id.len() == 27, "{id}");
+    assert!(id[3..].chars().all(|c| c.is_ascii_alphanumeric()));
+    assert_eq!(refund["object"], "refund");
+    assert_eq!(refund["amount"], 400);
+    assert_eq!(refund["charge"], charge_id.as_str());
+    assert_eq!(refund["currency"], "gbp");
+    assert_eq!(refund["status"], "succeeded");
+    assert_eq!(refund["reason"], "requested_by_customer");
+    assert_eq!(refund["metadata"], json!({"ticket": "T-1"}));
+    assert!(
+        refund["created"]
+            .as_u64()
+            .is_some_and(|created| created > 1_600_000_000)
+    );
+
+    // Same parameters in another order: the stored answer, byte for byte.
+    let mut reordered = form.to_vec();
+    reordered.reverse();
+    let replay = sandbox.post_refund(&reordered, Some("refund-1")).await?;
+    assert!(is_replay(&replay));
+    assert_eq!(replay.status(), first_status);
+    assert_eq!(replay.bytes().await?, first_body);
+
+    let refunds = sandbox.refunds().await?;
+    assert_eq!(refunds.len(), 1);
+    assert_eq!(refunds[0]["id"], id);
+    assert_eq!(refunds[0]["charge"], charge_id.as_str());
+    assert_eq!(refunds[0]["amount"], 400);
+    assert_eq!(refunds[0]["idempotency_key"], "refund-1");
+    assert_eq!(sandbox.stats().await?["refunds"], 1);
+
+    // The charge carries what was refunded.
+    let (_, found) = sandbox
+        .get_v1(
+            "/v1/charges/search",
+            &[("query", "metadata['order_id']:'7'")],
+        )
+        .await?;
+    assert_eq!(found["data"][0]["id"], charge_id.as_str());
+    assert_eq!(found["data"][0]["amount_refunded"], 400);
+    assert_eq!(found["data"][0]["refunded"], false);
+    Ok(())
+}
+
+#[tokio::test]
+async fn partial_refunds_up_to_the_amount_then_refusals() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let charge_id = sandbox.paid_charge(&[("metadata[order_id]", "8")]).await?;
+    let charge = charge_id.as_str();
+    for amount in ["300", "300"] {
+        let (status, refund) = body_json(
+            sandbox
+                .post_refund(&[("charge", charge), ("amount", amount)], None)
+                .await?,
+        )
+        .await?;
+        assert_eq!(status, StatusCode::OK, "{refund}");
+        assert_eq!(refund["amount"], 300);
+        assert_eq!(refund["reason"], Value::Null);
+        assert_eq!(refund["metadata"], json!({}));
+    }
+
+    // 400 is left: 500 is too much, and nothing is refunded.
+    let (status, body) = body_json(
+        sandbox
+            .post_refund(&[("charge", charge), ("amount", "500")], None)
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        body,
+        json!({"error": {
+            "type": "invalid_request_error",
+            "code": "amount_too_large",
+            "param": "amount",
+            "message": "Refund amount (500) is greater than unrefunded amount on charge (400)",
+        }})
+    );
+
+    // No amount: the rest.
+    let (status, refund) =
+        body_json(sandbox.post_refund(&[("charge", charge)], None).await?).await?;
+    assert_eq!(status, StatusCode::OK, "{refund}");
+    assert_eq!(refund["amount"], 400);
+
+    for form in [
+        &[("charge", charge)][..],
+        &[("charge", charge), ("amount", "1")],
+    ] {
+        let (status, body) = body_json(sandbox.post_refund(form, None).await?).await?;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{form:?}");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["code"], "charge_already_refunded", "{form:?}");
+    }
+
+    let refunds = sandbox.refunds().await?;
+    let amounts: Vec<&Value> = refunds.iter().map(|refund| &refund["amount"]).collect();
+    assert_eq!(amounts, [300, 300, 400]);
+    let (_, found) = sandbox
+        .get_v1(
+            "/v1/charges/search",
+            &[("query", "metadata['order_id']:'8'")],
+        )
+        .await?;
+    assert_eq!(found["data"][0]["amount_refunded"], 1000);
+    assert_eq!(found["data"][0]["refunded"], true);
+    Ok(())
+}
+
+#[tokio::test]
+async fn concurrent_refunds_never_exceed_the_charge() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let charge_id = sandbox.paid_charge(&[]).await?;
+    // Latency holds all twenty in flight, so they reach the ledger together.
+    sandbox
+        .set_config(json!({"latency_ms": 200}))
+        .await?
+        .error_for_status()?;
+    let form = [("charge", charge_id.as_str()), ("amount", "300")];
+    let keys: Vec<String> = (0..20).map(|i| format!("refund-{i}")).collect();
+    let requests = keys.iter().map(|key| {
+        sandbox
+            .refund_request(&sandbox.client, &form, Some(key))
+            .send()
+    });
+    let mut succeeded = 0;
+    let mut too_large = 0;
+    for response in futures_join_all(requests).await {
+        let (status, body) = body_json(response?).await?;
+        match status {
+            StatusCode::OK => succeeded += 1,
+            StatusCode::BAD_REQUEST if body["error"]["code"] == "amount_too_large" => {
+                too_large += 1;
+            }
+            other => return Err(format!("unexpected status {other}: {body}").into()),
+        }
+    }
+    assert_eq!((succeeded, too_large), (3, 17));
+    let refunds = sandbox.refunds().await?;
+    assert_eq!(refunds.len(), 3);
+    assert!(refunds.iter().all(|refund| refund["amount"] == 300));
+    assert_eq!(sandbox.stats().await?["refunds"], 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn refund_key_reused_with_other_parameters_is_an_idempotency_error() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let charge_id = sandbox.paid_charge(&[]).await?;
+    let charge = charge_id.as_str();
+    let first = sandbox
+        .post_refund(&[("charge", charge), ("amount", "100")], Some("r-key"))
+        .await?;
+    assert_eq!(first.status(), StatusCode::OK);
+    let (status, body) = body_json(
+        sandbox
+            .post_refund(&[("charge", charge), ("amount", "200")], Some("r-key"))
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["type"], "idempotency_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("same parameters"))
+    );
+
+    // A key is the account's, across endpoints: one first used for a charge
+    // cannot make a refund.
+    sandbox
+        .post_charge(&charge_form("tok_visa"), Some("charge-key"))
+        .await?
+        .error_for_status()?;
+    let (status, body) = body_json(
+        sandbox
+            .post_refund(&[("charge", charge)], Some("charge-key"))
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["type"], "idempotency_error");
+    assert_eq!(sandbox.refunds().await?.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn invalid_refunds_are_400_and_refund_nothing() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let paid = sandbox.paid_charge(&[]).await?;
+    let (status, declined) = body_json(
+        sandbox
+            .post_charge(&charge_form("tok_chargeDeclined"), None)
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::PAYMENT_REQUIRED);
+    let failed = declined["error"]["charge"].as_str().ok_or("no charge id")?;
+    let cases: [(Form, &str, &str); 7] = [
+        (&[("amount", "100")], "parameter_missing", "charge"),
+        (
+            &[("charge", "ch_doesnotexist")],
+            "resource_missing",
+            "charge",
+        ),
+        (&[("charge", failed)], "charge_not_refundable", "charge"),
+        (
+            &[("charge", &paid), ("amount", "0")],
+            "parameter_invalid_integer",
+            "amount",
+        ),
+        (
+            &[("charge", &paid), ("amount", "1.5")],
+            "parameter_invalid_integer",
+            "amount",
+        ),
+        (
+            &[("charge", &paid), ("reason", "changed_my_mind")],
+            "parameter_invalid_string",
+            "reason",
+        ),
+        (
+            &[("charge", &paid), ("payment_intent", "pi_1")],
+            "parameter_unknown",
+            "payment_intent",
+        ),
+    ];
+    for (form, code, param) in cases {
+        let (status, body) = body_json(sandbox.post_refund(form, None).await?).await?;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{form:?}");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["code"], code, "{form:?}");
+        assert_eq!(body["error"]["param"], param, "{form:?}");
+    }
+
+    let unauthenticated = sandbox
+        .client
+        .post(sandbox.url("/v1/refunds"))
+        .form(&[("charge", paid.as_str())])
+        .send()
+        .await?;
+    assert_eq!(unauthenticated.status(), StatusCode::UNAUTHORIZED);
+    assert!(sandbox.refunds().await?.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn injected_errors_refund_nothing_and_release_the_key() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let charge_id = sandbox.paid_charge(&[]).await?;
+    sandbox
+        .set_config(json!({"error_rate": 1.0}))
+        .await?
+        .error_for_status()?;
+    let form = [("charge", charge_id.as_str())];
+    let (status, body) = body_json(sandbox.post_refund(&form, Some("flaky")).await?).await?;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body["error"]["type"], "api_error");
+    assert!(sandbox.refunds().await?.is_empty());
+
+    sandbox.set_config(json!({})).await?.error_for_status()?;
+    let retry = sandbox.post_refund(&form, Some("flaky")).await?;
+    assert_eq!(retry.status(), StatusCode::OK);
+    assert!(!is_replay(&retry), "a 500 must not be stored");
+    assert_eq!(sandbox.refunds().await?.len(), 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn drop_after_charge_refunds_and_the_retry_gets_the_replay() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let charge_id = sandbox.paid_charge(&[]).await?;
+    sandbox
+        .set_config(json!({"drop_after_charge": true}))
+        .await?
+        .error_for_status()?;
+    let form = [("charge", charge_id.as_str()), ("amount", "250")];
+    let error = match sandbox.post_refund(&form, Some("dropped-refund")).await {
+        Ok(response) => return Err(format!("got a response: {}", response.status()).into()),
+        Err(error) => error,
+    };
+    assert!(!error.is_timeout(), "{error}");
+    assert!(error.status().is_none());
+
+    let refunds = sandbox.refunds().await?;
+    assert_eq!(refunds.len(), 1);
+    assert_eq!(refunds[0]["idempotency_key"], "dropped-refund");
+    assert_eq!(refunds[0]["amount"], 250);
+
+    // The fault is still on: a replay refunds nothing, so it is answered.
+    let retry = sandbox.post_refund(&form, Some("dropped-refund")).await?;
+    assert!(is_replay(&retry));
+    let (status, refund) = body_json(retry).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(refund["id"], refunds[0]["id"]);
+    assert_eq!(sandbox.refunds().await?.len(), 1);
+
+    // A refused refund records nothing, so it is answered too.
+    let (status, body) = body_json(
+        sandbox
+            .post_refund(&[("charge", &charge_id), ("amount", "5000")], None)
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["code"], "amount_too_large");
+    Ok(())
+}
+
+#[tokio::test]
+async fn refunds_are_listed_newest_first_by_charge() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let first = sandbox.paid_charge(&[]).await?;
+    let second = sandbox.paid_charge(&[]).await?;
+    let mut made = Vec::new();
+    for (charge, amount) in [(&first, "100"), (&second, "200"), (&first, "300")] {
+        let (status, refund) = body_json(
+            sandbox
+                .post_refund(&[("charge", charge), ("amount", amount)], None)
+                .await?,
+        )
+        .await?;
+        assert_eq!(status, StatusCode::OK, "{refund}");
+        made.push(refund);
+    }
+
+    let (status, list) = sandbox.get_v1("/v1/refunds", &[("charge", &first)]).await?;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    assert_eq!(
+        list,
+        json!({"object": "list", "data": [made[2], made[0]], "has_more": false, "url": "/v1/refunds"})
+    );
+
+    let (_, all) = sandbox.get_v1("/v1/refunds", &[]).await?;
+    assert_eq!(all["data"], json!([made[2], made[1], made[0]]));
+    assert_eq!(all["has_more"], false);
+    let (_, page) = sandbox.get_v1("/v1/refunds", &[("limit", "2")]).await?;
+    assert_eq!(page["data"], json!([made[2], made[1]]));
+    assert_eq!(page["has_more"], true);
+
+    let (_, none) = sandbox
+        .get_v1(
+            "/v1/refunds",
+            &[("charge", &sandbox.paid_charge(&[]).await?)],
+        )
+        .await?;
+    assert_eq!(none["data"], json!([]));
+
+    for (query, code, param) in [
+        (
+            &[("charge", "ch_doesnotexist")][..],
+            "resource_missing",
+            "charge",
+        ),
+        (&[("limit", "101")], "parameter_invalid_integer", "limit"),
+        (
+            &[("starting_after", "re_1")],
+            "parameter_unknown",
+            "starting_after",
+        ),
+    ] {
+        let (status, body) = sandbox.get_v1("/v1/refunds", query).await?;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query:?}");
+        assert_eq!(body["error"]["code"], code, "{query:?}");
+        assert_eq!(body["error"]["param"], param, "{query:?}");
+    }
+    let unauthenticated = sandbox
+        .client
+        .get(sandbox.url("/v1/refunds"))
+        .send()
+        .await?;
+    assert_eq!(unauthenticated.status(), StatusCode::UNAUTHORIZED);
+    Ok(())
+}
+
+/// The index lags like Stripe's: a charge searched for at once is not found,
+/// and is found once the lag has passed.
+#[tokio::test]
+async fn search_finds_a_charge_by_metadata_only_after_the_lag() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let (status, config) =
+        body_json(sandbox.set_config(json!({"search_lag_ms": 1000})).await?).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(config["search_lag_ms"], 1000);
+    let other = sandbox
+        .paid_charge(&[("metadata[payments_charge_id]", "ch_other")])
+        .await?;
+    let wanted = sandbox
+        .paid_charge(&[
+            ("metadata[payments_charge_id]", "ch_wanted"),
+            ("metadata[order_id]", "9"),
+        ])
+        .await?;
+
+    assert!(
+        sandbox
+            .search_metadata("payments_charge_id", "ch_wanted")
+            .await?
+            .is_empty(),
+        "visible before the lag"
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let found = loop {
+        let found = sandbox
+            .search_metadata("payments_charge_id", "ch_wanted")
+            .await?;
+        if !found.is_empty() || Instant::now() > deadline {
+            break found;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(found, std::slice::from_ref(&wanted));
+    assert_eq!(
+        sandbox
+            .search_metadata("payments_charge_id", "ch_other")
+            .await?,
+        [other]
+    );
+    assert!(
+        sandbox
+            .search_metadata("payments_charge_id", "ch_none")
+            .await?
+            .is_empty()
+    );
+
+    // Double quotes work too, and the answer is the whole charge.
+    let (status, body) = sandbox
+        .get_v1(
+            "/v1/charges/search",
+            &[("query", r#"metadata["payments_charge_id"]:"ch_wanted""#)],
+        )
+        .await?;
+    assert_eq!(status, StatusCode::OK);
+    let charge = &body["data"][0];
+    assert_eq!(charge["id"], wanted.as_str());
+    assert_eq!(charge["object"], "charge");
+    assert_eq!(charge["amount"], 1000);
+    assert_eq!(
+        charge["metadata"],
+        json!({"order_id": "9", "payments_charge_id": "ch_wanted"})
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn unsupported_search_queries_are_400() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    for query in [
+        "status:'succeeded'",
+        "metadata['k']:'v' AND amount>100",
+        "metadata[k]:v",
+    ] {
+        let (status, body) = sandbox
+            .get_v1("/v1/charges/search", &[("query", query)])
+            .await?;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["param"], "query");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("metadata['KEY']:'VALUE'")),
+            "{body}"
+        );
+    }
+    let (status, body) = sandbox.get_v1("/v1/charges/search", &[]).await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["code"], "parameter_missing");
+    let unauthenticated = sandbox
+        .client
+        .get(sandbox.query_url("/v1/charges/search", &[("query", "metadata['k']:'v'")])?)
+        .send()
+        .await?;
+    assert_eq!(unauthenticated.status(), StatusCode::UNAUTHORIZED);
+    Ok(())
+}
+
+#[tokio::test]
 async fn stats_count_concurrent_requests() -> TestResult {
     let sandbox = spawn_sandbox(SandboxConfig {
         latency_ms: 500,
@@ -648,7 +1237,7 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
     assert_eq!(
         current,
         json!({"latency_ms": 5, "error_rate": 0.0, "hang": false, "drop_after_charge": false,
-               "key_retention_secs": 86400})
+               "key_retention_secs": 86400, "search_lag_ms": 0})
     );
 
     for bad in [
@@ -672,7 +1261,7 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
     let (status, body) = body_json(sandbox.set_config(json!({"error_rate": 0.25})).await?).await?;
     assert_eq!(status, StatusCode::OK);
     let expected = json!({"latency_ms": 0, "error_rate": 0.25, "hang": false, "drop_after_charge": false,
-               "key_retention_secs": 86400});
+               "key_retention_secs": 86400, "search_lag_ms": 0});
     assert_eq!(body, expected);
     assert_eq!(sandbox.get_json("/_sandbox/config").await?, expected);
     Ok(())
@@ -689,10 +1278,16 @@ async fn invalid_config_is_refused_at_start() {
 }
 
 #[tokio::test]
-async fn reset_forgets_charges_keys_and_counters_but_not_the_config() -> TestResult {
+async fn reset_forgets_charges_refunds_keys_and_counters_but_not_the_config() -> TestResult {
     let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
     let form = charge_form("tok_visa");
-    sandbox.post_charge(&form, Some("before-reset")).await?;
+    let (_, charge) = body_json(sandbox.post_charge(&form, Some("before-reset")).await?).await?;
+    let charge_id = charge["id"].as_str().ok_or("no charge id")?;
+    let refund = sandbox
+        .post_refund(&[("charge", charge_id)], Some("refund-before-reset"))
+        .await?;
+    assert_eq!(refund.status(), StatusCode::OK);
+    assert_eq!(sandbox.stats().await?["refunds"], 1);
     sandbox
         .set_config(json!({"latency_ms": 1}))
         .await?
@@ -705,10 +1300,11 @@ async fn reset_forgets_charges_keys_and_counters_but_not_the_config() -> TestRes
         .await?;
     assert_eq!(reset.status(), StatusCode::OK);
     assert!(sandbox.charges().await?.is_empty());
+    assert!(sandbox.refunds().await?.is_empty());
     let stats = sandbox.stats().await?;
     assert_eq!(
         stats,
-        json!({"requests": 0, "in_flight": 0, "max_in_flight": 0, "charges": 0})
+        json!({"requests": 0, "in_flight": 0, "max_in_flight": 0, "charges": 0, "refunds": 0})
     );
     assert_eq!(sandbox.get_json("/_sandbox/config").await?["latency_ms"], 1);
 
@@ -727,7 +1323,7 @@ async fn health_and_unknown_routes() -> TestResult {
     let (status, body) = body_json(
         sandbox
             .client
-            .get(sandbox.url("/v1/refunds"))
+            .get(sandbox.url("/v1/customers"))
             .send()
             .await?,
     )
@@ -767,6 +1363,7 @@ async fn dropping_the_handle_stops_the_server() -> TestResult {
 async fn binary_prints_its_address_serves_and_stops_on_sigterm() -> TestResult {
     let mut child = Command::new(env!("CARGO_BIN_EXE_payments-sandbox"))
         .args(["--listen", "127.0.0.1:0", "--latency-ms", "1"])
+        .env("SANDBOX_SEARCH_LAG_MS", "250")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -793,6 +1390,7 @@ async fn binary_prints_its_address_serves_and_stops_on_sigterm() -> TestResult {
         .json()
         .await?;
     assert_eq!(config["latency_ms"], 1);
+    assert_eq!(config["search_lag_ms"], 250);
 
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])

@@ -1,0 +1,114 @@
+//! `POST /v1/refunds` and `GET /v1/refunds`: Stripe's refunds of the
+//! sandbox's own charges. Creating one takes the shared path in `processing`
+//! (key, faults); the refund itself is one critical section in the ledger.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::{Extension, Json};
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::ledger::{Ledger, NoSuchCharge, RefundRefusal};
+use crate::params::FormParams;
+use crate::processing::{self, Operation};
+use crate::response::StoredResponse;
+use crate::server::ConnectionControl;
+use crate::state::AppState;
+
+const REFUNDS: Operation = Operation {
+    path: "/v1/refunds",
+    object: "refund",
+    apply: refund,
+};
+
+/// `POST /v1/refunds`.
+pub(crate) async fn create_refund(
+    State(state): State<AppState>,
+    connection: Option<Extension<ConnectionControl>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    processing::serve(state, connection, headers, body, REFUNDS).await
+}
+
+/// Validates and refunds. Returns the final answer and whether a refund was
+/// recorded; a refusal records nothing, so it is answered even under
+/// `drop_after_charge`.
+fn refund(ledger: &Ledger, params: &FormParams, key: Option<&str>) -> (StoredResponse, bool) {
+    let request = match params.refund_request() {
+        Ok(request) => request,
+        Err(error) => return (error.to_stored(), false),
+    };
+    let charge = request.charge.clone();
+    match ledger.refund(request, key.map(str::to_owned)) {
+        Ok(refund) => {
+            tracing::debug!(
+                refund = %refund.id,
+                charge = %refund.charge,
+                amount = refund.amount,
+                idempotency_key = key,
+                "refund recorded"
+            );
+            (StoredResponse::json(StatusCode::OK, &refund), true)
+        }
+        Err(refusal) => (refusal_error(&charge, refusal).to_stored(), false),
+    }
+}
+
+/// Stripe's errors for a refund the charge cannot take.
+fn refusal_error(charge: &str, refusal: RefundRefusal) -> ApiError {
+    match refusal {
+        RefundRefusal::NoSuchCharge => no_such_charge(charge),
+        // Stripe has no single code for this; the sandbox names it.
+        RefundRefusal::ChargeFailed => ApiError::invalid_request(format!(
+            "Charge {charge} failed, so there is nothing to refund."
+        ))
+        .with_code("charge_not_refundable")
+        .with_param("charge"),
+        RefundRefusal::AlreadyRefunded => {
+            ApiError::invalid_request(format!("Charge {charge} has already been refunded."))
+                .with_code("charge_already_refunded")
+                .with_param("charge")
+        }
+        // Amounts in minor units, the unit of the `amount` parameter.
+        RefundRefusal::TooLarge {
+            requested,
+            unrefunded,
+        } => ApiError::invalid_request(format!(
+            "Refund amount ({requested}) is greater than unrefunded amount on charge \
+             ({unrefunded})"
+        ))
+        .with_code("amount_too_large")
+        .with_param("amount"),
+    }
+}
+
+fn no_such_charge(charge: &str) -> ApiError {
+    ApiError::invalid_request(format!("No such charge: '{charge}'"))
+        .with_code("resource_missing")
+        .with_param("charge")
+}
+
+/// `GET /v1/refunds[?charge=ch_..][&limit=N]`: Stripe's list, newest first.
+/// No faults: they model what happens to money-moving requests.
+pub(crate) async fn list_refunds(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    processing::api_key(&headers)?;
+    let request = FormParams::parse_query(query.as_deref())?.refund_list_request()?;
+    let page = state
+        .ledger
+        .refund_page(request.charge.as_deref(), request.limit)
+        .map_err(|NoSuchCharge| no_such_charge(request.charge.as_deref().unwrap_or_default()))?;
+    Ok(Json(json!({
+        "object": "list",
+        "data": page.data,
+        "has_more": page.has_more,
+        "url": "/v1/refunds",
+    })))
+}
