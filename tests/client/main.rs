@@ -158,7 +158,7 @@ async fn one_key_per_operation_reused_by_every_attempt() {
     let second = client.charge(&visa()).await.unwrap();
 
     assert_eq!((first.attempts, second.attempts), (3, 3));
-    assert!(matches!(first.answer, Answer::Charged(ref c) if c.id == "ch_standin"));
+    assert!(matches!(first.answer, Answer::Done(ref c) if c.id == "ch_standin"));
     let seen = server.seen();
     assert_eq!(seen.len(), 6, "3 attempts per operation");
     let keys: Vec<&str> = seen.iter().map(|s| s.key.as_deref().unwrap()).collect();

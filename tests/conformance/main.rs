@@ -10,11 +10,13 @@ use std::time::Duration;
 
 use payments_domain::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId};
 use payments_domain::idempotency::{
-    CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, LeaseToken, RecordId, RecordState,
-    RequestFingerprint, StoredResponse,
+    CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, LeaseToken, REFUNDS_ROUTE, RecordId,
+    RecordState, RequestFingerprint, StoredResponse,
 };
+use payments_domain::refund::{Refund, RefundRequest};
 use payments_domain::store::{
-    ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Store,
+    ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Operation,
+    Outcome, RefundOutcome, Store,
 };
 use payments_tests::{Backend, TestDb, backend_tests};
 use serde_json::{Value, json};
@@ -43,7 +45,23 @@ fn claim(key: &str, customer: &str, body: &Value) -> Claim {
         fingerprint: RequestFingerprint::of(body),
         lease: NewLease::new(LEASE),
         ttl: TTL,
-        charge: Charge::pending(&customer_id, &request),
+        operation: Operation::Charge(Charge::pending(&customer_id, &request)),
+    }
+}
+
+/// The pending charge a claim carries.
+fn charge_of(c: &Claim) -> &Charge {
+    match &c.operation {
+        Operation::Charge(charge) => charge,
+        Operation::Refund(refund) => panic!("a refund claim: {refund:?}"),
+    }
+}
+
+/// A charge's outcome.
+fn charge_outcome(o: &Outcome) -> &ChargeOutcome {
+    match o {
+        Outcome::Charge(o) => o,
+        Outcome::Refund(o) => panic!("a refund outcome: {o:?}"),
     }
 }
 
@@ -52,17 +70,17 @@ fn finish(c: &Claim, record_id: RecordId, token: &LeaseToken, marker: &str) -> F
         record_id,
         lease_token: token.clone(),
         state: RecordState::Complete,
-        outcome: ChargeOutcome {
-            charge_id: c.charge.id.clone(),
+        outcome: Outcome::Charge(ChargeOutcome {
+            charge_id: charge_of(c).id.clone(),
             status: ChargeStatus::Succeeded,
             gateway_charge_id: Some(marker.to_owned()),
             decline_code: None,
-        },
+        }),
         response: StoredResponse {
             status: 201,
             body: format!(r#"{{"winner":"{marker}"}}"#),
             content_type: JSON.to_owned(),
-            location: Some(format!("/api/charges/{}", c.charge.id)),
+            location: Some(format!("/api/charges/{}", charge_of(c).id)),
         },
     }
 }
@@ -70,14 +88,14 @@ fn finish(c: &Claim, record_id: RecordId, token: &LeaseToken, marker: &str) -> F
 async fn claimed(store: &Arc<dyn Store>, c: &Claim) -> RecordId {
     match store.claim(c).await.unwrap() {
         ClaimOutcome::Claimed { record_id, .. } => record_id,
-        ClaimOutcome::Existing(r) => panic!("expected a claim, got existing {r:?}"),
+        other => panic!("expected a claim, got {other:?}"),
     }
 }
 
 fn existing(outcome: ClaimOutcome) -> IdempotencyRecord {
     match outcome {
         ClaimOutcome::Existing(record) => *record,
-        ClaimOutcome::Claimed { record_id, .. } => panic!("claimed again as {record_id}"),
+        other => panic!("expected the existing record, got {other:?}"),
     }
 }
 
@@ -115,6 +133,7 @@ async fn concurrent_claims_have_one_winner(backend: Backend) {
                 assert!(r.lease_live);
                 record_ids.push(r.id);
             }
+            refused @ ClaimOutcome::Refused(_) => panic!("a charge is never {refused:?}"),
         }
     }
     assert_eq!(winners, 1, "exactly one claimer wins");
@@ -158,9 +177,12 @@ async fn concurrent_finishers_have_one_winner(backend: Backend) {
     assert_eq!(record.response.as_ref(), Some(&winner.response));
     assert_eq!(record.lease, None, "a complete record holds no lease");
     assert!(record.completed_at.is_some());
-    let charge = store.charge(&c.charge.id).await.unwrap().unwrap();
+    let charge = store.charge(&charge_of(&c).id).await.unwrap().unwrap();
     assert_eq!(charge.status, ChargeStatus::Succeeded);
-    assert_eq!(charge.gateway_charge_id, winner.outcome.gateway_charge_id);
+    assert_eq!(
+        charge.gateway_charge_id,
+        charge_outcome(&winner.outcome).gateway_charge_id
+    );
     // A finisher with a wrong token, or after completion, loses.
     let late = finish(
         &c,
@@ -336,8 +358,15 @@ async fn deadlines_are_computed_by_the_database(backend: Backend) {
     let Some(db) = db(backend).await else { return };
     let store = db.store();
     let c = claim("clock-key", "cus_1", &body(100));
-    let ClaimOutcome::Claimed { record_id, charge } = store.claim(&c).await.unwrap() else {
+    let ClaimOutcome::Claimed {
+        record_id,
+        operation,
+    } = store.claim(&c).await.unwrap()
+    else {
         panic!("a fresh key is claimed")
+    };
+    let Operation::Charge(charge) = *operation else {
+        panic!("a charge")
     };
     let record = store.record(record_id).await.unwrap().unwrap();
     let lease = record.lease.clone().unwrap();
@@ -348,7 +377,7 @@ async fn deadlines_are_computed_by_the_database(backend: Backend) {
     assert!((3_600_000..3_600_050).contains(&ttl_ms), "{record:?}");
     assert_eq!(charge.created_at, record.created_at);
     let stored = store.charge(&charge.id).await.unwrap().unwrap();
-    assert_eq!(stored, *charge, "the claim returns the charge as stored");
+    assert_eq!(stored, charge, "the claim returns the charge as stored");
     assert_eq!(
         record.created_at.timestamp_subsec_micros() % 1000,
         0,
@@ -409,7 +438,7 @@ async fn expired_record_is_reclaimed_once(backend: Backend) {
     let record = store.record(*id).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::InProgress);
     assert_eq!(record.customer_id, "cus_2");
-    assert_eq!(record.charge_id, winner.charge.id);
+    assert_eq!(record.charge_id, charge_of(winner).id);
     assert_eq!(record.response, None);
     assert!(record.lease_live && !record.expired, "times start afresh");
     assert_eq!(db.records().await, 1);
@@ -438,8 +467,11 @@ async fn expired_record_is_reclaimed_once(backend: Backend) {
     let lost_id = claimed(&store, &lost).await;
     let mut abandon = finish(&lost, lost_id, &lost.lease.token, "unused");
     abandon.state = RecordState::Abandoned;
-    abandon.outcome.status = ChargeStatus::Unknown;
-    abandon.outcome.gateway_charge_id = None;
+    abandon.outcome = Outcome::Charge(ChargeOutcome {
+        status: ChargeStatus::Unknown,
+        gateway_charge_id: None,
+        ..charge_outcome(&abandon.outcome).clone()
+    });
     abandon.response.status = 500;
     assert_eq!(
         store.finish(&abandon).await.unwrap(),
@@ -586,18 +618,18 @@ async fn charges_round_trip(backend: Backend) {
     let with_extras = json!({"amount_cents": 4900, "currency": "JPY", "card_token": "tok_visa",
         "description": "tea ☕", "metadata": {"order": "42", "z": "last"}});
     let c = claim("rt-key", "cus_1", &with_extras);
-    let ClaimOutcome::Claimed { charge, .. } = store.claim(&c).await.unwrap() else {
+    let ClaimOutcome::Claimed { operation, .. } = store.claim(&c).await.unwrap() else {
         panic!("claimed")
     };
-    let stored = store.charge(&c.charge.id).await.unwrap().unwrap();
-    assert_eq!(stored, *charge);
+    let stored = store.charge(&charge_of(&c).id).await.unwrap().unwrap();
+    assert_eq!(Operation::Charge(stored.clone()), *operation);
     assert_eq!(
         Charge {
-            created_at: c.charge.created_at,
-            updated_at: c.charge.updated_at,
+            created_at: charge_of(&c).created_at,
+            updated_at: charge_of(&c).updated_at,
             ..stored
         },
-        c.charge,
+        *charge_of(&c),
         "everything but the database's timestamps is as sent"
     );
     assert_eq!(store.charge("ch_missing").await.unwrap(), None);
@@ -619,7 +651,12 @@ async fn charges_round_trip(backend: Backend) {
         gateway_charge_id: Some("ch_gw".to_owned()),
         decline_code: Some("generic_decline".to_owned()),
     };
-    assert!(store.settle_charge(&settled).await.unwrap());
+    assert!(
+        store
+            .settle(&Outcome::Charge(settled.clone()))
+            .await
+            .unwrap()
+    );
     let read = store.charge(&keyless.id).await.unwrap().unwrap();
     assert_eq!(read.status, ChargeStatus::Failed);
     assert_eq!(read.decline_code.as_deref(), Some("generic_decline"));
@@ -628,7 +665,7 @@ async fn charges_round_trip(backend: Backend) {
         status: ChargeStatus::Unknown,
         ..settled.clone()
     };
-    assert!(!store.settle_charge(&again).await.unwrap());
+    assert!(!store.settle(&Outcome::Charge(again)).await.unwrap());
     assert_eq!(
         store.charge(&keyless.id).await.unwrap().unwrap().status,
         ChargeStatus::Failed
@@ -637,7 +674,7 @@ async fn charges_round_trip(backend: Backend) {
         charge_id: "ch_missing".to_owned(),
         ..settled
     };
-    assert!(!store.settle_charge(&missing).await.unwrap());
+    assert!(!store.settle(&Outcome::Charge(missing)).await.unwrap());
     store.ready().await.unwrap();
 }
 
@@ -653,7 +690,7 @@ async fn known_keys_are_answered_from_their_record(backend: Backend) {
     let in_flight = existing(store.claim(&retry).await.unwrap());
     assert_eq!(in_flight.id, record_id);
     assert_eq!(in_flight.state, RecordState::InProgress);
-    assert_eq!(in_flight.charge_id, c.charge.id);
+    assert_eq!(in_flight.charge_id, charge_of(&c).id);
     assert!(in_flight.lease_live);
     let mut other_route = claim("known-key", "cus_1", &body(100));
     other_route.route = "POST /api/refunds";
@@ -670,17 +707,287 @@ async fn known_keys_are_answered_from_their_record(backend: Backend) {
     let complete = existing(store.claim(&retry).await.unwrap());
     assert_eq!(complete.state, RecordState::Complete);
     assert_eq!(complete.response, Some(done.response.clone()));
-    let charge = store.charge(&c.charge.id).await.unwrap().unwrap();
+    let charge = store.charge(&charge_of(&c).id).await.unwrap().unwrap();
     assert_eq!(charge.status, ChargeStatus::Succeeded);
     assert_eq!(charge.gateway_charge_id.as_deref(), Some("gw_known"));
 
     // A second finish under the same (now spent) lease changes nothing.
     let again = finish(&c, record_id, &c.lease.token, "gw_again");
     assert_eq!(store.finish(&again).await.unwrap(), FinishOutcome::Lost);
-    let charge = store.charge(&c.charge.id).await.unwrap().unwrap();
+    let charge = store.charge(&charge_of(&c).id).await.unwrap().unwrap();
     assert_eq!(charge.gateway_charge_id.as_deref(), Some("gw_known"));
     assert_eq!(db.records().await, 3);
     assert_eq!(db.charges().await, 3, "the retries wrote no charge");
+}
+
+/// A succeeded charge of `amount` for `cus_1`, as a finished claim leaves it.
+async fn succeeded_charge(store: &Arc<dyn Store>, key: &str, amount: i64) -> Charge {
+    let c = claim(key, "cus_1", &body(amount));
+    let record_id = claimed(store, &c).await;
+    let f = finish(&c, record_id, &c.lease.token, "ch_provider");
+    assert_eq!(store.finish(&f).await.unwrap(), FinishOutcome::Finished);
+    store.charge(&charge_of(&c).id).await.unwrap().unwrap()
+}
+
+/// A claim to refund `amount` (`None`: what is left) of `charge`.
+fn refund_claim(key: &str, charge: &Charge, amount: Option<i64>) -> Claim {
+    let body = match amount {
+        Some(amount) => json!({"amount_cents": amount}),
+        None => json!({}),
+    };
+    let request = RefundRequest::from_json(&body, 1_000_000).unwrap();
+    let customer = CustomerId::parse(&charge.customer_id).unwrap();
+    Claim {
+        key: IdempotencyKey::parse(key).unwrap(),
+        route: REFUNDS_ROUTE,
+        customer: customer.clone(),
+        fingerprint: RequestFingerprint::of(&json!({"charge_id": charge.id, "b": body})),
+        lease: NewLease::new(LEASE),
+        ttl: TTL,
+        operation: Operation::Refund(Refund::pending(&customer, charge, &request)),
+    }
+}
+
+/// The refund a won claim made.
+fn claimed_refund(outcome: ClaimOutcome) -> (RecordId, Refund) {
+    match outcome {
+        ClaimOutcome::Claimed {
+            record_id,
+            operation,
+        } => match *operation {
+            Operation::Refund(refund) => (record_id, refund),
+            other => panic!("a refund claim made {other:?}"),
+        },
+        other => panic!("expected a claimed refund, got {other:?}"),
+    }
+}
+
+/// The answer a refused refund stored: what was left to refund.
+fn refusal_left(outcome: &ClaimOutcome) -> Option<i64> {
+    let ClaimOutcome::Refused(answer) = outcome else {
+        return None;
+    };
+    assert_eq!(answer.status, 400);
+    let body: Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(body["error"]["code"], "refund_exceeds_charge");
+    body["error"]["refundable_amount_cents"].as_i64()
+}
+
+/// Finishes a claimed refund with `status`.
+fn refund_finish(record_id: RecordId, c: &Claim, refund: &Refund, status: ChargeStatus) -> Finish {
+    Finish {
+        record_id,
+        lease_token: c.lease.token.clone(),
+        state: RecordState::Complete,
+        outcome: Outcome::Refund(RefundOutcome {
+            refund_id: refund.id.clone(),
+            charge_id: refund.charge_id.clone(),
+            amount_cents: refund.amount_cents,
+            status,
+            gateway_refund_id: Some("re_provider".to_owned()),
+            failure_code: (status == ChargeStatus::Failed).then(|| "declined".to_owned()),
+        }),
+        response: StoredResponse {
+            status: 201,
+            body: refund.to_json(),
+            content_type: JSON.to_owned(),
+            location: Some(refund.location()),
+        },
+    }
+}
+
+/// Twenty refunds of 30% race on one charge with distinct keys: the
+/// reservation, a conditional update in each claim's transaction, lets
+/// exactly three in; the other seventeen are refused with what is left
+/// (10%), stored, and replayed to their retries.
+async fn concurrent_refunds_never_exceed_the_charge(backend: Backend) {
+    let Some(db) = db(backend).await else { return };
+    let store = db.store();
+    // Three rounds, so a check-then-act store would be caught by the
+    // interleaving it needs in at least one of them.
+    for round in 0..3 {
+        let charge = succeeded_charge(&store, &format!("refund-race-charge-{round}"), 1000).await;
+        let barrier = Arc::new(tokio::sync::Barrier::new(20));
+        let tasks: Vec<_> = (0..20)
+            .map(|i| {
+                let (store, barrier) = (store.clone(), barrier.clone());
+                let c = refund_claim(&format!("refund-race-{round}-{i}"), &charge, Some(300));
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    (store.claim(&c).await.unwrap(), c)
+                })
+            })
+            .collect();
+        let (mut made, mut refused) = (Vec::new(), 0);
+        for t in tasks {
+            let (outcome, c) = t.await.unwrap();
+            match refusal_left(&outcome) {
+                Some(left) => {
+                    assert_eq!(left, 100, "what is left after three refunds of 300");
+                    refused += 1;
+                    // The refusal is the key's final answer.
+                    let again = existing(store.claim(&c).await.unwrap());
+                    assert_eq!(again.state, RecordState::Complete);
+                    assert_eq!(again.response.as_ref().map(|r| r.status), Some(400));
+                    assert_eq!(again.refund_id, None, "a refused refund made no refund");
+                }
+                None => made.push(claimed_refund(outcome)),
+            }
+        }
+        assert_eq!((made.len(), refused), (3, 17));
+        for (_, refund) in &made {
+            assert_eq!(refund.amount_cents, 300);
+            let stored = store.refund(&refund.id).await.unwrap().unwrap();
+            assert_eq!(&stored, refund, "the claim returns the refund as stored");
+            assert_eq!(stored.gateway_charge_id.as_deref(), Some("ch_provider"));
+        }
+    }
+    assert_eq!(db.refunds_with_status("").await, 9);
+    assert_eq!(db.refunds_with_status("pending").await, 9);
+}
+
+/// A refund's outcome moves its charge: a success adds to
+/// `amount_refunded`, a failure gives its reservation back (so a new refund
+/// fits again), an unknown one keeps it; a default amount takes what is
+/// left, and nothing once nothing is.
+async fn refund_outcomes_move_the_reservation(backend: Backend) {
+    let Some(db) = db(backend).await else { return };
+    let store = db.store();
+    let charge = succeeded_charge(&store, "refund-life-charge", 1000).await;
+    let refund = |key: &str, amount| {
+        let (store, c) = (store.clone(), refund_claim(key, &charge, amount));
+        async move {
+            let outcome = store.claim(&c).await.unwrap();
+            (outcome, c)
+        }
+    };
+    // 400 succeeds.
+    let (outcome, c) = refund("r-ok", Some(400)).await;
+    let (record_id, ok) = claimed_refund(outcome);
+    let f = refund_finish(record_id, &c, &ok, ChargeStatus::Succeeded);
+    assert_eq!(store.finish(&f).await.unwrap(), FinishOutcome::Finished);
+    let read = store.charge(&charge.id).await.unwrap().unwrap();
+    assert_eq!(read.amount_refunded, 400);
+    assert_eq!(read.status, ChargeStatus::Succeeded);
+    assert_eq!(
+        store.refund(&ok.id).await.unwrap().unwrap().status,
+        ChargeStatus::Succeeded
+    );
+    // The rest (600, by default) fails: its reservation comes back.
+    let (outcome, c) = refund("r-fail", None).await;
+    let (record_id, failed) = claimed_refund(outcome);
+    assert_eq!(
+        failed.amount_cents, 600,
+        "a default refund takes what is left"
+    );
+    let (outcome, _) = refund("r-none-left", Some(1)).await;
+    assert_eq!(refusal_left(&outcome), Some(0));
+    let f = refund_finish(record_id, &c, &failed, ChargeStatus::Failed);
+    assert_eq!(store.finish(&f).await.unwrap(), FinishOutcome::Finished);
+    let read = store.refund(&failed.id).await.unwrap().unwrap();
+    assert_eq!(
+        (read.status, read.failure_code.as_deref()),
+        (ChargeStatus::Failed, Some("declined"))
+    );
+    // Abandoned (unknown): the 600 stay reserved.
+    let (outcome, c) = refund("r-unknown", None).await;
+    let (record_id, unknown) = claimed_refund(outcome);
+    assert_eq!(unknown.amount_cents, 600);
+    let mut f = refund_finish(record_id, &c, &unknown, ChargeStatus::Unknown);
+    f.state = RecordState::Abandoned;
+    assert_eq!(store.finish(&f).await.unwrap(), FinishOutcome::Finished);
+    let (outcome, _) = refund("r-after-unknown", None).await;
+    assert_eq!(
+        refusal_left(&outcome),
+        Some(0),
+        "an unknown refund keeps its reservation"
+    );
+    let read = store.charge(&charge.id).await.unwrap().unwrap();
+    assert_eq!(
+        read.amount_refunded, 400,
+        "only succeeded refunds count as refunded"
+    );
+    // The same key on the charge route and on the refund route: two
+    // independent operations.
+    let on_charges = claim("r-ok", "cus_1", &body(100));
+    assert!(matches!(
+        store.claim(&on_charges).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+}
+
+/// On PostgreSQL with 100,000 charges for one customer (and others'
+/// around them), after `ANALYZE`: the first page and a deep page of
+/// `GET /api/charges` are each one index range scan of
+/// `charges_customer_created`, with no sort, reading at most `limit + 1`
+/// rows. The plan is PostgreSQL's own (`EXPLAIN ANALYZE`) of the store's
+/// statement with the values bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_list_page_is_one_index_range_scan_on_postgres() {
+    let Some(db) = TestDb::new(Backend::Postgres, 4).await else {
+        return;
+    };
+    let seed = |customer: &str, n: u32| {
+        format!(
+            "INSERT INTO charges (id, customer_id, amount_cents, currency, card_token, metadata, \
+             status, provider_key, created_at, updated_at) \
+             SELECT '{customer}_' || lpad(g::text, 7, '0'), '{customer}', 100, 'GBP', 'tok_visa', \
+             jsonb_build_object('order_id', 'o-' || g), 'succeeded', '{customer}_pk_' || g, \
+             timestamptz '2026-01-01' + g * interval '1 second', timestamptz '2026-01-01' \
+             FROM generate_series(1, {n}) g"
+        )
+    };
+    for (customer, n) in [
+        ("cus_big", 100_000),
+        ("cus_before", 5_000),
+        ("cus_zafter", 5_000),
+    ] {
+        assert_eq!(db.execute("", &seed(customer, n), "").await, u64::from(n));
+    }
+    db.execute("", "ANALYZE charges", "").await;
+    let pg = db.postgres().expect("a PostgreSQL store");
+    let customer = CustomerId::parse("cus_big").unwrap();
+    let pairs = |q: &[(&str, &str)]| -> Vec<(String, String)> {
+        q.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    };
+    for query in [
+        pairs(&[]),
+        pairs(&[("limit", "100")]),
+        pairs(&[("starting_after", "cus_big_0050000")]),
+        pairs(&[("ending_before", "cus_big_0000100"), ("limit", "10")]),
+    ] {
+        let query = payments_domain::list::ChargeQuery::parse(&query).unwrap();
+        let plan = pg.explain_list_charges(&customer, &query).await.unwrap();
+        let text = plan.join("\n");
+        let scans: Vec<&String> = plan.iter().filter(|l| l.contains("Index Scan")).collect();
+        assert!(
+            scans.iter().any(|l| l.contains("charges_customer_created")),
+            "an index scan of the customer index:\n{text}"
+        );
+        assert!(!text.contains("Sort"), "no sort:\n{text}");
+        assert!(!text.contains("Seq Scan"), "no sequential scan:\n{text}");
+        let main = scans
+            .iter()
+            .find(|l| l.contains("charges_customer_created"))
+            .unwrap();
+        let actual = main.split("actual").nth(1).unwrap();
+        let rows: u64 = actual
+            .split("rows=")
+            .nth(1)
+            .unwrap()
+            .split(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let limit = u64::from(query.page.limit);
+        assert!(
+            rows <= limit + 1,
+            "{rows} rows read for a page of {limit}:\n{text}"
+        );
+    }
 }
 
 backend_tests!(
@@ -697,4 +1004,6 @@ backend_tests!(
     existing_records_carry_owner_and_fingerprint,
     keys_are_scoped_per_route,
     charges_round_trip,
+    concurrent_refunds_never_exceed_the_charge,
+    refund_outcomes_move_the_reservation,
 );

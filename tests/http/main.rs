@@ -6,6 +6,7 @@
 mod hardening;
 mod idempotency;
 mod incident;
+mod lifecycle;
 mod observability;
 mod time;
 mod validation;

@@ -12,11 +12,13 @@ use payments_tests::{AppOptions, Backend, TestApp, spawn_app};
 
 use super::{non_idempotent_server, run_tool, sqlite_app};
 
-const ALL_CHECKS: [Check; 5] = [
+const ALL_CHECKS: [Check; 7] = [
     Check::ConcurrentSameKey,
     Check::SequentialReplay,
     Check::KeyReuseOtherBody,
     Check::MissingKey,
+    Check::RefundOnce,
+    Check::ListFindsCharge,
     Check::OneRowPerKey,
 ];
 
@@ -49,9 +51,12 @@ async fn passes_against_the_real_server() {
         "{}",
         db.detail
     );
-    // One charge per keyed operation; the keyless request was refused.
-    assert_eq!(app.db.charges().await, 2);
-    assert_eq!(app.sandbox_charges().await.len(), 2);
+    // One charge per keyed operation (the refund check's too); the keyless
+    // request was refused; one refund for the two refund requests.
+    assert_eq!(app.db.charges().await, 3);
+    assert_eq!(app.sandbox_charges().await.len(), 3);
+    assert_eq!(app.sandbox_refunds().await.len(), 1);
+    assert_eq!(app.db.refunds_with_status("succeeded").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -117,8 +122,9 @@ async fn fails_against_a_server_that_charges_every_request() {
         sequential.detail
     );
     assert!(!report.check(Check::KeyReuseOtherBody).unwrap().passed);
-    // Two concurrent + two sequential + one reuse + one keyless.
-    assert_eq!(charges.load(Ordering::SeqCst), 6);
+    // Two concurrent + two sequential + one reuse + one keyless + the
+    // refund check's charge.
+    assert_eq!(charges.load(Ordering::SeqCst), 7);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -293,6 +293,24 @@ impl TestDb {
         .await
     }
 
+    /// The PostgreSQL store, on that backend.
+    pub fn postgres(&self) -> Option<&PostgresStore> {
+        match &self.concrete {
+            Concrete::Postgres(store) => Some(store),
+            _ => None,
+        }
+    }
+
+    /// Rows in `refunds` with this status (any status when empty).
+    pub async fn refunds_with_status(&self, status: &str) -> i64 {
+        self.count(
+            "SELECT COUNT(*) FROM refunds WHERE status = ? OR ? = ''",
+            "SELECT COUNT(*) FROM refunds WHERE status = $1 OR $2 = ''",
+            &[status, status],
+        )
+        .await
+    }
+
     /// Rows in `charges` with this status.
     pub async fn charges_with_status(&self, status: &str) -> i64 {
         self.count(
@@ -329,7 +347,7 @@ impl TestDb {
     ) -> (i64, String) {
         use payments_domain::charge::{Charge, ChargeRequest, CustomerId};
         use payments_domain::idempotency::{CHARGES_ROUTE, IdempotencyKey, RequestFingerprint};
-        use payments_domain::store::{Claim, ClaimOutcome, NewLease};
+        use payments_domain::store::{Claim, ClaimOutcome, NewLease, Operation};
         let request = ChargeRequest::from_json(body, i64::MAX).expect("valid body");
         let charge = Charge::pending(&CustomerId::parse(customer).expect("customer"), &request);
         let claim = Claim {
@@ -339,11 +357,14 @@ impl TestDb {
             fingerprint: RequestFingerprint::of(body),
             lease: NewLease::new(Duration::from_secs(1)),
             ttl: Duration::from_secs(24 * 3600),
-            charge,
+            operation: Operation::Charge(charge),
         };
         let stuck = match self.store.claim(&claim).await.expect("claim") {
-            ClaimOutcome::Claimed { record_id, charge } => (record_id.0, charge.id),
-            ClaimOutcome::Existing(_) => panic!("key {key} already claimed"),
+            ClaimOutcome::Claimed {
+                record_id,
+                operation,
+            } => (record_id.0, operation.id().to_owned()),
+            other => panic!("key {key} not claimed: {other:?}"),
         };
         if !ago.is_zero() {
             self.age(Some(key), ago).await;
@@ -733,6 +754,60 @@ impl TestApp {
             request = request.header("idempotency-key", key);
         }
         request.send().await
+    }
+
+    /// `POST /api/charges/{charge_id}/refunds` as `customer` with a key.
+    pub async fn post_refund(
+        &self,
+        customer: &str,
+        charge_id: &str,
+        key: &str,
+        body: &Value,
+    ) -> Answer {
+        let response = self
+            .http
+            .post(format!("{}/api/charges/{charge_id}/refunds", self.base_url))
+            .bearer_auth(self.token(customer))
+            .header("idempotency-key", key)
+            .json(body)
+            .send()
+            .await
+            .expect("request");
+        Answer::of(response).await
+    }
+
+    /// `GET {path_and_query}` as `customer`.
+    pub async fn get_as(&self, customer: &str, path_and_query: &str) -> Answer {
+        let response = self
+            .http
+            .get(format!("{}{path_and_query}", self.base_url))
+            .bearer_auth(self.token(customer))
+            .send()
+            .await
+            .expect("request");
+        Answer::of(response).await
+    }
+
+    /// A charge made for `customer` (201 asserted): its JSON.
+    pub async fn charge_json(&self, customer: &str, body: &str) -> Value {
+        let response = self.post_charge(customer, Some(&new_key()), body).await;
+        let answer = Answer::of(response).await;
+        assert_eq!(answer.status, 201, "{}", answer.body);
+        answer.body
+    }
+
+    /// Every refund the sandbox recorded.
+    pub async fn sandbox_refunds(&self) -> Vec<Value> {
+        let all: Value = self
+            .http
+            .get(format!("{}/_sandbox/refunds", self.sandbox.url()))
+            .send()
+            .await
+            .expect("sandbox refunds")
+            .json()
+            .await
+            .expect("json");
+        all["data"].as_array().cloned().unwrap_or_default()
     }
 
     /// What the sandbox really charged (status `succeeded`).

@@ -37,6 +37,9 @@ pub enum ApiError {
     PayloadTooLarge,
     #[error("not found")]
     NotFound,
+    /// A refund of a charge that has not succeeded; not stored.
+    #[error("a charge that is {0} cannot be refunded")]
+    NotRefundable(&'static str),
     #[error("method not allowed")]
     MethodNotAllowed,
     #[error("this idempotency key was already used with a different request")]
@@ -71,6 +74,7 @@ impl ApiError {
             }
             Self::PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             Self::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+            Self::NotRefundable(_) => (StatusCode::BAD_REQUEST, "charge_not_refundable"),
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Self::KeyReused => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused"),
             Self::InProgress => (StatusCode::CONFLICT, "request_in_progress"),
@@ -92,6 +96,8 @@ impl From<ChargeError> for ApiError {
             ChargeError::KeyReused => Self::KeyReused,
             ChargeError::InProgress => Self::InProgress,
             ChargeError::ProviderUnavailable(_) => Self::GatewayUnavailable,
+            ChargeError::ChargeNotFound => Self::NotFound,
+            ChargeError::NotRefundable(status) => Self::NotRefundable(status.as_str()),
             ChargeError::Store(e) => e.into(),
         }
     }

@@ -47,23 +47,44 @@ fn key_from_headers(headers: &HeaderMap) -> Result<Option<IdempotencyKey>, ApiEr
         .map_err(|e| ApiError::KeyInvalid(e.to_string()))
 }
 
-/// The `{id}` of `/api/charges/{id}`; an undecodable segment is a 400 in
-/// our envelope rather than axum's plain-text rejection.
+/// The `{id}` of `/api/charges/{id}` or `/api/refunds/{id}`; an
+/// undecodable segment is a 400 in our envelope rather than axum's
+/// plain-text rejection.
 #[derive(Debug)]
-pub struct ChargeIdPath(pub String);
+pub struct IdPath(pub String);
 
-impl<S: Send + Sync> FromRequestParts<S> for ChargeIdPath {
+impl<S: Send + Sync> FromRequestParts<S> for IdPath {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         axum::extract::Path::<String>::from_request_parts(parts, state)
             .await
-            .map(|axum::extract::Path(id)| ChargeIdPath(id))
+            .map(|axum::extract::Path(id)| IdPath(id))
             .map_err(|rejection| {
                 ApiError::Invalid(InvalidRequest {
                     param: Some("id".to_owned()),
-                    message: format!("invalid charge id: {rejection}"),
+                    message: format!("invalid id: {rejection}"),
                 })
+            })
+    }
+}
+
+/// The query string's `name=value` pairs, in order, decoded; the domain
+/// parses them (and refuses unknown ones).
+#[derive(Debug)]
+pub struct QueryPairs(pub Vec<(String, String)>);
+
+impl<S: Send + Sync> FromRequestParts<S> for QueryPairs {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(pairs)| QueryPairs(pairs))
+            .map_err(|rejection| {
+                ApiError::Invalid(InvalidRequest::body(format!(
+                    "the query string could not be read: {rejection}"
+                )))
             })
     }
 }

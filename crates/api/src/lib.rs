@@ -99,8 +99,16 @@ pub fn router(state: AppState) -> Router {
             )
         });
     Router::new()
-        .route("/api/charges", post(routes::create_charge))
+        .route(
+            "/api/charges",
+            post(routes::create_charge).get(routes::list_charges),
+        )
         .route("/api/charges/{id}", get(routes::get_charge))
+        .route(
+            "/api/charges/{id}/refunds",
+            post(routes::create_refund).get(routes::list_refunds),
+        )
+        .route("/api/refunds/{id}", get(routes::get_refund))
         .route("/healthz", get(routes::healthz))
         .route("/readyz", get(routes::readyz))
         .route("/metrics", get(telemetry::metrics))

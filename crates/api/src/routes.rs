@@ -5,7 +5,9 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use payments_domain::service::Reply;
+use payments_domain::charge::Charge;
+use payments_domain::refund::Refund;
+use payments_domain::service::{ChargeError, Reply};
 use serde_json::json;
 use tracing::Instrument;
 
@@ -13,7 +15,7 @@ use crate::AppState;
 use crate::auth::Customer;
 use crate::config::KeyMode;
 use crate::error::ApiError;
-use crate::extract::{ChargeIdPath, JsonBody, KeyHeader};
+use crate::extract::{IdPath, JsonBody, KeyHeader, QueryPairs};
 
 /// `POST /api/charges`.
 pub async fn create_charge(
@@ -37,23 +39,13 @@ pub async fn create_charge(
             return Err(ApiError::KeyMissing(state.client_guide_url.to_string()));
         }
     }
-    // Spawned, so a client that gives up mid-call never cancels a charge
-    // half-way: the outcome is stored and its retry gets the replay.
     let work = async move {
         match key {
             Some(key) => service.create_charge(&customer, &key, &body).await,
             None => service.create_unprotected_charge(&customer, &body).await,
         }
     };
-    let reply = tokio::spawn(work.instrument(tracing::Span::current()))
-        .await
-        .map_err(|e| ApiError::Internal(format!("charge task failed: {e}")))??;
-    if reply.replayed {
-        // On the request's own line rather than a line of its own: a replay
-        // is the cheapest request there is, and a log line costs more.
-        tracing::Span::current().record("replayed", true);
-    }
-    let mut response = reply_response(reply);
+    let mut response = spawned(work).await?;
     if keyless {
         // Rollout mode: tell the client, in a header its logs will show,
         // that this request was unprotected and keys become mandatory.
@@ -66,6 +58,42 @@ pub async fn create_charge(
         }
     }
     Ok(response)
+}
+
+/// `POST /api/charges/{id}/refunds`: the key is always required.
+pub async fn create_refund(
+    State(state): State<AppState>,
+    Customer(customer): Customer,
+    KeyHeader(key): KeyHeader,
+    IdPath(charge_id): IdPath,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ApiError> {
+    let key = key.ok_or_else(|| ApiError::KeyMissing(state.client_guide_url.to_string()))?;
+    tracing::Span::current().record("idempotency_key", key.as_str());
+    let service = state.service.clone();
+    let work = async move {
+        service
+            .create_refund(&customer, &key, &charge_id, &body)
+            .await
+    };
+    spawned(work).await
+}
+
+/// Runs a money-moving operation on a task of its own, so a client that
+/// gives up mid-call never cancels it half-way: the outcome is stored and
+/// its retry gets the replay.
+async fn spawned(
+    work: impl Future<Output = Result<Reply, ChargeError>> + Send + 'static,
+) -> Result<Response, ApiError> {
+    let reply = tokio::spawn(work.instrument(tracing::Span::current()))
+        .await
+        .map_err(|e| ApiError::Internal(format!("operation task failed: {e}")))??;
+    if reply.replayed {
+        // On the request's own line rather than a line of its own: a replay
+        // is the cheapest request there is, and a log line costs more.
+        tracing::Span::current().record("replayed", true);
+    }
+    Ok(reply_response(reply))
 }
 
 /// A stored answer, byte for byte, with its content type and location.
@@ -92,18 +120,48 @@ fn reply_response(reply: Reply) -> Response {
 pub async fn get_charge(
     State(state): State<AppState>,
     Customer(customer): Customer,
-    ChargeIdPath(id): ChargeIdPath,
+    IdPath(id): IdPath,
 ) -> Result<Response, ApiError> {
-    let charge = state
+    let charge = state.service.charge_for(&customer, &id).await?;
+    Ok(json(charge.ok_or(ApiError::NotFound)?.to_json()))
+}
+
+/// `GET /api/refunds/{id}`: the owner's refund, else 404.
+pub async fn get_refund(
+    State(state): State<AppState>,
+    Customer(customer): Customer,
+    IdPath(id): IdPath,
+) -> Result<Response, ApiError> {
+    let refund = state.service.refund_for(&customer, &id).await?;
+    Ok(json(refund.ok_or(ApiError::NotFound)?.to_json()))
+}
+
+/// `GET /api/charges`: a page of the caller's charges.
+pub async fn list_charges(
+    State(state): State<AppState>,
+    Customer(customer): Customer,
+    QueryPairs(query): QueryPairs,
+) -> Result<Response, ApiError> {
+    let list = state.service.list_charges(&customer, &query).await?;
+    Ok(json(list.to_json(Charge::to_json)))
+}
+
+/// `GET /api/charges/{id}/refunds`: a page of the owner's charge's refunds.
+pub async fn list_refunds(
+    State(state): State<AppState>,
+    Customer(customer): Customer,
+    IdPath(charge_id): IdPath,
+    QueryPairs(query): QueryPairs,
+) -> Result<Response, ApiError> {
+    let list = state
         .service
-        .charge_for(&customer, &id)
-        .await?
-        .ok_or(ApiError::NotFound)?;
-    Ok((
-        [(header::CONTENT_TYPE, "application/json")],
-        charge.to_json(),
-    )
-        .into_response())
+        .list_refunds(&customer, &charge_id, &query)
+        .await?;
+    Ok(json(list.to_json(Refund::to_json)))
+}
+
+fn json(body: String) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// `GET /healthz`: the process is up.

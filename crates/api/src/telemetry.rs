@@ -17,6 +17,7 @@
 //! | [`PROVIDER_OUTCOMES_TOTAL`] | outcome | payments-gateway |
 //! | [`LEASE_TAKEOVERS_TOTAL`] | | payments-domain |
 //! | [`ABANDONED_TOTAL`] | reason | payments-domain, payments-jobs |
+//! | [`REFUNDS_TOTAL`] | outcome | payments-domain |
 //! | [`REAPER_RECORDS_TOTAL`] | result | payments-jobs |
 //! | [`PRUNED_RECORDS_TOTAL`] | | payments-jobs |
 
@@ -26,7 +27,7 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
-use payments_domain::service::{ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL};
+use payments_domain::service::{ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, REFUNDS_TOTAL};
 use payments_gateway::{PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS};
 use payments_jobs::pruner::PRUNED_RECORDS_TOTAL;
 use payments_jobs::reaper::REAPER_RECORDS_TOTAL;
@@ -41,7 +42,7 @@ pub const IDEMPOTENCY_KEY_REUSED_TOTAL: &str = "payments_idempotency_key_reused_
 pub const KEYLESS_REQUESTS_TOTAL: &str = "payments_keyless_requests_total";
 
 /// Every counter the binaries export.
-pub const COUNTERS: [&str; 10] = [
+pub const COUNTERS: [&str; 11] = [
     HTTP_REQUESTS_TOTAL,
     IDEMPOTENT_REPLAYS_TOTAL,
     IDEMPOTENCY_CONFLICTS_TOTAL,
@@ -50,6 +51,7 @@ pub const COUNTERS: [&str; 10] = [
     PROVIDER_OUTCOMES_TOTAL,
     LEASE_TAKEOVERS_TOTAL,
     ABANDONED_TOTAL,
+    REFUNDS_TOTAL,
     REAPER_RECORDS_TOTAL,
     PRUNED_RECORDS_TOTAL,
 ];

@@ -1,9 +1,10 @@
 //! The client and its retry loop.
 //!
-//! [`Client::charge`] makes one `Operation`: the `Idempotency-Key` and the
-//! body bytes are fixed when the operation is created, before the first
-//! attempt, and every attempt is built from the operation. No attempt can
-//! make its own key, so no retry can become a second charge.
+//! [`Client::charge`] and [`Client::refund`] make one `Operation`: the
+//! `Idempotency-Key` and the body bytes are fixed when the operation is
+//! created, before the first attempt, and every attempt is built from the
+//! operation. No attempt can make its own key, so no retry can become a
+//! second charge or a second refund.
 
 use std::time::{Duration, Instant};
 
@@ -14,13 +15,18 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, RETRY_AFTER};
 
 use crate::error::{ClientError, error_chain};
 use crate::key::IdempotencyKey;
-use crate::model::{ApiError, Charge, ChargeRequest, snippet};
+use serde::de::DeserializeOwned;
+
+use crate::model::{
+    ApiError, Charge, ChargeQuery, ChargeRequest, List, Refund, RefundRequest, snippet,
+};
 use crate::retry::RetryPolicy;
 
-/// The final answer to one charge operation.
+/// The final answer to one operation: a charge ([`ChargeOutcome`]) or a
+/// refund ([`RefundOutcome`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChargeOutcome {
-    pub answer: Answer,
+pub struct Outcome<T> {
+    pub answer: Answer<T>,
     /// The key every attempt sent; keep it with the order.
     pub key: IdempotencyKey,
     /// The final answer was a replay (`Idempotent-Replay: true`): an earlier
@@ -31,20 +37,27 @@ pub struct ChargeOutcome {
     pub attempts: u32,
 }
 
-/// What the server finally said about the payment.
+/// The final answer to a charge.
+pub type ChargeOutcome = Outcome<Charge>;
+/// The final answer to a refund.
+pub type RefundOutcome = Outcome<Refund>;
+
+/// What the server finally said about the operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
-    /// 201: charged.
-    Charged(Charge),
-    /// 402 `card_declined`: final; `decline_code` says why. Stored and
-    /// replayed like a success, so retrying this key cannot turn it into one.
+pub enum Answer<T> {
+    /// 201: charged (or refunded).
+    Done(T),
+    /// 402 `card_declined` (`refund_failed`): final; `decline_code` says
+    /// why. Stored and replayed like a success, so retrying this key cannot
+    /// turn it into one.
     Declined(ApiError),
 }
 
-impl ChargeOutcome {
-    pub fn charge(&self) -> Option<&Charge> {
+impl<T> Outcome<T> {
+    /// The charge or refund made.
+    pub fn done(&self) -> Option<&T> {
         match &self.answer {
-            Answer::Charged(charge) => Some(charge),
+            Answer::Done(made) => Some(made),
             Answer::Declined(_) => None,
         }
     }
@@ -52,8 +65,15 @@ impl ChargeOutcome {
     pub fn decline(&self) -> Option<&ApiError> {
         match &self.answer {
             Answer::Declined(error) => Some(error),
-            Answer::Charged(_) => None,
+            Answer::Done(_) => None,
         }
+    }
+}
+
+impl Outcome<Charge> {
+    /// The charge made.
+    pub fn charge(&self) -> Option<&Charge> {
+        self.done()
     }
 }
 
@@ -215,15 +235,77 @@ impl Client {
         key: &IdempotencyKey,
         request: &ChargeRequest,
     ) -> Result<ChargeOutcome, ClientError> {
-        Operation::new(self, key.clone(), request)?.run().await
+        let url = self.charges_url.clone();
+        Operation::new(self, url, key.clone(), request)?.run().await
+    }
+
+    /// Refunds `charge_id` (all that is left of it, unless the request
+    /// names an amount) once, however many attempts it takes: the same
+    /// rules as [`Client::charge`], one key for the whole operation. A
+    /// refund that does not fit is final: [`ClientError::Rejected`] with
+    /// 400 `refund_exceeds_charge` and `refundable_amount_cents`.
+    pub async fn refund(
+        &self,
+        charge_id: &str,
+        request: &RefundRequest,
+    ) -> Result<RefundOutcome, ClientError> {
+        self.refund_with_key(&IdempotencyKey::generate(), charge_id, request)
+            .await
+    }
+
+    /// [`Client::refund`] under a key the caller generated and stored.
+    pub async fn refund_with_key(
+        &self,
+        key: &IdempotencyKey,
+        charge_id: &str,
+        request: &RefundRequest,
+    ) -> Result<RefundOutcome, ClientError> {
+        let url = self.url(&["api", "charges", charge_id, "refunds"]);
+        Operation::new(self, url, key.clone(), request)?.run().await
     }
 
     /// `GET /api/charges/{id}`: the caller's own charge, `None` on 404. One
     /// attempt (a GET is safe to repeat; the caller decides).
     pub async fn get_charge(&self, id: &str) -> Result<Option<Charge>, ClientError> {
+        self.get(self.url(&["api", "charges", id]), &[]).await
+    }
+
+    /// `GET /api/refunds/{id}`: the caller's own refund, `None` on 404.
+    pub async fn get_refund(&self, id: &str) -> Result<Option<Refund>, ClientError> {
+        self.get(self.url(&["api", "refunds", id]), &[]).await
+    }
+
+    /// `GET /api/charges`: a page of the caller's charges, newest first.
+    /// One attempt.
+    pub async fn list_charges(&self, query: &ChargeQuery) -> Result<List<Charge>, ClientError> {
+        let url = self.url(&["api", "charges"]);
+        let list = self.get(url, &query.pairs()).await?;
+        list.ok_or_else(|| ClientError::Unexpected {
+            status: 404,
+            detail: "GET /api/charges answered 404".to_owned(),
+            key: None,
+            attempts: 1,
+        })
+    }
+
+    /// The base URL (its own path kept) with these path segments after
+    /// `api/charges`'s place, each percent-encoded.
+    fn url(&self, segments: &[&str]) -> Url {
         let mut url = self.charges_url.clone();
-        if let Ok(mut segments) = url.path_segments_mut() {
-            segments.push(id);
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop().pop().extend(segments);
+        }
+        url
+    }
+
+    /// One GET of a JSON object; `None` on 404.
+    async fn get<T: DeserializeOwned>(
+        &self,
+        mut url: Url,
+        query: &[(String, String)],
+    ) -> Result<Option<T>, ClientError> {
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
         }
         let exchange = exchange(
             self.http
@@ -239,7 +321,7 @@ impl Client {
                 .map_err(|e| ClientError::Unexpected {
                     status: 200,
                     detail: format!(
-                        "the body is not a charge ({e}): {}",
+                        "the body is not what was asked for ({e}): {}",
                         snippet(&exchange.body)
                     ),
                     key: None,
@@ -275,9 +357,20 @@ impl Client {
         body: Vec<u8>,
         timeout: Duration,
     ) -> reqwest::RequestBuilder {
+        self.post_json(self.charges_url.clone(), key, body, timeout)
+    }
+
+    /// One POST of a JSON body to `url`, with `key` if given.
+    fn post_json(
+        &self,
+        url: Url,
+        key: Option<&IdempotencyKey>,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> reqwest::RequestBuilder {
         let mut request = self
             .http
-            .post(self.charges_url.clone())
+            .post(url)
             .bearer_auth(self.token.expose_secret())
             .header(CONTENT_TYPE, "application/json")
             .timeout(timeout)
@@ -289,12 +382,14 @@ impl Client {
     }
 }
 
-/// One logical charge. Its key and body bytes are fixed at creation, before
-/// the first attempt; [`Operation::attempt`] builds every attempt from them,
-/// so all attempts of one operation carry the same key and the same bytes.
+/// One logical charge or refund. Its URL, key and body bytes are fixed at
+/// creation, before the first attempt; [`Operation::attempt`] builds every
+/// attempt from them, so all attempts of one operation carry the same key
+/// and the same bytes.
 #[derive(Debug)]
 pub(crate) struct Operation<'c> {
     client: &'c Client,
+    url: Url,
     key: IdempotencyKey,
     body: Vec<u8>,
 }
@@ -302,11 +397,13 @@ pub(crate) struct Operation<'c> {
 impl<'c> Operation<'c> {
     pub(crate) fn new(
         client: &'c Client,
+        url: Url,
         key: IdempotencyKey,
-        request: &ChargeRequest,
+        request: &impl serde::Serialize,
     ) -> Result<Self, ClientError> {
         Ok(Self {
             client,
+            url,
             key,
             body: serde_json::to_vec(request)?,
         })
@@ -314,12 +411,16 @@ impl<'c> Operation<'c> {
 
     /// The request for the next attempt.
     pub(crate) fn attempt(&self, timeout: Duration) -> reqwest::RequestBuilder {
-        self.client
-            .post_charge(Some(&self.key), self.body.clone(), timeout)
+        self.client.post_json(
+            self.url.clone(),
+            Some(&self.key),
+            self.body.clone(),
+            timeout,
+        )
     }
 
     /// Attempts until a final answer, the attempt budget or the deadline.
-    pub(crate) async fn run(self) -> Result<ChargeOutcome, ClientError> {
+    pub(crate) async fn run<T: DeserializeOwned>(self) -> Result<Outcome<T>, ClientError> {
         let policy = self.client.retry;
         let started = Instant::now();
         let mut attempts = 0u32;
@@ -332,7 +433,7 @@ impl<'c> Operation<'c> {
                 .min(remaining)
                 .max(Duration::from_millis(1));
             let (step, replayed) = match exchange(self.attempt(timeout)).await {
-                Ok(exchange) => (judge(&exchange), exchange.replayed),
+                Ok(exchange) => (judge::<T>(&exchange), exchange.replayed),
                 Err(e) if e.is_builder() => return Err(ClientError::Transport(e)),
                 Err(e) => (
                     Step::Retry {
@@ -344,16 +445,16 @@ impl<'c> Operation<'c> {
             };
             let key = self.key.clone();
             let (why, retry_after) = match step {
-                Step::Charged(charge) => {
-                    return Ok(ChargeOutcome {
-                        answer: Answer::Charged(charge),
+                Step::Done(made) => {
+                    return Ok(Outcome {
+                        answer: Answer::Done(made),
                         key,
                         replayed,
                         attempts,
                     });
                 }
                 Step::Declined(error) => {
-                    return Ok(ChargeOutcome {
+                    return Ok(Outcome {
                         answer: Answer::Declined(error),
                         key,
                         replayed,
@@ -406,7 +507,7 @@ impl<'c> Operation<'c> {
                 attempt = attempts,
                 ?delay,
                 %why,
-                "charge not final yet; retrying with the same idempotency key"
+                "operation not final yet; retrying with the same idempotency key"
             );
             tokio::time::sleep(delay).await;
         }
@@ -451,8 +552,8 @@ fn header_is_true(headers: &HeaderMap, name: &str) -> bool {
 
 /// What one answer means for the operation.
 #[derive(Debug)]
-enum Step {
-    Charged(Charge),
+enum Step<T> {
+    Done(T),
     Declined(ApiError),
     Rejected {
         status: u16,
@@ -473,7 +574,7 @@ enum Step {
 /// and handed the charge to reconciliation; it is stored and replayed.
 pub const REQUEST_ABANDONED: &str = "request_abandoned";
 
-fn judge(exchange: &Exchange) -> Step {
+fn judge<T: DeserializeOwned>(exchange: &Exchange) -> Step<T> {
     let status = exchange.status;
     let body = &exchange.body;
     let retry = || Step::Retry {
@@ -481,12 +582,12 @@ fn judge(exchange: &Exchange) -> Step {
         retry_after: exchange.retry_after,
     };
     match status {
-        201 => match serde_json::from_slice::<Charge>(body) {
-            Ok(charge) => Step::Charged(charge),
+        201 => match serde_json::from_slice::<T>(body) {
+            Ok(made) => Step::Done(made),
             Err(e) => Step::Unexpected {
                 status,
                 detail: format!(
-                    "201 Created whose body is not a charge ({e}); the charge may have \
+                    "201 Created whose body is not what was made ({e}); it may have \
                      happened, the same key replays it: {}",
                     snippet(body)
                 ),
@@ -547,23 +648,23 @@ mod tests {
     #[test]
     fn every_status_is_judged_as_the_contract_says() {
         assert!(matches!(
-            judge(&exchange(201, CHARGE, None)),
-            Step::Charged(_)
+            judge::<Charge>(&exchange(201, CHARGE, None)),
+            Step::Done(_)
         ));
         assert!(matches!(
-            judge(&exchange(201, "oops", None)),
+            judge::<Charge>(&exchange(201, "oops", None)),
             Step::Unexpected { status: 201, .. }
         ));
         assert!(matches!(
-            judge(&exchange(402, r#"{"error":{"code":"card_declined","message":"x","decline_code":"generic_decline"}}"#, None)),
+            judge::<Charge>(&exchange(402, r#"{"error":{"code":"card_declined","message":"x","decline_code":"generic_decline"}}"#, None)),
             Step::Declined(e) if e.decline_code.as_deref() == Some("generic_decline")
         ));
         assert!(matches!(
-            judge(&exchange(409, r#"{"error":{"code":"request_in_progress","message":"x"}}"#, Some(2))),
+            judge::<Charge>(&exchange(409, r#"{"error":{"code":"request_in_progress","message":"x"}}"#, Some(2))),
             Step::Retry { retry_after: Some(d), .. } if d == Duration::from_secs(2)
         ));
         assert!(matches!(
-            judge(&exchange(
+            judge::<Charge>(&exchange(
                 503,
                 r#"{"error":{"code":"gateway_unavailable","message":"x"}}"#,
                 Some(2)
@@ -571,7 +672,7 @@ mod tests {
             Step::Retry { .. }
         ));
         assert!(matches!(
-            judge(&exchange(
+            judge::<Charge>(&exchange(
                 500,
                 r#"{"error":{"code":"internal_error","message":"x"}}"#,
                 None
@@ -579,7 +680,7 @@ mod tests {
             Step::Retry { .. }
         ));
         assert!(matches!(
-            judge(&exchange(
+            judge::<Charge>(&exchange(
                 500,
                 r#"{"error":{"code":"request_abandoned","message":"x"}}"#,
                 None
@@ -587,22 +688,37 @@ mod tests {
             Step::Abandoned(_)
         ));
         assert!(matches!(
-            judge(&exchange(502, "<html>", None)),
+            judge::<Charge>(&exchange(502, "<html>", None)),
             Step::Retry { .. }
         ));
         for status in [400, 401, 404, 413, 415, 422] {
             assert!(
                 matches!(
-                    judge(&exchange(status, r#"{"error":{"code":"c","message":"m"}}"#, None)),
+                    judge::<Charge>(&exchange(status, r#"{"error":{"code":"c","message":"m"}}"#, None)),
                     Step::Rejected { status: s, .. } if s == status
                 ),
                 "{status} is final"
             );
         }
         assert!(matches!(
-            judge(&exchange(302, "", None)),
+            judge::<Charge>(&exchange(302, "", None)),
             Step::Unexpected { status: 302, .. }
         ));
+    }
+
+    #[test]
+    fn paths_keep_the_base_path_and_encode_ids() -> Result<(), ClientError> {
+        let client = Client::new("http://127.0.0.1:9/base/", "token")?;
+        let refunds = client.url(&["api", "charges", "ch 1/x", "refunds"]);
+        assert_eq!(
+            refunds.as_str(),
+            "http://127.0.0.1:9/base/api/charges/ch%201%2Fx/refunds"
+        );
+        assert_eq!(
+            client.charges_url.as_str(),
+            "http://127.0.0.1:9/base/api/charges"
+        );
+        Ok(())
     }
 
     #[test]
@@ -610,8 +726,18 @@ mod tests {
     -> Result<(), Box<dyn std::error::Error>> {
         let client = Client::new("http://127.0.0.1:9/base/", "token")?;
         let request = ChargeRequest::new(100, "GBP", "tok_visa");
-        let operation = Operation::new(&client, IdempotencyKey::generate(), &request)?;
-        let other = Operation::new(&client, IdempotencyKey::generate(), &request)?;
+        let operation = Operation::new(
+            &client,
+            client.charges_url.clone(),
+            IdempotencyKey::generate(),
+            &request,
+        )?;
+        let other = Operation::new(
+            &client,
+            client.charges_url.clone(),
+            IdempotencyKey::generate(),
+            &request,
+        )?;
         let built =
             |op: &Operation<'_>| -> Result<(String, Vec<u8>, String), Box<dyn std::error::Error>> {
                 let request = op.attempt(Duration::from_secs(1)).build()?;

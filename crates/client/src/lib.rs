@@ -32,7 +32,7 @@
 //! // One call = one operation = one key, however many attempts it takes.
 //! let outcome = client.charge(&request).await?;
 //! match outcome.answer {
-//!     Answer::Charged(charge) => println!("charged {} in {} attempt(s)", charge.id, outcome.attempts),
+//!     Answer::Done(charge) => println!("charged {} in {} attempt(s)", charge.id, outcome.attempts),
 //!     Answer::Declined(decline) => println!("declined: {:?}", decline.decline_code),
 //! }
 //! # Ok(())
@@ -49,7 +49,8 @@
 //! - [`retry`]: [`RetryPolicy`], capped exponential backoff with full jitter
 //!   that never waits less than the server's `Retry-After`.
 //! - [`key`]: [`IdempotencyKey`], checked against the server's rules once.
-//! - [`model`]: the wire types ([`ChargeRequest`], [`Charge`], [`ApiError`]).
+//! - [`model`]: the wire types ([`ChargeRequest`], [`Charge`],
+//!   [`RefundRequest`], [`Refund`], [`List`], [`ApiError`]).
 //! - [`error`]: [`ClientError`], split by what the caller should do next.
 //!
 //! Tools that judge every single attempt themselves (the smoke checks, the
@@ -63,8 +64,10 @@ pub mod key;
 pub mod model;
 pub mod retry;
 
-pub use client::{Answer, ChargeOutcome, Client, ClientBuilder};
+pub use client::{Answer, ChargeOutcome, Client, ClientBuilder, Outcome, RefundOutcome};
 pub use error::ClientError;
 pub use key::{IdempotencyKey, InvalidKey};
-pub use model::{ApiError, Charge, ChargeRequest, ChargeStatus};
+pub use model::{
+    ApiError, Charge, ChargeQuery, ChargeRequest, ChargeStatus, List, Refund, RefundRequest,
+};
 pub use retry::RetryPolicy;

@@ -1,4 +1,4 @@
-//! The wire types of `POST /api/charges` and `GET /api/charges/{id}`.
+//! The wire types of charges, refunds and lists.
 
 use std::collections::BTreeMap;
 
@@ -72,6 +72,9 @@ pub struct Charge {
     pub id: String,
     pub customer_id: String,
     pub amount_cents: i64,
+    /// The sum of its succeeded refunds (0 from servers before refunds).
+    #[serde(default)]
+    pub amount_refunded: i64,
     pub currency: String,
     pub status: ChargeStatus,
     pub description: Option<String>,
@@ -83,6 +86,84 @@ pub struct Charge {
     /// it (`2024-05-01T12:00:00.123Z`). Kept as text so the client imposes
     /// no date library; parse it with the one the service already uses.
     pub created_at: String,
+}
+
+/// The body of `POST /api/charges/{id}/refunds`: every field optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefundRequest {
+    /// What to refund; by default what is left to refund of the charge.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amount_cents: Option<i64>,
+    /// `requested_by_customer`, `duplicate` or `fraudulent`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// A refund, as `201 Created` and the refund reads return it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refund {
+    pub id: String,
+    pub charge_id: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    /// The same four states as a charge's.
+    pub status: ChargeStatus,
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    pub gateway_refund_id: Option<String>,
+    pub failure_code: Option<String>,
+    /// RFC 3339 in UTC, as the server wrote it.
+    pub created_at: String,
+}
+
+/// A page of a list, Stripe's shape: pass the last item's id as
+/// `starting_after` for the next page while `has_more`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct List<T> {
+    pub data: Vec<T>,
+    pub has_more: bool,
+}
+
+/// The filters and page of `GET /api/charges`; `Default` is the newest 20.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChargeQuery {
+    pub limit: Option<u32>,
+    pub starting_after: Option<String>,
+    pub ending_before: Option<String>,
+    pub status: Option<String>,
+    /// `created[gte]` and `created[lt]`, Unix seconds.
+    pub created_gte: Option<i64>,
+    pub created_lt: Option<i64>,
+    /// One metadata key and the value it must have (e.g. an order id).
+    pub metadata: Option<(String, String)>,
+    /// The key of the request that made the charge.
+    pub idempotency_key: Option<String>,
+}
+
+impl ChargeQuery {
+    /// The query string's pairs.
+    pub fn pairs(&self) -> Vec<(String, String)> {
+        let mut pairs = Vec::new();
+        let mut add = |name: &str, value: Option<String>| {
+            if let Some(value) = value {
+                pairs.push((name.to_owned(), value));
+            }
+        };
+        add("limit", self.limit.map(|n| n.to_string()));
+        add("starting_after", self.starting_after.clone());
+        add("ending_before", self.ending_before.clone());
+        add("status", self.status.clone());
+        add("created[gte]", self.created_gte.map(|t| t.to_string()));
+        add("created[lt]", self.created_lt.map(|t| t.to_string()));
+        add("idempotency_key", self.idempotency_key.clone());
+        if let Some((key, value)) = &self.metadata {
+            add(&format!("metadata[{key}]"), Some(value.clone()));
+        }
+        pairs
+    }
 }
 
 /// The inside of the error envelope `{"error":{...}}`.
@@ -102,6 +183,12 @@ pub struct ApiError {
     /// The declined charge, when the server names it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub charge_id: Option<String>,
+    /// The failed refund, when the server names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refund_id: Option<String>,
+    /// What is left to refund (400 `refund_exceeds_charge`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refundable_amount_cents: Option<i64>,
 }
 
 #[derive(Deserialize)]
@@ -126,6 +213,8 @@ impl ApiError {
             param: None,
             decline_code: None,
             charge_id: None,
+            refund_id: None,
+            refundable_amount_cents: None,
         })
     }
 }

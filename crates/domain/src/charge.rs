@@ -20,7 +20,7 @@ pub struct InvalidRequest {
 }
 
 impl InvalidRequest {
-    fn param(param: &str, message: impl Into<String>) -> Self {
+    pub(crate) fn param(param: &str, message: impl Into<String>) -> Self {
         Self {
             param: Some(param.to_owned()),
             message: message.into(),
@@ -156,7 +156,10 @@ impl fmt::Debug for CardToken {
 
 /// Limits from Stripe's API, so whatever we accept the provider accepts.
 const MAX_DESCRIPTION: usize = 1000;
-const MAX_METADATA_KEYS: usize = 50;
+/// Stripe allows 50; one is ours (`payments_charge_id`, `payments_refund_id`).
+const MAX_METADATA_KEYS: usize = 49;
+/// The prefix of the metadata keys this server sends to the provider.
+pub const RESERVED_METADATA_PREFIX: &str = "payments_";
 const MAX_METADATA_KEY: usize = 40;
 /// PostgreSQL text cannot hold U+0000 and other backends would store it
 /// silently; the provider's form encoding would pass it on. Refused alike
@@ -242,7 +245,7 @@ fn required_str<'a>(object: &'a Map<String, Value>, name: &str) -> Result<&'a st
         .ok_or_else(|| InvalidRequest::param(name, format!("{name} must be a string")))
 }
 
-fn metadata(m: &Map<String, Value>) -> Result<BTreeMap<String, String>, InvalidRequest> {
+pub(crate) fn metadata(m: &Map<String, Value>) -> Result<BTreeMap<String, String>, InvalidRequest> {
     if m.len() > MAX_METADATA_KEYS {
         return Err(InvalidRequest::param(
             "metadata",
@@ -257,6 +260,12 @@ fn metadata(m: &Map<String, Value>) -> Result<BTreeMap<String, String>, InvalidR
             let param = format!("metadata[{k}]");
             if v.as_str().is_some_and(|s| s.contains('\0')) {
                 return Err(InvalidRequest::param(&param, NUL_REFUSED));
+            }
+            if k.starts_with(RESERVED_METADATA_PREFIX) {
+                return Err(InvalidRequest::param(
+                    &param,
+                    format!("metadata keys starting with {RESERVED_METADATA_PREFIX} are reserved"),
+                ));
             }
             if k.is_empty() || k.chars().count() > MAX_METADATA_KEY || k.contains(['[', ']']) {
                 return Err(InvalidRequest::param(
@@ -328,6 +337,10 @@ pub struct Charge {
     pub provider_key: String,
     pub gateway_charge_id: Option<String>,
     pub decline_code: Option<String>,
+    /// The sum of its succeeded refunds.
+    pub amount_refunded: i64,
+    /// The key of the operation that made it (`None` without one).
+    pub idempotency_key: Option<String>,
     /// When the row was written, by the database's clock.
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -353,6 +366,8 @@ impl Charge {
             status: ChargeStatus::Pending,
             gateway_charge_id: None,
             decline_code: None,
+            amount_refunded: 0,
+            idempotency_key: None,
             created_at: DateTime::UNIX_EPOCH,
             updated_at: DateTime::UNIX_EPOCH,
         }
@@ -379,6 +394,7 @@ impl Charge {
             id: &'a str,
             customer_id: &'a str,
             amount_cents: i64,
+            amount_refunded: i64,
             currency: &'a str,
             status: ChargeStatus,
             description: Option<&'a str>,
@@ -390,6 +406,7 @@ impl Charge {
             id: &self.id,
             customer_id: &self.customer_id,
             amount_cents: self.amount_cents,
+            amount_refunded: self.amount_refunded,
             currency: &self.currency,
             status: self.status,
             description: self.description.as_deref(),

@@ -21,6 +21,11 @@ pub struct ErrorBody {
     pub decline_code: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub charge_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refund_id: Option<String>,
+    /// What is left to refund of a charge (`refund_exceeds_charge`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub refundable_amount_cents: Option<i64>,
 }
 
 impl ErrorEnvelope {
@@ -32,6 +37,8 @@ impl ErrorEnvelope {
                 param: None,
                 decline_code: None,
                 charge_id: None,
+                refund_id: None,
+                refundable_amount_cents: None,
             },
         }
     }

@@ -11,6 +11,10 @@ use subtle::ConstantTimeEq;
 /// The route scope of a charge request: records are unique per (key, route),
 /// so one key sent to two endpoints never returns the other's response.
 pub const CHARGES_ROUTE: &str = "POST /api/charges";
+/// The route scope of a refund: the path's template, the same for every
+/// charge (the fingerprint covers the charge id, so one key sent to refund
+/// two charges is a 422, never the first refund's replay).
+pub const REFUNDS_ROUTE: &str = "POST /api/charges/{id}/refunds";
 
 /// Why an `Idempotency-Key` header was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -240,7 +244,11 @@ pub struct IdempotencyRecord {
     pub request_hash: String,
     pub state: RecordState,
     pub lease: Option<Lease>,
+    /// The charge made, or (on a refund's record) refunded.
     pub charge_id: String,
+    /// A refund's record: the refund it drives (`None` on a charge's, and
+    /// on a refund refused as not fitting, which made none).
+    pub refund_id: Option<String>,
     pub response: Option<StoredResponse>,
     pub created_at: DateTime<Utc>,
     pub completed_at: Option<DateTime<Utc>>,
@@ -268,6 +276,11 @@ impl IdempotencyRecord {
     /// reclaims it. In-progress and abandoned records never are.
     pub fn reclaimable(&self) -> bool {
         self.state == RecordState::Complete && self.expired
+    }
+
+    /// The id of the operation the record drives: its refund's, else its charge's.
+    pub fn operation_id(&self) -> &str {
+        self.refund_id.as_deref().unwrap_or(&self.charge_id)
     }
 }
 

@@ -8,8 +8,12 @@
 //!
 //! - [`charge`]: the validated charge request (`AmountCents`, `Currency`,
 //!   `CustomerId`, `CardToken`) and the recorded [`charge::Charge`].
+//! - [`refund`]: the validated refund request and the recorded
+//!   [`refund::Refund`].
 //! - [`idempotency`]: `IdempotencyKey`, the canonical `RequestFingerprint`,
 //!   lease tokens, and the stored record and response of a keyed request.
+//! - [`list`]: `GET /api/charges` and refund lists: Stripe's list shape,
+//!   filters and keyset cursor pagination.
 //! - [`provider`]: the [`provider::Gateway`] port to the payment provider and
 //!   the three outcomes every provider answer is classified into.
 //! - [`service`]: [`service::ChargeService`], the idempotency state machine
@@ -24,7 +28,9 @@
 pub mod charge;
 pub mod envelope;
 pub mod idempotency;
+pub mod list;
 pub mod provider;
+pub mod refund;
 pub mod service;
 pub mod store;
 pub mod time;

@@ -6,12 +6,16 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 
 use crate::charge::Charge;
+use crate::refund::{Refund, RefundReason};
 
 /// One charge call, carrying the provider idempotency key derived from our
 /// charge, so a re-drive is the same call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderChargeRequest {
     pub idempotency_key: String,
+    /// Our charge's id, sent as `metadata[payments_charge_id]` so that
+    /// reconciliation can find the provider's charge by it.
+    pub charge_id: String,
     pub amount_cents: i64,
     /// ISO 4217, upper case; the adapter converts to the wire form.
     pub currency: String,
@@ -24,6 +28,7 @@ impl From<&Charge> for ProviderChargeRequest {
     fn from(charge: &Charge) -> Self {
         Self {
             idempotency_key: charge.provider_key.clone(),
+            charge_id: charge.id.clone(),
             amount_cents: charge.amount_cents,
             currency: charge.currency.clone(),
             card_token: charge.card_token.as_str().to_owned(),
@@ -33,19 +38,48 @@ impl From<&Charge> for ProviderChargeRequest {
     }
 }
 
+/// One refund call (Stripe's `POST /v1/refunds`), under the provider key
+/// derived from our refund.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderRefundRequest {
+    pub idempotency_key: String,
+    /// Our refund's id, sent as `metadata[payments_refund_id]`.
+    pub refund_id: String,
+    /// The provider's id of the charge refunded.
+    pub gateway_charge_id: String,
+    pub amount_cents: i64,
+    pub reason: Option<RefundReason>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl ProviderRefundRequest {
+    /// `None` when the charge has no provider id: it was never charged.
+    pub fn of(refund: &Refund) -> Option<Self> {
+        Some(Self {
+            idempotency_key: refund.provider_key.clone(),
+            refund_id: refund.id.clone(),
+            gateway_charge_id: refund.gateway_charge_id.clone()?,
+            amount_cents: refund.amount_cents,
+            reason: refund.reason,
+            metadata: refund.metadata.clone(),
+        })
+    }
+}
+
 /// Every provider answer is one of these. Only `Succeeded` and `Declined`
 /// are final; anything that leaves the outcome in doubt is `Unknown`, and
 /// the same call is re-driven later with the same key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProviderOutcome {
+    /// The provider's id of the charge or refund.
     Succeeded {
-        provider_charge_id: String,
+        provider_id: String,
     },
     Declined {
         code: String,
         decline_code: Option<String>,
         message: String,
-        provider_charge_id: Option<String>,
+        provider_id: Option<String>,
     },
     Unknown {
         reason: String,
@@ -58,4 +92,8 @@ pub trait Gateway: Send + Sync + std::fmt::Debug {
     /// Creates (or, for a key the provider has seen, replays) a charge.
     /// Never fails: failures are `ProviderOutcome::Unknown`.
     async fn create_charge(&self, request: &ProviderChargeRequest) -> ProviderOutcome;
+
+    /// Creates (or replays) a refund; `Declined` when the provider refused
+    /// it or it failed. Never fails, like `create_charge`.
+    async fn create_refund(&self, request: &ProviderRefundRequest) -> ProviderOutcome;
 }

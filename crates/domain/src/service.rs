@@ -25,13 +25,15 @@ use serde_json::Value;
 use crate::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId, InvalidRequest};
 use crate::envelope::ErrorEnvelope;
 use crate::idempotency::{
-    CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, LeaseToken, RecordId, RecordState,
-    RequestFingerprint, StoredResponse,
+    CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, LeaseToken, REFUNDS_ROUTE, RecordId,
+    RecordState, RequestFingerprint, StoredResponse,
 };
-use crate::provider::{Gateway, ProviderChargeRequest, ProviderOutcome};
+use crate::list::{self, ChargeQuery, Cursor, List};
+use crate::provider::{Gateway, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest};
+use crate::refund::{Refund, RefundRequest};
 use crate::store::{
-    ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Store,
-    StoreError,
+    ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Operation,
+    Outcome, RefundOutcome, Store, StoreError,
 };
 
 /// Counts the expired leases taken over to re-drive a charge (a metric name,
@@ -40,6 +42,11 @@ pub const LEASE_TAKEOVERS_TOTAL: &str = "payments_lease_takeovers_total";
 /// Counts the abandoned records, by `reason`: `key_retention` here, `reaper`
 /// in `payments-jobs`.
 pub const ABANDONED_TOTAL: &str = "payments_abandoned_total";
+
+/// Counts refunds by final `outcome`: `succeeded`, `failed` (the provider
+/// refused it), `unknown` (abandoned) and `exceeds_charge` (refused here:
+/// it did not fit in what was left of its charge).
+pub const REFUNDS_TOTAL: &str = "payments_refunds_total";
 
 /// Seconds a client should wait before retrying a 409 or 503.
 pub const RETRY_AFTER_SECS: u64 = 2;
@@ -59,8 +66,9 @@ pub struct Policy {
     pub redrive_limit: Duration,
 }
 
-/// Why a charge request got no stored answer. None of these is stored: the
-/// client may fix the request or wait, and retry with the same key.
+/// Why a charge or refund request got no stored answer. None of these is
+/// stored: the client may fix the request or wait, and retry with the same
+/// key.
 #[derive(Debug, thiserror::Error)]
 pub enum ChargeError {
     #[error(transparent)]
@@ -75,6 +83,13 @@ pub enum ChargeError {
     /// next retry (or the reaper) re-drives the same provider call.
     #[error("the payment provider's outcome is unknown: {0}")]
     ProviderUnavailable(String),
+    /// The charge to refund does not exist or is another customer's.
+    #[error("no such charge")]
+    ChargeNotFound,
+    /// The charge to refund has not succeeded (yet): it may, by
+    /// reconciliation, so this is not stored.
+    #[error("a charge that is {} cannot be refunded", .0.as_str())]
+    NotRefundable(ChargeStatus),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -135,29 +150,90 @@ impl ChargeService {
         body: &Value,
     ) -> Result<Reply, ChargeError> {
         let request = ChargeRequest::from_json(body, self.policy.max_amount_cents)?;
-        let fingerprint = RequestFingerprint::of(body);
+        let mut charge = Charge::pending(customer, &request);
+        charge.idempotency_key = Some(key.as_str().to_owned());
+        let operation = Operation::Charge(charge);
+        self.start(customer, key, CHARGES_ROUTE, body, operation)
+            .await
+    }
+
+    /// `POST /api/charges/{id}/refunds` with an idempotency key. Another
+    /// customer's charge is not found, and one that has not succeeded
+    /// cannot be refunded: neither answer is stored (reconciliation can
+    /// still settle the charge).
+    #[tracing::instrument(skip_all, fields(customer = %customer, charge_id = %charge_id))]
+    pub async fn create_refund(
+        &self,
+        customer: &CustomerId,
+        key: &IdempotencyKey,
+        charge_id: &str,
+        body: &Value,
+    ) -> Result<Reply, ChargeError> {
+        let request = RefundRequest::from_json(body, self.policy.max_amount_cents)?;
+        let charge = self
+            .charge_for(customer, charge_id)
+            .await?
+            .ok_or(ChargeError::ChargeNotFound)?;
+        if charge.status != ChargeStatus::Succeeded {
+            return Err(ChargeError::NotRefundable(charge.status));
+        }
+        // The fingerprint covers the path's charge as well as the body: the
+        // same key sent to refund another charge is a 422, never a replay.
+        // A valid body has no field of that name.
+        let mut fingerprinted = body.clone();
+        if let Value::Object(fields) = &mut fingerprinted {
+            fields.insert("charge_id".to_owned(), Value::from(charge_id));
+        }
+        let operation = Operation::Refund(Refund::pending(customer, &charge, &request));
+        self.start(customer, key, REFUNDS_ROUTE, &fingerprinted, operation)
+            .await
+    }
+
+    /// Steps 1 and 2 for any operation: claim the key with the pending
+    /// operation, then drive it, or answer from the record someone else has.
+    async fn start(
+        &self,
+        customer: &CustomerId,
+        key: &IdempotencyKey,
+        route: &'static str,
+        fingerprinted: &Value,
+        operation: Operation,
+    ) -> Result<Reply, ChargeError> {
+        let fingerprint = RequestFingerprint::of(fingerprinted);
         let claim = Claim {
             key: key.clone(),
-            route: CHARGES_ROUTE,
+            route,
             customer: customer.clone(),
             fingerprint,
             lease: NewLease::new(self.policy.lease),
             ttl: self.policy.ttl,
-            charge: Charge::pending(customer, &request),
+            operation,
         };
         match self.store.claim(&claim).await? {
-            ClaimOutcome::Claimed { record_id, charge } => {
-                tracing::debug!(%record_id, charge_id = %charge.id, "claimed");
+            ClaimOutcome::Claimed {
+                record_id,
+                operation,
+            } => {
+                tracing::debug!(%record_id, operation = operation.id(), "claimed");
                 self.drive(
                     record_id,
                     &claim.lease.token,
-                    *charge,
+                    *operation,
                     OnUnknown::ReleaseLease,
                 )
                 .await
             }
             ClaimOutcome::Existing(record) => {
-                self.resume(*record, customer, body, &fingerprint).await
+                self.resume(*record, customer, fingerprinted, &fingerprint)
+                    .await
+            }
+            ClaimOutcome::Refused(response) => {
+                metrics::counter!(REFUNDS_TOTAL, "outcome" => "exceeds_charge").increment(1);
+                tracing::info!(status = response.status, "refund does not fit; stored");
+                Ok(Reply {
+                    response,
+                    replayed: false,
+                })
             }
         }
     }
@@ -173,6 +249,64 @@ impl ChargeService {
             .charge(charge_id)
             .await?
             .filter(|c| c.customer_id == customer.as_str()))
+    }
+
+    /// `GET /api/charges`: a page of the customer's charges. A cursor must
+    /// name one of the customer's own charges.
+    pub async fn list_charges(
+        &self,
+        customer: &CustomerId,
+        query: &[(String, String)],
+    ) -> Result<List<Charge>, ChargeError> {
+        let query = ChargeQuery::parse(query)?;
+        if let Some(cursor) = &query.page.cursor
+            && self.charge_for(customer, cursor.id()).await?.is_none()
+        {
+            return Err(no_such(cursor, "charge").into());
+        }
+        let rows = self.store.list_charges(customer, &query).await?;
+        Ok(List::from_rows(
+            rows,
+            &query.page,
+            "/api/charges".to_owned(),
+        ))
+    }
+
+    /// `GET /api/charges/{id}/refunds`: a page of the owner's charge's
+    /// refunds; another customer's charge is not found.
+    pub async fn list_refunds(
+        &self,
+        customer: &CustomerId,
+        charge_id: &str,
+        query: &[(String, String)],
+    ) -> Result<List<Refund>, ChargeError> {
+        let page = list::parse_page(query)?;
+        let charge = self
+            .charge_for(customer, charge_id)
+            .await?
+            .ok_or(ChargeError::ChargeNotFound)?;
+        if let Some(cursor) = &page.cursor {
+            let refund = self.store.refund(cursor.id()).await?;
+            if refund.is_none_or(|r| r.charge_id != charge.id) {
+                return Err(no_such(cursor, "refund of this charge").into());
+            }
+        }
+        let rows = self.store.list_refunds(&charge.id, &page).await?;
+        let url = format!("{}/refunds", charge.location());
+        Ok(List::from_rows(rows, &page, url))
+    }
+
+    /// The owner's refund, or `None` (also for another customer's refund).
+    pub async fn refund_for(
+        &self,
+        customer: &CustomerId,
+        refund_id: &str,
+    ) -> Result<Option<Refund>, StoreError> {
+        Ok(self
+            .store
+            .refund(refund_id)
+            .await?
+            .filter(|r| r.customer_id == customer.as_str()))
     }
 
     /// Step 2: someone already has this key.
@@ -226,24 +360,17 @@ impl ChargeService {
         };
         let lease = NewLease::new(self.policy.lease);
         let limit = self.policy.redrive_limit;
-        let load = || async {
-            self.store.charge(&record.charge_id).await?.ok_or_else(|| {
-                StoreError::Invariant(format!(
-                    "charge {} of a record is missing",
-                    record.charge_id
-                ))
-            })
-        };
         if self
             .store
             .take_over(record.id, expected, &lease, ClaimAge::Under(limit))
             .await?
         {
             metrics::counter!(LEASE_TAKEOVERS_TOTAL).increment(1);
-            let charge = load().await?;
-            tracing::info!(record_id = %record.id, charge_id = %charge.id, "took over expired lease; re-driving");
+            let operation = self.store.operation(record).await?;
+            tracing::info!(record_id = %record.id, operation = operation.id(), "took over expired lease; re-driving");
+            self.store.provider_called(&operation).await?;
             return self
-                .drive(record.id, &lease.token, charge, OnUnknown::ReleaseLease)
+                .drive(record.id, &lease.token, operation, OnUnknown::ReleaseLease)
                 .await;
         }
         // Only a record the database already measured as that old is worth
@@ -254,20 +381,19 @@ impl ChargeService {
                 .take_over(record.id, expected, &lease, ClaimAge::AtLeast(limit))
                 .await?
         {
-            let charge = load().await?;
+            let operation = self.store.operation(record).await?;
             tracing::error!(
                 record_id = %record.id,
-                charge_id = %charge.id,
-                provider_key = %charge.provider_key,
+                operation = operation.id(),
                 "ABANDONED: claimed longer ago than the provider's key retention allows a \
-                 re-drive; charge marked unknown, reconcile it with the provider"
+                 re-drive; marked unknown, reconcile it with the provider"
             );
             metrics::counter!(ABANDONED_TOTAL, "reason" => "key_retention").increment(1);
             return self
                 .abandon(
                     record.id,
                     &lease.token,
-                    &charge,
+                    &operation,
                     "past the provider's key retention",
                 )
                 .await;
@@ -283,17 +409,29 @@ impl ChargeService {
         &self,
         record_id: RecordId,
         lease_token: &LeaseToken,
-        charge: Charge,
+        operation: Operation,
         on_unknown: OnUnknown,
     ) -> Result<Reply, ChargeError> {
-        let outcome = self
-            .gateway
-            .create_charge(&ProviderChargeRequest::from(&charge))
-            .await;
-        let (outcome, response) = match settle(&charge, outcome) {
+        let outcome = match &operation {
+            Operation::Charge(charge) => {
+                let request = ProviderChargeRequest::from(charge);
+                self.gateway.create_charge(&request).await
+            }
+            Operation::Refund(refund) => match ProviderRefundRequest::of(refund) {
+                Some(request) => self.gateway.create_refund(&request).await,
+                // A succeeded charge always has the provider's id.
+                None => ProviderOutcome::Declined {
+                    code: "charge_not_at_provider".to_owned(),
+                    decline_code: None,
+                    message: "the charge has no provider id to refund".to_owned(),
+                    provider_id: None,
+                },
+            },
+        };
+        let (outcome, response) = match settle(&operation, outcome) {
             Ok(settled) => settled,
             Err(reason) => {
-                tracing::warn!(%record_id, charge_id = %charge.id, %reason, ?on_unknown, "provider outcome unknown");
+                tracing::warn!(%record_id, operation = operation.id(), %reason, ?on_unknown, "provider outcome unknown");
                 if on_unknown == OnUnknown::ReleaseLease {
                     self.store.release(record_id, lease_token).await?;
                 }
@@ -319,26 +457,36 @@ impl ChargeService {
         &self,
         record_id: RecordId,
         lease_token: &LeaseToken,
-        charge: &Charge,
+        operation: &Operation,
         reason: &str,
     ) -> Result<Reply, ChargeError> {
-        tracing::debug!(%record_id, charge_id = %charge.id, reason, "abandoning");
+        tracing::debug!(%record_id, operation = operation.id(), reason, "abandoning");
         let mut envelope = ErrorEnvelope::new(
             ABANDONED,
-            "the payment provider's outcome could not be determined; the charge is \
+            "the payment provider's outcome could not be determined; the operation is \
              being reconciled, do not retry it with a new key",
         );
-        envelope.error.charge_id = Some(charge.id.clone());
+        let outcome = match operation {
+            Operation::Charge(charge) => {
+                envelope.error.charge_id = Some(charge.id.clone());
+                Outcome::Charge(ChargeOutcome {
+                    charge_id: charge.id.clone(),
+                    status: ChargeStatus::Unknown,
+                    gateway_charge_id: None,
+                    decline_code: None,
+                })
+            }
+            Operation::Refund(refund) => {
+                envelope.error.charge_id = Some(refund.charge_id.clone());
+                envelope.error.refund_id = Some(refund.id.clone());
+                Outcome::Refund(refund_outcome(refund, ChargeStatus::Unknown))
+            }
+        };
         let finish = Finish {
             record_id,
             lease_token: lease_token.clone(),
             state: RecordState::Abandoned,
-            outcome: ChargeOutcome {
-                charge_id: charge.id.clone(),
-                status: ChargeStatus::Unknown,
-                gateway_charge_id: None,
-                decline_code: None,
-            },
+            outcome,
             response: StoredResponse {
                 status: 500,
                 body: envelope.to_json(),
@@ -358,52 +506,54 @@ impl ChargeService {
     /// response.
     async fn complete(&self, finish: Finish) -> Result<Reply, ChargeError> {
         let record_id = finish.record_id;
-        let charge_id = &finish.outcome.charge_id;
+        let operation_id = finish.outcome.id();
         match self.store.finish(&finish).await? {
             FinishOutcome::Finished => {
-                tracing::info!(%record_id, %charge_id, status = finish.response.status, state = finish.state.as_str(), "finished");
+                if let Outcome::Refund(refund) = &finish.outcome {
+                    let outcome = refund.status.as_str();
+                    metrics::counter!(REFUNDS_TOTAL, "outcome" => outcome).increment(1);
+                }
+                tracing::info!(%record_id, operation = operation_id, status = finish.response.status, state = finish.state.as_str(), "finished");
                 Ok(Reply {
                     response: finish.response,
                     replayed: false,
                 })
             }
             FinishOutcome::Lost => match self.store.record(record_id).await? {
-                Some(IdempotencyRecord {
-                    state,
-                    response: Some(response),
-                    charge_id: ref held,
-                    ..
-                }) if state.is_answered() && held == charge_id => {
+                Some(
+                    ref record @ IdempotencyRecord {
+                        state,
+                        response: Some(ref response),
+                        ..
+                    },
+                ) if state.is_answered() && record.operation_id() == operation_id => {
                     tracing::info!(
                         %record_id,
-                        %charge_id,
+                        operation = operation_id,
                         "another driver finished this operation first; answering with its response"
                     );
                     Ok(Reply {
-                        response,
+                        response: response.clone(),
                         replayed: true,
                     })
                 }
-                Some(IdempotencyRecord {
-                    charge_id: ref held,
-                    ..
-                }) if held == charge_id => {
+                Some(ref record) if record.operation_id() == operation_id => {
                     tracing::info!(
                         %record_id,
-                        %charge_id,
+                        operation = operation_id,
                         "another driver holds this operation; leaving it to that driver"
                     );
                     Err(ChargeError::InProgress)
                 }
                 other => {
-                    let settled = self.store.settle_charge(&finish.outcome).await?;
+                    let settled = self.store.settle(&finish.outcome).await?;
                     tracing::warn!(
                         %record_id,
-                        %charge_id,
-                        now_holds = ?other.as_ref().map(|r| r.charge_id.as_str()),
-                        status = finish.outcome.status.as_str(),
+                        operation = operation_id,
+                        now_holds = ?other.as_ref().map(IdempotencyRecord::operation_id),
+                        status = finish.outcome.status().as_str(),
                         settled,
-                        "lost the record to another operation; settled this charge on its own"
+                        "lost the record to another operation; settled this one on its own"
                     );
                     Err(ChargeError::InProgress)
                 }
@@ -429,9 +579,9 @@ impl ChargeService {
             .gateway
             .create_charge(&ProviderChargeRequest::from(&charge))
             .await;
-        match settle(&charge, outcome) {
+        match settle(&Operation::Charge(charge.clone()), outcome) {
             Ok((outcome, response)) => {
-                self.store.settle_charge(&outcome).await?;
+                self.store.settle(&outcome).await?;
                 Ok(Reply {
                     response,
                     replayed: false,
@@ -440,12 +590,12 @@ impl ChargeService {
             Err(reason) => {
                 tracing::error!(charge_id = %charge.id, %reason, "keyless charge outcome unknown; marked unknown for reconciliation");
                 self.store
-                    .settle_charge(&ChargeOutcome {
+                    .settle(&Outcome::Charge(ChargeOutcome {
                         charge_id: charge.id.clone(),
                         status: ChargeStatus::Unknown,
                         gateway_charge_id: None,
                         decline_code: None,
-                    })
+                    }))
                     .await?;
                 Err(ChargeError::ProviderUnavailable(reason))
             }
@@ -453,51 +603,123 @@ impl ChargeService {
     }
 }
 
-/// A final provider answer as the charge's new state and the stored
-/// response (201 with the charge, or 402 `card_declined`); `Err` with the
-/// reason when the outcome is unknown.
+/// A cursor that names no object the caller may page from.
+fn no_such(cursor: &Cursor, what: &str) -> InvalidRequest {
+    InvalidRequest {
+        param: Some(cursor.param().to_owned()),
+        message: format!("no such {what}: {:?}", cursor.id()),
+    }
+}
+
+/// A final provider answer as the operation's new state and the stored
+/// response: a charge's 201 or 402 `card_declined`, a refund's 201 or 402
+/// `refund_failed`; `Err` with the reason when the outcome is unknown.
 fn settle(
+    operation: &Operation,
+    outcome: ProviderOutcome,
+) -> Result<(Outcome, StoredResponse), String> {
+    match operation {
+        Operation::Charge(charge) => settle_charge(charge, outcome),
+        Operation::Refund(refund) => settle_refund(refund, outcome),
+    }
+}
+
+fn settle_charge(
     charge: &Charge,
     outcome: ProviderOutcome,
-) -> Result<(ChargeOutcome, StoredResponse), String> {
+) -> Result<(Outcome, StoredResponse), String> {
     let mut charge = charge.clone();
     let response = match outcome {
-        ProviderOutcome::Succeeded { provider_charge_id } => {
+        ProviderOutcome::Succeeded { provider_id } => {
             charge.status = ChargeStatus::Succeeded;
-            charge.gateway_charge_id = Some(provider_charge_id);
-            StoredResponse {
-                status: 201,
-                body: charge.to_json(),
-                content_type: JSON.to_owned(),
-                location: Some(charge.location()),
-            }
+            charge.gateway_charge_id = Some(provider_id);
+            created(charge.to_json(), charge.location())
         }
         ProviderOutcome::Declined {
             code,
             decline_code,
             message,
-            provider_charge_id,
+            provider_id,
         } => {
             charge.status = ChargeStatus::Failed;
-            charge.gateway_charge_id = provider_charge_id;
+            charge.gateway_charge_id = provider_id;
             charge.decline_code = decline_code.or(Some(code));
             let mut envelope = ErrorEnvelope::new("card_declined", message);
             envelope.error.decline_code = charge.decline_code.clone();
             envelope.error.charge_id = Some(charge.id.clone());
-            StoredResponse {
-                status: 402,
-                body: envelope.to_json(),
-                content_type: JSON.to_owned(),
-                location: None,
-            }
+            refused(&envelope)
         }
         ProviderOutcome::Unknown { reason } => return Err(reason),
     };
-    let outcome = ChargeOutcome {
+    let outcome = Outcome::Charge(ChargeOutcome {
         charge_id: charge.id,
         status: charge.status,
         gateway_charge_id: charge.gateway_charge_id,
         decline_code: charge.decline_code,
-    };
+    });
     Ok((outcome, response))
+}
+
+fn settle_refund(
+    refund: &Refund,
+    outcome: ProviderOutcome,
+) -> Result<(Outcome, StoredResponse), String> {
+    let mut refund = refund.clone();
+    let response = match outcome {
+        ProviderOutcome::Succeeded { provider_id } => {
+            refund.status = ChargeStatus::Succeeded;
+            refund.gateway_refund_id = Some(provider_id);
+            created(refund.to_json(), refund.location())
+        }
+        ProviderOutcome::Declined {
+            code,
+            decline_code,
+            message,
+            provider_id,
+        } => {
+            refund.status = ChargeStatus::Failed;
+            refund.gateway_refund_id = provider_id;
+            refund.failure_code = decline_code.or(Some(code));
+            let mut envelope = ErrorEnvelope::new("refund_failed", message);
+            envelope.error.decline_code = refund.failure_code.clone();
+            envelope.error.charge_id = Some(refund.charge_id.clone());
+            envelope.error.refund_id = Some(refund.id.clone());
+            refused(&envelope)
+        }
+        ProviderOutcome::Unknown { reason } => return Err(reason),
+    };
+    let status = refund.status;
+    Ok((Outcome::Refund(refund_outcome(&refund, status)), response))
+}
+
+/// A refund's outcome as its row will record it.
+fn refund_outcome(refund: &Refund, status: ChargeStatus) -> RefundOutcome {
+    RefundOutcome {
+        refund_id: refund.id.clone(),
+        charge_id: refund.charge_id.clone(),
+        amount_cents: refund.amount_cents,
+        status,
+        gateway_refund_id: refund.gateway_refund_id.clone(),
+        failure_code: refund.failure_code.clone(),
+    }
+}
+
+/// 201 with the created object and where to read it back.
+fn created(body: String, location: String) -> StoredResponse {
+    StoredResponse {
+        status: 201,
+        body,
+        content_type: JSON.to_owned(),
+        location: Some(location),
+    }
+}
+
+/// 402: the provider refused the operation.
+fn refused(envelope: &ErrorEnvelope) -> StoredResponse {
+    StoredResponse {
+        status: 402,
+        body: envelope.to_json(),
+        content_type: JSON.to_owned(),
+        location: None,
+    }
 }

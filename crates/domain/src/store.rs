@@ -18,6 +18,8 @@ use crate::idempotency::{
     IdempotencyKey, IdempotencyRecord, LeaseToken, RecordId, RecordState, RequestFingerprint,
     StoredResponse,
 };
+use crate::list::{ChargeQuery, Page};
+use crate::refund::{Refund, RefundStatus};
 
 /// A backend's error, boxed: the domain knows no database driver.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -74,8 +76,25 @@ pub enum ClaimAge {
     AtLeast(Duration),
 }
 
-/// A request to claim a key: the record to insert and the pending charge
-/// that goes in the same transaction.
+/// What a keyed request drives: a charge, or a refund of one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Operation {
+    Charge(Charge),
+    Refund(Refund),
+}
+
+impl Operation {
+    /// The charge's or the refund's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Charge(c) => &c.id,
+            Self::Refund(r) => &r.id,
+        }
+    }
+}
+
+/// A request to claim a key: the record to insert and the pending
+/// operation that goes in the same transaction.
 #[derive(Debug, Clone)]
 pub struct Claim {
     pub key: IdempotencyKey,
@@ -85,21 +104,28 @@ pub struct Claim {
     pub lease: NewLease,
     /// How long the key is remembered once claimed.
     pub ttl: Duration,
-    /// The pending charge; the store sets its timestamps.
-    pub charge: Charge,
+    /// The pending charge, or refund (its amount 0 for "what is left"); the
+    /// store sets its timestamps. A refund's amount is reserved on its
+    /// charge in the same transaction.
+    pub operation: Operation,
 }
 
 /// The result of a claim.
 #[derive(Debug, Clone)]
 pub enum ClaimOutcome {
     /// This caller inserted (or reclaimed an expired) record and holds the
-    /// lease; the charge is as stored, with the database's timestamps.
+    /// lease; the operation is as stored, with the database's timestamps
+    /// (and a refund's amount as reserved).
     Claimed {
         record_id: RecordId,
-        charge: Box<Charge>,
+        operation: Box<Operation>,
     },
     /// Someone else has this key; the caller decides from the record.
     Existing(Box<IdempotencyRecord>),
+    /// A refund that does not fit in what is left of its charge: no refund
+    /// was made, and the record was stored complete with this answer
+    /// ([`Refund::exceeds_charge`]), replayed to every retry.
+    Refused(StoredResponse),
 }
 
 /// What the provider said about a charge, as the `charges` row records it.
@@ -111,14 +137,51 @@ pub struct ChargeOutcome {
     pub decline_code: Option<String>,
 }
 
-/// The final outcome of a charge, written with its record in one
+/// What the provider said about a refund. Its charge's reservation follows:
+/// a succeeded refund adds to `amount_refunded`, a failed one gives its
+/// amount back, an unknown one keeps it reserved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundOutcome {
+    pub refund_id: String,
+    pub charge_id: String,
+    pub amount_cents: i64,
+    pub status: RefundStatus,
+    pub gateway_refund_id: Option<String>,
+    pub failure_code: Option<String>,
+}
+
+/// The outcome of an operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Charge(ChargeOutcome),
+    Refund(RefundOutcome),
+}
+
+impl Outcome {
+    /// The charge's or the refund's id.
+    pub fn id(&self) -> &str {
+        match self {
+            Self::Charge(c) => &c.charge_id,
+            Self::Refund(r) => &r.refund_id,
+        }
+    }
+
+    pub fn status(&self) -> ChargeStatus {
+        match self {
+            Self::Charge(c) => c.status,
+            Self::Refund(r) => r.status,
+        }
+    }
+}
+
+/// The final outcome of an operation, written with its record in one
 /// transaction: the record becomes `state` (complete, or abandoned).
 #[derive(Debug, Clone)]
 pub struct Finish {
     pub record_id: RecordId,
     pub lease_token: LeaseToken,
     pub state: RecordState,
-    pub outcome: ChargeOutcome,
+    pub outcome: Outcome,
     pub response: StoredResponse,
 }
 
@@ -139,8 +202,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Reachable, and every migration this build knows is applied.
     async fn ready(&self) -> Result<(), StoreError>;
 
-    /// Inserts the record (`in_progress`) and its pending charge in one
-    /// transaction. The unique index on (key, route) arbitrates: a loser gets
+    /// Inserts the record (`in_progress`) and its pending operation in one
+    /// transaction; a refund first reserves its amount on its charge, by a
+    /// conditional update, or is refused ([`ClaimOutcome::Refused`]). The unique index on (key, route) arbitrates: a loser gets
     /// the existing record. A complete record past `expires_at` is treated
     /// as absent and reclaimed by a conditional update; an in-progress or
     /// abandoned one never is.
@@ -169,8 +233,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         lease_token: &LeaseToken,
     ) -> Result<bool, StoreError>;
 
-    /// Completes (or abandons) the record and updates its charge in one
-    /// transaction, guarded by `state = 'in_progress' AND lease_token = mine`.
+    /// Completes (or abandons) the record and updates its charge or refund
+    /// (and a refund's charge) in one transaction, guarded by `state = 'in_progress' AND lease_token = mine`.
     async fn finish(&self, finish: &Finish) -> Result<FinishOutcome, StoreError>;
 
     /// Inserts a charge with no idempotency record: the keyless requests of
@@ -178,10 +242,15 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// as stored, with the database's timestamps.
     async fn insert_charge(&self, charge: &Charge) -> Result<Charge, StoreError>;
 
-    /// Records the outcome of a charge still `pending`, outside a finish: a
-    /// keyless charge, or the charge of a driver that lost its record. False
-    /// when the charge is not pending (another driver settled it) or absent.
-    async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<bool, StoreError>;
+    /// Records the outcome of a charge or refund still `pending`, outside a
+    /// finish: a keyless charge, or the operation of a driver that lost its
+    /// record. False when it is not pending (another driver settled it) or
+    /// absent.
+    async fn settle(&self, outcome: &Outcome) -> Result<bool, StoreError>;
+
+    /// Stamps the operation with the database's time as its provider call
+    /// is sent again (a takeover's re-drive); a claim stamps it itself.
+    async fn provider_called(&self, operation: &Operation) -> Result<(), StoreError>;
 
     /// Takes over the in-progress record whose lease expired longest ago
     /// among those claimed `age` ago, giving it `lease`; `None` when there
@@ -223,4 +292,42 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// A charge by id.
     async fn charge(&self, charge_id: &str) -> Result<Option<Charge>, StoreError>;
+
+    /// A refund by id.
+    async fn refund(&self, refund_id: &str) -> Result<Option<Refund>, StoreError>;
+
+    /// A page of a customer's charges matching the query's filters: at most
+    /// `limit + 1` (the extra one says there are more), newest first, or
+    /// oldest first after an `ending_before` cursor. The cursor's charge
+    /// must exist (the caller checks it is the customer's).
+    async fn list_charges(
+        &self,
+        customer: &CustomerId,
+        query: &ChargeQuery,
+    ) -> Result<Vec<Charge>, StoreError>;
+
+    /// A page of a charge's refunds, as [`Store::list_charges`] pages.
+    async fn list_refunds(&self, charge_id: &str, page: &Page) -> Result<Vec<Refund>, StoreError>;
+
+    /// The operation a record drives: its refund, else its charge.
+    async fn operation(&self, record: &IdempotencyRecord) -> Result<Operation, StoreError> {
+        let missing = |what: &str, id: &str| {
+            StoreError::Invariant(format!(
+                "the {what} {id} of record {} is missing",
+                record.id
+            ))
+        };
+        Ok(match &record.refund_id {
+            Some(id) => Operation::Refund(
+                self.refund(id)
+                    .await?
+                    .ok_or_else(|| missing("refund", id))?,
+            ),
+            None => Operation::Charge(
+                self.charge(&record.charge_id)
+                    .await?
+                    .ok_or_else(|| missing("charge", &record.charge_id))?,
+            ),
+        })
+    }
 }

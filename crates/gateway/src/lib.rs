@@ -5,8 +5,10 @@
 //!
 //! # Layout
 //!
-//! - [`HttpGateway`]: builds the form-encoded `POST /v1/charges` with the
-//!   derived `Idempotency-Key`, under a timeout.
+//! - [`HttpGateway`]: builds the form-encoded `POST /v1/charges` and
+//!   `POST /v1/refunds` with the derived `Idempotency-Key`, under a timeout;
+//!   every call names our operation in `metadata[payments_charge_id]` or
+//!   `metadata[payments_refund_id]`, which reconciliation searches by.
 //! - `wire`: the provider's JSON shapes, private to this crate.
 //! - [`classify`]: every provider answer becomes success, decline (final) or
 //!   unknown outcome. Only an answer that proves what happened is final.
@@ -15,7 +17,9 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use payments_domain::provider::{Gateway, ProviderChargeRequest, ProviderOutcome};
+use payments_domain::provider::{
+    Gateway, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest,
+};
 use secrecy::{ExposeSecret, SecretString};
 
 /// The provider calls' latency and outcomes, by `outcome` (metric names, with
@@ -26,10 +30,13 @@ pub const PROVIDER_OUTCOMES_TOTAL: &str = "payments_provider_outcomes_total";
 mod wire {
     use serde::Deserialize;
 
+    /// A charge or a refund object: its id and status (a refund's
+    /// `failure_reason` when it failed).
     #[derive(Debug, Deserialize)]
-    pub struct Charge {
+    pub struct Object {
         pub id: String,
         pub status: String,
+        pub failure_reason: Option<String>,
     }
 
     #[derive(Debug, Deserialize)]
@@ -52,7 +59,7 @@ mod wire {
 #[derive(Debug, Clone)]
 pub struct HttpGateway {
     client: reqwest::Client,
-    charges_url: String,
+    base_url: String,
     secret_key: SecretString,
 }
 
@@ -71,15 +78,16 @@ impl HttpGateway {
             .build()?;
         Ok(Self {
             client,
-            charges_url: format!("{}/v1/charges", base_url.trim_end_matches('/')),
+            base_url: base_url.trim_end_matches('/').to_owned(),
             secret_key: secret_key.into(),
         })
     }
 }
 
-/// The form body: `amount`, lower-case `currency`, `source`, `description`,
-/// `metadata[k]`.
-fn form(request: &ProviderChargeRequest) -> Vec<(String, String)> {
+/// A charge's form body: `amount`, lower-case `currency`, `source`,
+/// `description`, `metadata[k]` and ours, `metadata[payments_charge_id]`
+/// (the domain keeps customers' keys out of the `payments_` prefix).
+fn charge_form(request: &ProviderChargeRequest) -> Vec<(String, String)> {
     let mut form = vec![
         ("amount".to_owned(), request.amount_cents.to_string()),
         ("currency".to_owned(), request.currency.to_ascii_lowercase()),
@@ -88,22 +96,62 @@ fn form(request: &ProviderChargeRequest) -> Vec<(String, String)> {
     if let Some(d) = &request.description {
         form.push(("description".to_owned(), d.clone()));
     }
-    for (k, v) in &request.metadata {
+    with_metadata(form, &request.metadata, ("charge", &request.charge_id))
+}
+
+/// A refund's form body: `charge`, `amount`, `reason`, `metadata[k]` and
+/// `metadata[payments_refund_id]`.
+fn refund_form(request: &ProviderRefundRequest) -> Vec<(String, String)> {
+    let mut form = vec![
+        ("charge".to_owned(), request.gateway_charge_id.clone()),
+        ("amount".to_owned(), request.amount_cents.to_string()),
+    ];
+    if let Some(reason) = request.reason {
+        form.push(("reason".to_owned(), reason.as_str().to_owned()));
+    }
+    with_metadata(form, &request.metadata, ("refund", &request.refund_id))
+}
+
+fn with_metadata(
+    mut form: Vec<(String, String)>,
+    metadata: &std::collections::BTreeMap<String, String>,
+    (what, id): (&str, &str),
+) -> Vec<(String, String)> {
+    for (k, v) in metadata {
         form.push((format!("metadata[{k}]"), v.clone()));
     }
+    form.push((format!("metadata[payments_{what}_id]"), id.to_owned()));
     form
 }
 
 #[async_trait]
 impl Gateway for HttpGateway {
     async fn create_charge(&self, request: &ProviderChargeRequest) -> ProviderOutcome {
+        let form = charge_form(request);
+        self.post("charges", &request.idempotency_key, &form).await
+    }
+
+    async fn create_refund(&self, request: &ProviderRefundRequest) -> ProviderOutcome {
+        let form = refund_form(request);
+        self.post("refunds", &request.idempotency_key, &form).await
+    }
+}
+
+impl HttpGateway {
+    /// `POST /v1/{what}` under the provider key, classified, timed and logged.
+    async fn post(
+        &self,
+        what: &'static str,
+        key: &str,
+        form: &[(String, String)],
+    ) -> ProviderOutcome {
         let started = std::time::Instant::now();
         let sent = self
             .client
-            .post(&self.charges_url)
+            .post(format!("{}/v1/{what}", self.base_url))
             .bearer_auth(self.secret_key.expose_secret())
-            .header("Idempotency-Key", &request.idempotency_key)
-            .form(&form(request))
+            .header("Idempotency-Key", key)
+            .form(form)
             .send()
             .await;
         let outcome = match sent {
@@ -129,11 +177,12 @@ impl Gateway for HttpGateway {
             ProviderOutcome::Unknown { .. } => "unknown",
         };
         let elapsed = started.elapsed();
-        metrics::histogram!(PROVIDER_REQUEST_DURATION_SECONDS, "outcome" => label)
+        metrics::histogram!(PROVIDER_REQUEST_DURATION_SECONDS, "outcome" => label, "call" => what)
             .record(elapsed.as_secs_f64());
-        metrics::counter!(PROVIDER_OUTCOMES_TOTAL, "outcome" => label).increment(1);
+        metrics::counter!(PROVIDER_OUTCOMES_TOTAL, "outcome" => label, "call" => what).increment(1);
         tracing::info!(
-            provider_key = %request.idempotency_key,
+            provider_key = %key,
+            call = what,
             elapsed_ms = elapsed.as_millis() as u64,
             outcome = label,
             "provider call"
@@ -142,22 +191,29 @@ impl Gateway for HttpGateway {
     }
 }
 
-/// Classifies one provider answer. Only a 200 charge object that says
-/// `succeeded` and a 402 card error are final; an idempotency conflict (409:
+/// Classifies one provider answer. Only a 200 charge or refund object that
+/// says `succeeded` (or, for a refund, `failed`) and a 402 card error are
+/// final; an idempotency conflict (409:
 /// our own earlier call is still running there; 400: a parameter mismatch),
 /// a rate limit, a 5xx or anything unparseable leaves the outcome unknown,
 /// and the call is re-driven later under the same key.
 pub fn classify(status: u16, body: &[u8]) -> ProviderOutcome {
     match status {
-        200 => match serde_json::from_slice::<wire::Charge>(body) {
-            Ok(c) if c.status == "succeeded" => ProviderOutcome::Succeeded {
-                provider_charge_id: c.id,
+        200 => match serde_json::from_slice::<wire::Object>(body) {
+            Ok(o) if o.status == "succeeded" => ProviderOutcome::Succeeded { provider_id: o.id },
+            Ok(o) if o.status == "failed" => ProviderOutcome::Declined {
+                code: o.failure_reason.unwrap_or_else(|| "failed".to_owned()),
+                decline_code: None,
+                message: format!("the provider's {} failed", o.id),
+                provider_id: Some(o.id),
             },
-            Ok(c) => ProviderOutcome::Unknown {
-                reason: format!("provider charge {} is {:?}, not final", c.id, c.status),
+            // A refund still `pending` at the provider is settled later,
+            // by a re-drive or by reconciliation.
+            Ok(o) => ProviderOutcome::Unknown {
+                reason: format!("provider object {} is {:?}, not final", o.id, o.status),
             },
             Err(e) => ProviderOutcome::Unknown {
-                reason: format!("unparseable provider charge: {e}"),
+                reason: format!("unparseable provider object: {e}"),
             },
         },
         402 => declined(serde_json::from_slice::<wire::ErrorEnvelope>(body).ok()),
@@ -200,7 +256,7 @@ fn declined(envelope: Option<wire::ErrorEnvelope>) -> ProviderOutcome {
         code: code.unwrap_or_else(|| "card_declined".to_owned()),
         decline_code,
         message: message.unwrap_or_else(|| "Your card was declined.".to_owned()),
-        provider_charge_id: charge,
+        provider_id: charge,
     }
 }
 
@@ -213,7 +269,7 @@ mod tests {
         assert_eq!(
             classify(200, br#"{"id":"ch_1","status":"succeeded"}"#),
             ProviderOutcome::Succeeded {
-                provider_charge_id: "ch_1".to_owned()
+                provider_id: "ch_1".to_owned()
             }
         );
         let declined = classify(
@@ -226,7 +282,7 @@ mod tests {
                 code: "card_declined".to_owned(),
                 decline_code: Some("insufficient_funds".to_owned()),
                 message: "no".to_owned(),
-                provider_charge_id: Some("ch_2".to_owned()),
+                provider_id: Some("ch_2".to_owned()),
             }
         );
         for (status, body) in [
@@ -263,7 +319,7 @@ mod tests {
                 code: "resource_missing".to_owned(),
                 decline_code: None,
                 message: "No such token: 'tok_x'".to_owned(),
-                provider_charge_id: None,
+                provider_id: None,
             }
         );
     }
@@ -272,15 +328,46 @@ mod tests {
     fn form_uses_stripe_names() {
         let request = ProviderChargeRequest {
             idempotency_key: "k".to_owned(),
+            charge_id: "ch_ours".to_owned(),
             amount_cents: 4900,
             currency: "GBP".to_owned(),
             card_token: "tok_visa".to_owned(),
             description: Some("tea".to_owned()),
             metadata: [("order".to_owned(), "42".to_owned())].into(),
         };
-        let form = form(&request);
-        assert!(form.contains(&("currency".to_owned(), "gbp".to_owned())));
-        assert!(form.contains(&("metadata[order]".to_owned(), "42".to_owned())));
-        assert!(form.contains(&("amount".to_owned(), "4900".to_owned())));
+        let form = charge_form(&request);
+        let has = |k: &str, v: &str| form.contains(&(k.to_owned(), v.to_owned()));
+        assert!(has("currency", "gbp"));
+        assert!(has("metadata[order]", "42"));
+        assert!(has("metadata[payments_charge_id]", "ch_ours"));
+        assert!(has("amount", "4900"));
+        let refund = ProviderRefundRequest {
+            idempotency_key: "k".to_owned(),
+            refund_id: "re_ours".to_owned(),
+            gateway_charge_id: "ch_theirs".to_owned(),
+            amount_cents: 300,
+            reason: Some(payments_domain::refund::RefundReason::Duplicate),
+            metadata: Default::default(),
+        };
+        let form = refund_form(&refund);
+        let has = |k: &str, v: &str| form.contains(&(k.to_owned(), v.to_owned()));
+        assert!(has("charge", "ch_theirs") && has("amount", "300") && has("reason", "duplicate"));
+        assert!(has("metadata[payments_refund_id]", "re_ours"));
+    }
+
+    #[test]
+    fn a_failed_refund_is_final() {
+        let failed = classify(
+            200,
+            br#"{"id":"re_1","object":"refund","status":"failed","failure_reason":"expired_or_canceled_card"}"#,
+        );
+        assert!(
+            matches!(failed, ProviderOutcome::Declined { ref code, .. } if code == "expired_or_canceled_card")
+        );
+        let pending = classify(
+            200,
+            br#"{"id":"re_2","object":"refund","status":"pending"}"#,
+        );
+        assert!(matches!(pending, ProviderOutcome::Unknown { .. }));
     }
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use payments_domain::idempotency::IdempotencyRecord;
 use payments_domain::service::{ABANDONED_TOTAL, ChargeError, ChargeService, OnUnknown};
-use payments_domain::store::{ClaimAge, NewLease, Store, StoreError};
+use payments_domain::store::{ClaimAge, NewLease, Operation, Store, StoreError};
 use payments_domain::time;
 
 /// The reaper's records, by `result` (a metric name, listed with the others
@@ -192,18 +192,12 @@ impl Reaper {
         Ok(report)
     }
 
-    async fn charge_of(
-        &self,
-        record: &IdempotencyRecord,
-    ) -> Option<payments_domain::charge::Charge> {
-        match self.store().charge(&record.charge_id).await {
-            Ok(Some(charge)) => Some(charge),
-            Ok(None) => {
-                tracing::error!(record_id = %record.id, charge_id = %record.charge_id, "record's charge is missing");
-                None
-            }
+    /// The charge or refund the record drives.
+    async fn operation_of(&self, record: &IdempotencyRecord) -> Option<Operation> {
+        match self.store().operation(record).await {
+            Ok(operation) => Some(operation),
             Err(e) => {
-                tracing::error!(record_id = %record.id, error = %e, "reading the charge failed");
+                tracing::error!(record_id = %record.id, error = %e, "reading the record's operation failed");
                 None
             }
         }
@@ -212,23 +206,28 @@ impl Reaper {
     /// A record claimed longer ago than the provider's key retention allows
     /// a re-drive: abandoned without a provider call.
     async fn abandon_stale(&self, record: &IdempotencyRecord, lease: &NewLease) -> Handled {
-        let Some(charge) = self.charge_of(record).await else {
+        let Some(operation) = self.operation_of(record).await else {
             return Handled::Failed;
         };
         let reason = "claimed longer ago than the provider's key retention allows a re-drive";
-        self.give_up(record, lease, &charge, reason).await
+        self.give_up(record, lease, &operation, reason).await
     }
 
     async fn redrive(&self, record: &IdempotencyRecord, lease: &NewLease) -> Handled {
-        let Some(charge) = self.charge_of(record).await else {
+        let Some(operation) = self.operation_of(record).await else {
             return Handled::Failed;
         };
+        let id = operation.id().to_owned();
+        if let Err(e) = self.store().provider_called(&operation).await {
+            tracing::error!(record_id = %record.id, operation = %id, error = %e, "stamping the provider call failed");
+            return Handled::Failed;
+        }
         let drive = self
             .service
             .drive(
                 record.id,
                 &lease.token,
-                charge.clone(),
+                operation.clone(),
                 OnUnknown::KeepLease,
             )
             .await;
@@ -236,7 +235,7 @@ impl Reaper {
             Ok(reply) if reply.replayed => {
                 tracing::info!(
                     record_id = %record.id,
-                    charge_id = %charge.id,
+                    operation = %id,
                     status = reply.response.status,
                     "finished by another driver while the reaper drove it"
                 );
@@ -245,7 +244,7 @@ impl Reaper {
             Ok(reply) => {
                 tracing::info!(
                     record_id = %record.id,
-                    charge_id = %charge.id,
+                    operation = %id,
                     key = %record.key,
                     status = reply.response.status,
                     "reaped: finished with the provider's outcome"
@@ -255,48 +254,47 @@ impl Reaper {
             Err(ChargeError::ProviderUnavailable(reason)) => {
                 // The record's age is the database's, read when it was taken.
                 if record.age < self.settings.abandon_after {
-                    tracing::warn!(record_id = %record.id, charge_id = %charge.id, %reason, "provider unreachable; left for the next pass");
+                    tracing::warn!(record_id = %record.id, operation = %id, %reason, "provider unreachable; left for the next pass");
                     return Handled::Left;
                 }
                 let reason = format!("provider unreachable past --abandon-after: {reason}");
-                self.give_up(record, lease, &charge, &reason).await
+                self.give_up(record, lease, &operation, &reason).await
             }
             // Another driver took the record over, or it moved on.
             Err(ChargeError::InProgress) => {
-                tracing::info!(record_id = %record.id, charge_id = %charge.id, "another driver holds the record now; left to it");
+                tracing::info!(record_id = %record.id, operation = %id, "another driver holds the record now; left to it");
                 Handled::Left
             }
             Err(e) => {
-                tracing::error!(record_id = %record.id, charge_id = %charge.id, error = %e, "re-drive failed");
+                tracing::error!(record_id = %record.id, operation = %id, error = %e, "re-drive failed");
                 Handled::Failed
             }
         }
     }
 
-    /// Abandons a record the reaper holds: `500 request_abandoned`, charge
-    /// `unknown`, and a loud log line for whoever reconciles it.
+    /// Abandons a record the reaper holds: `500 request_abandoned`, its
+    /// charge or refund `unknown`, and a loud log line for whoever
+    /// reconciles it.
     async fn give_up(
         &self,
         record: &IdempotencyRecord,
         lease: &NewLease,
-        charge: &payments_domain::charge::Charge,
+        operation: &Operation,
         reason: &str,
     ) -> Handled {
         match self
             .service
-            .abandon(record.id, &lease.token, charge, reason)
+            .abandon(record.id, &lease.token, operation, reason)
             .await
         {
             Ok(reply) if !reply.replayed => {
                 tracing::error!(
                     record_id = %record.id,
-                    charge_id = %charge.id,
-                    provider_key = %charge.provider_key,
-                    customer_id = %charge.customer_id,
-                    amount_cents = charge.amount_cents,
-                    currency = %charge.currency,
+                    operation = operation.id(),
+                    route = %record.route,
+                    customer_id = %record.customer_id,
                     %reason,
-                    "ABANDONED: provider outcome unknown; charge marked unknown, reconcile it with the provider"
+                    "ABANDONED: provider outcome unknown; marked unknown, reconcile it with the provider"
                 );
                 metrics::counter!(ABANDONED_TOTAL, "reason" => "reaper").increment(1);
                 Handled::Abandoned
@@ -320,7 +318,7 @@ impl Reaper {
         for r in &records {
             tracing::info!(
                 record_id = %r.id,
-                charge_id = %r.charge_id,
+                operation = r.operation_id(),
                 key = %r.key,
                 claimed_at = %time::rfc3339(r.created_at),
                 age_secs = r.age.as_secs(),

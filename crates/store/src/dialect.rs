@@ -24,18 +24,27 @@ pub trait Dialect: Send + Sync + Sized + std::fmt::Debug + 'static {
     fn flag(condition: &str) -> String {
         format!("({condition})")
     }
+    /// `$N` Unix milliseconds as a stored time, for comparisons.
+    fn at_ms(param: &str) -> String;
+    /// The text value of key `$N` of a JSON `column` (NULL when absent).
+    fn json_text(column: &str, key: &str) -> String;
     /// The parameter holding a charge's metadata (JSON text).
     fn json(param: &str) -> String {
         param.to_owned()
     }
-    /// The `metadata` column read back as JSON text.
-    const METADATA: &'static str = "metadata";
+    /// A `metadata` column read back as JSON text, named `metadata`.
+    fn metadata(column: &str) -> String {
+        format!("{column} AS metadata")
+    }
 
     /// Starts a transaction that will write.
     const BEGIN_WRITE: &'static str = "BEGIN";
     /// Appended to a `SELECT` that picks rows to change, so that a second
     /// job passes over rows the first has locked instead of queueing.
     const SKIP_LOCKED: &'static str = " FOR UPDATE SKIP LOCKED";
+    /// Appended to a `SELECT` that reads a row the transaction will write,
+    /// so that no other writer changes it in between.
+    const FOR_UPDATE: &'static str = " FOR UPDATE";
     /// `INSERT .. ON CONFLICT DO NOTHING` and `.. RETURNING`. Without them
     /// (MySQL) a claim is a plain insert whose duplicate-key error means
     /// "someone has this key", and a write's times are read back after it.
@@ -64,13 +73,16 @@ pub trait Dialect: Send + Sync + Sized + std::fmt::Debug + 'static {
 /// A statement template in the dialect's words:
 /// - `$N` or `{p}`: the next parameter (`$N` checked: they come in order);
 /// - `{now}`: the database's clock; `{ms}`: the next parameter, as an
-///   interval of milliseconds; `{json}`: the next parameter, as JSON;
+///   interval of milliseconds; `{at_ms}`: the next parameter, Unix
+///   milliseconds, as a stored time; `{json}`: the next parameter, as JSON;
+///   `{json_text col}`: the text at the next parameter's key of JSON `col`;
 /// - `{record}`: a record's columns and what the clock says of it
 ///   (`lease_live`, `expired`, `age_ms`);
-/// - `{new_record}`, `{charge}`: the eight values of a new record and the
-///   eleven of a new charge, in the order the store binds them;
-/// - `{returning cols}`, `{skip_locked}`, `{metadata}`: where the backend has
-///   them.
+/// - `{new_record}`, `{charge}`, `{refund}`: the nine values of a new
+///   record, the twelve of a new charge and the nine of a new refund, in the
+///   order the store binds them;
+/// - `{returning cols}`, `{skip_locked}`, `{for_update}`, `{metadata col}`:
+///   where the backend has them.
 pub(crate) fn render<D: Dialect>(template: &str) -> String {
     let mut out = String::with_capacity(template.len() * 2);
     expand::<D>(template, &mut out, &mut 1);
@@ -105,6 +117,8 @@ fn expand<D: Dialect>(template: &str, out: &mut String, next: &mut usize) {
             ("now", _) => out.push_str(D::NOW),
             ("p", _) => out.push_str(&param::<D>(next)),
             ("ms", _) => out.push_str(&D::interval(&param::<D>(next))),
+            ("at_ms", _) => out.push_str(&D::at_ms(&param::<D>(next))),
+            ("json_text", column) => out.push_str(&D::json_text(column, &param::<D>(next))),
             ("json", _) => out.push_str(&D::json(&param::<D>(next))),
             ("returning", columns) if D::RETURNING => {
                 out.push_str(" RETURNING ");
@@ -112,7 +126,8 @@ fn expand<D: Dialect>(template: &str, out: &mut String, next: &mut usize) {
             }
             ("returning", _) => {}
             ("skip_locked", _) => out.push_str(D::SKIP_LOCKED),
-            ("metadata", _) => out.push_str(D::METADATA),
+            ("for_update", _) => out.push_str(D::FOR_UPDATE),
+            ("metadata", column) => out.push_str(&D::metadata(column)),
             ("record", _) => out.push_str(&format!(
                 "{RECORD_COLUMNS}, {} AS lease_live, {} AS expired, {} AS age_ms",
                 D::flag(&format!(
@@ -123,15 +138,18 @@ fn expand<D: Dialect>(template: &str, out: &mut String, next: &mut usize) {
                 D::ms_since("created_at"),
             )),
             ("new_record", _) => expand::<D>(
-                "{p}, {p}, {p}, {p}, 'in_progress', {p}, {now} + {ms}, {p}, {now}, {now} + {ms}",
+                "{p}, {p}, {p}, {p}, 'in_progress', {p}, {now} + {ms}, {p}, {p}, {now}, {now} + {ms}",
                 out,
                 next,
             ),
             ("charge", _) => expand::<D>(
-                "{p}, {p}, {p}, {p}, {p}, {p}, {json}, {p}, {p}, {p}, {p}",
+                "{p}, {p}, {p}, {p}, {p}, {p}, {json}, {p}, {p}, {p}, {p}, {p}",
                 out,
                 next,
             ),
+            ("refund", _) => {
+                expand::<D>("{p}, {p}, {p}, {p}, {p}, {p}, {json}, {p}, {p}", out, next)
+            }
             _ => panic!("unknown piece {{{token}}} in {template}"),
         }
     }

@@ -38,6 +38,15 @@ impl Dialect for MySql {
         format!("INTERVAL ({param} * 1000) MICROSECOND")
     }
 
+    fn at_ms(param: &str) -> String {
+        // Not FROM_UNIXTIME: MariaDB's ends in 2038.
+        format!("(CAST('1970-01-01' AS DATETIME(6)) + INTERVAL ({param} * 1000) MICROSECOND)")
+    }
+
+    fn json_text(column: &str, key: &str) -> String {
+        format!("JSON_UNQUOTE(JSON_EXTRACT({column}, CONCAT('$.\"', {key}, '\"')))")
+    }
+
     fn ms_since(column: &str) -> String {
         format!(
             "TIMESTAMPDIFF(MICROSECOND, {column}, {}) DIV 1000",

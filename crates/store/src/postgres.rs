@@ -20,6 +20,10 @@
 
 use sqlx::postgres::{PgConnectOptions, PgQueryResult};
 
+use payments_domain::charge::CustomerId;
+use payments_domain::list::ChargeQuery;
+use sqlx::Row;
+
 use crate::dialect::Dialect;
 use crate::{DatabaseUrl, PoolSettings, SqlStore, classify};
 use payments_domain::store::StoreError;
@@ -32,12 +36,19 @@ impl Dialect for Postgres {
     type Db = sqlx::Postgres;
     type Ts = chrono::DateTime<chrono::Utc>;
     const NOW: &'static str = "date_trunc('milliseconds', clock_timestamp())";
-    const METADATA: &'static str = "metadata::text AS metadata";
     const ONE_STATEMENT: bool = true;
     const MIGRATOR: &'static sqlx::migrate::Migrator = &sqlx::migrate!("../../migrations/postgres");
 
     fn interval(param: &str) -> String {
         format!("({param}::float8 * interval '1 millisecond')")
+    }
+
+    fn at_ms(param: &str) -> String {
+        format!("to_timestamp({param}::float8 / 1000)")
+    }
+
+    fn json_text(column: &str, key: &str) -> String {
+        format!("({column} ->> {key}::text)")
     }
 
     fn ms_since(column: &str) -> String {
@@ -49,6 +60,10 @@ impl Dialect for Postgres {
 
     fn flag(condition: &str) -> String {
         format!("({condition})::int::int8")
+    }
+
+    fn metadata(column: &str) -> String {
+        format!("{column}::text AS metadata")
     }
 
     fn json(param: &str) -> String {
@@ -64,6 +79,27 @@ impl Dialect for Postgres {
 pub type PostgresStore = SqlStore<Postgres>;
 
 impl PostgresStore {
+    /// PostgreSQL's own plan of the page `query` reads, run
+    /// (`EXPLAIN (ANALYZE, BUFFERS)`, text lines): how an operator, or a
+    /// test, sees that a page is one index range scan.
+    pub async fn explain_list_charges(
+        &self,
+        customer: &CustomerId,
+        query: &ChargeQuery,
+    ) -> Result<Vec<String>, StoreError> {
+        let sql = format!(
+            "EXPLAIN (ANALYZE, BUFFERS) {}",
+            self.list_charges_sql(query)
+        );
+        let rows = Self::list_charges_query(&sql, customer, query)
+            .fetch_all(self.pool())
+            .await
+            .map_err(classify)?;
+        rows.iter()
+            .map(|row| row.try_get::<String, _>(0).map_err(classify))
+            .collect()
+    }
+
     pub async fn connect(url: &DatabaseUrl, settings: &PoolSettings) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.expose().parse().map_err(classify)?;
         let pool = settings

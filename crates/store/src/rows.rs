@@ -8,6 +8,7 @@ use payments_domain::charge::{CardToken, Charge, ChargeStatus};
 use payments_domain::idempotency::{
     IdempotencyRecord, JSON, Lease, LeaseToken, RecordId, RecordState, StoredResponse,
 };
+use payments_domain::refund::{Refund, RefundReason};
 
 use crate::Error;
 
@@ -38,7 +39,7 @@ impl Timestamp for DateTime<Utc> {
 /// The columns of `idempotent_requests`, in `RecordRow` order; `{record}`
 /// adds `lease_live`, `expired` and `age_ms`, computed by the database.
 pub(crate) const RECORD_COLUMNS: &str = "id, idempotency_key, route, customer_id, request_hash, \
-    state, lease_token, locked_until, charge_id, response_status, response_body, \
+    state, lease_token, locked_until, charge_id, refund_id, response_status, response_body, \
     response_content_type, response_location, created_at, completed_at, expires_at";
 
 #[derive(Debug, sqlx::FromRow)]
@@ -52,6 +53,7 @@ pub(crate) struct RecordRow<T> {
     lease_token: Option<String>,
     locked_until: Option<T>,
     charge_id: String,
+    refund_id: Option<String>,
     response_status: Option<i32>,
     response_body: Option<String>,
     response_content_type: Option<String>,
@@ -96,6 +98,7 @@ impl<T: Timestamp> TryFrom<RecordRow<T>> for IdempotencyRecord {
             state,
             lease,
             charge_id: r.charge_id,
+            refund_id: r.refund_id,
             response,
             created_at: decode(r.created_at)?,
             completed_at: r.completed_at.map(decode).transpose()?,
@@ -120,6 +123,8 @@ pub(crate) struct ChargeRow<T> {
     provider_key: String,
     gateway_charge_id: Option<String>,
     decline_code: Option<String>,
+    amount_refunded: i64,
+    idempotency_key: Option<String>,
     created_at: T,
     updated_at: T,
 }
@@ -143,6 +148,53 @@ impl<T: Timestamp> TryFrom<ChargeRow<T>> for Charge {
             provider_key: r.provider_key,
             gateway_charge_id: r.gateway_charge_id,
             decline_code: r.decline_code,
+            amount_refunded: r.amount_refunded,
+            idempotency_key: r.idempotency_key,
+        })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct RefundRow<T> {
+    id: String,
+    charge_id: String,
+    customer_id: String,
+    amount_cents: i64,
+    currency: String,
+    reason: Option<String>,
+    metadata: String,
+    status: String,
+    provider_key: String,
+    gateway_charge_id: Option<String>,
+    gateway_refund_id: Option<String>,
+    failure_code: Option<String>,
+    created_at: T,
+    updated_at: T,
+}
+
+impl<T: Timestamp> TryFrom<RefundRow<T>> for Refund {
+    type Error = Error;
+
+    fn try_from(r: RefundRow<T>) -> Result<Self, Error> {
+        let bad = |what: &str| Error::Invariant(format!("refund {}: bad {what}", r.id));
+        let reason = r.reason.as_deref().map(RefundReason::parse);
+        Ok(Refund {
+            status: ChargeStatus::parse(&r.status).ok_or_else(|| bad("status"))?,
+            reason: reason
+                .map(|reason| reason.ok_or_else(|| bad("reason")))
+                .transpose()?,
+            metadata: serde_json::from_str(&r.metadata).map_err(|_| bad("metadata"))?,
+            created_at: decode(r.created_at)?,
+            updated_at: decode(r.updated_at)?,
+            id: r.id,
+            charge_id: r.charge_id,
+            customer_id: r.customer_id,
+            amount_cents: r.amount_cents,
+            currency: r.currency,
+            provider_key: r.provider_key,
+            gateway_charge_id: r.gateway_charge_id,
+            gateway_refund_id: r.gateway_refund_id,
+            failure_code: r.failure_code,
         })
     }
 }

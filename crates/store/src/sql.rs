@@ -9,11 +9,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use payments_domain::charge::Charge;
-use payments_domain::idempotency::{IdempotencyRecord, LeaseToken, RecordId};
+use payments_domain::charge::CustomerId;
+use payments_domain::charge::{Charge, ChargeStatus};
+use payments_domain::idempotency::{
+    IdempotencyRecord, LeaseToken, RecordId, RecordState, StoredResponse,
+};
+use payments_domain::list::{ChargeQuery, Cursor, Page};
+use payments_domain::refund::Refund;
 use payments_domain::store::{
-    ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Store,
-    StoreError,
+    ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Operation,
+    Outcome, Store, StoreError,
 };
 use sqlx::migrate::Migrate;
 use sqlx::query::Query;
@@ -23,17 +28,60 @@ use sqlx::{
 };
 
 use crate::dialect::Dialect;
-use crate::rows::{ChargeRow, RecordRow, decode};
+use crate::rows::{ChargeRow, RecordRow, RefundRow, decode};
 use crate::{Error, millis, run};
 
-/// The columns of a `charges` row, in the order `charge_values` binds them,
-/// then its two times.
+/// The columns of a new `charges` row, in the order `charge_values` binds
+/// them, then its three times (created, updated, provider called: one).
 const CHARGE_COLUMNS: &str = "id, customer_id, amount_cents, currency, card_token, description, \
-     metadata, status, provider_key, gateway_charge_id, decline_code, created_at, updated_at";
+     metadata, status, provider_key, gateway_charge_id, decline_code, idempotency_key, \
+     created_at, updated_at, provider_called_at";
+
+/// A `charges` row as `ChargeRow` reads it.
+const CHARGE_ROW: &str = "id, customer_id, amount_cents, currency, card_token, description, \
+     {metadata metadata}, status, provider_key, gateway_charge_id, decline_code, amount_refunded, \
+     idempotency_key, created_at, updated_at";
+
+/// A `refunds` row (`r`) as `RefundRow` reads it, with its charge's (`c`)
+/// provider id.
+const REFUND_ROW: &str = "r.id, r.charge_id, r.customer_id, r.amount_cents, r.currency, \
+     r.reason, {metadata r.metadata}, r.status, r.provider_key, c.gateway_charge_id, \
+     r.gateway_refund_id, r.failure_code, r.created_at, r.updated_at";
+
+/// The three kinds of list page: the newest, after a cursor, before one.
+fn page_index(page: &Page) -> usize {
+    match page.cursor {
+        None => 0,
+        Some(Cursor::After(_)) => 1,
+        Some(Cursor::Before(_)) => 2,
+    }
+}
+
+/// The keyset condition and order of each kind of page over `alias`'s
+/// `(created_at, id)` in `table`: the cursor's position is read from its
+/// row, in the same statement.
+fn keyset(alias: &str, table: &str) -> [(String, &'static str); 3] {
+    let cursor = |op| {
+        format!(
+            " AND ({alias}.created_at, {alias}.id) {op} \
+             (SELECT created_at, id FROM {table} WHERE id = {{p}})"
+        )
+    };
+    [
+        (String::new(), "DESC"),
+        (cursor("<"), "DESC"),
+        (cursor(">"), "ASC"),
+    ]
+}
+
+/// The columns of a new `refunds` row, in the order `refund_values` binds
+/// them, then its three times.
+const REFUND_COLUMNS: &str = "id, charge_id, customer_id, amount_cents, currency, reason, \
+     metadata, status, provider_key, created_at, updated_at, provider_called_at";
 
 /// The columns a claim writes to a new `idempotent_requests` row.
 const NEW_RECORD_COLUMNS: &str = "idempotency_key, route, customer_id, request_hash, state, \
-     lease_token, locked_until, charge_id, created_at, expires_at";
+     lease_token, locked_until, charge_id, refund_id, created_at, expires_at";
 
 /// Claims loop at most this often when the row they saw changes under them
 /// (reclaimed by another caller, or pruned between the insert and the read).
@@ -49,18 +97,29 @@ pub(crate) struct Statements {
     stamp_by_key: String,
     reclaim: String,
     insert_claimed_charge: String,
+    insert_claimed_refund: String,
+    refundable: String,
+    reserve: String,
+    refuse_record: String,
     insert_charge: String,
     charge_created_at: String,
     take_over: String,
     release: String,
     finish_record: String,
     settle: String,
+    settle_refund: String,
+    refunded: String,
+    unreserve: String,
+    provider_called: [String; 2],
     claim_expired: String,
     candidate: String,
     lease_by_id: String,
     prune: String,
     count_prunable: String,
     charge: String,
+    refund: String,
+    list_charges: [String; 3],
+    list_refunds: [String; 3],
     applied_migrations: String,
     claim_or_read: Option<String>,
     finish_one: Option<String>,
@@ -71,10 +130,15 @@ impl Statements {
     /// pieces (see [`crate::dialect::render`]).
     fn render<D: Dialect>() -> Self {
         let r = crate::dialect::render::<D>;
-        let finish_record = "UPDATE idempotent_requests SET state = $1, response_status = $2, \
-            response_body = $3, response_content_type = $4, response_location = $5, \
-            completed_at = {now}, lease_token = NULL, locked_until = NULL \
-            WHERE id = $6 AND state = 'in_progress' AND lease_token = $7";
+        let finish = |also: &str| {
+            format!(
+                "UPDATE idempotent_requests SET state = $1, response_status = $2, \
+                 response_body = $3, response_content_type = $4, response_location = $5, \
+                 completed_at = {{now}}, lease_token = NULL, locked_until = NULL{also} \
+                 WHERE id = $6 AND state = 'in_progress' AND lease_token = $7"
+            )
+        };
+        let finish_record = finish("");
         let lease = "UPDATE idempotent_requests SET lease_token = $1, locked_until = {now} + {ms}";
         // What a takeover may take: a lease expired, and claimed less than
         // the bound milliseconds ago (the flag bound true) or not (false).
@@ -107,18 +171,29 @@ impl Statements {
             reclaim: r(&format!(
                 "UPDATE idempotent_requests SET customer_id = $1, request_hash = $2, \
                  state = 'in_progress', lease_token = $3, locked_until = {{now}} + {{ms}}, \
-                 charge_id = $5, response_status = NULL, response_body = NULL, \
+                 charge_id = $5, refund_id = $6, response_status = NULL, response_body = NULL, \
                  response_content_type = NULL, response_location = NULL, \
                  created_at = {{now}}, completed_at = NULL, expires_at = {{now}} + {{ms}} \
-                 WHERE id = $7 AND {prunable}{{returning id, created_at}}"
+                 WHERE id = $8 AND {prunable}{{returning id, created_at}}"
             )),
             insert_claimed_charge: r(&format!(
                 "INSERT INTO charges ({CHARGE_COLUMNS}) SELECT {{charge}}, created_at, \
-                 created_at FROM idempotent_requests WHERE id = $12"
+                 created_at, created_at FROM idempotent_requests WHERE id = $13"
             )),
+            insert_claimed_refund: r(&format!(
+                "INSERT INTO refunds ({REFUND_COLUMNS}) SELECT {{refund}}, created_at, \
+                 created_at, created_at FROM idempotent_requests WHERE id = $10"
+            )),
+            // What is left to refund, the row locked for the reservation.
+            refundable: r("SELECT amount_cents - amount_reserved FROM charges \
+                WHERE id = $1 AND status = 'succeeded'{for_update}"),
+            // The guard that makes an over-refund impossible, whatever was read.
+            reserve: r("UPDATE charges SET amount_reserved = amount_reserved + $1 \
+                WHERE id = $2 AND status = 'succeeded' AND amount_reserved + $3 <= amount_cents"),
+            refuse_record: r(&finish(", refund_id = NULL")),
             // One reading of the clock for both times.
             insert_charge: r(&format!(
-                "INSERT INTO charges ({CHARGE_COLUMNS}) SELECT {{charge}}, at, at \
+                "INSERT INTO charges ({CHARGE_COLUMNS}) SELECT {{charge}}, at, at, at \
                  FROM (SELECT {{now}} AS at) AS clock{{returning created_at}}"
             )),
             charge_created_at: r("SELECT created_at FROM charges WHERE id = $1"),
@@ -131,6 +206,22 @@ impl Statements {
             settle: r("UPDATE charges SET status = $1, gateway_charge_id = $2, \
                 decline_code = $3, updated_at = {now} \
                 WHERE id = $4 AND (NOT $5 OR status = 'pending')"),
+            settle_refund: r("UPDATE refunds SET status = $1, gateway_refund_id = $2, \
+                failure_code = $3, updated_at = {now} \
+                WHERE id = $4 AND (NOT $5 OR status = 'pending')"),
+            refunded: r(
+                "UPDATE charges SET amount_refunded = amount_refunded + $1, \
+                updated_at = {now} WHERE id = $2",
+            ),
+            unreserve: r(
+                "UPDATE charges SET amount_reserved = amount_reserved - $1, \
+                updated_at = {now} WHERE id = $2",
+            ),
+            provider_called: ["charges", "refunds"].map(|table| {
+                r(&format!(
+                    "UPDATE {table} SET provider_called_at = {{now}} WHERE id = $1"
+                ))
+            }),
             // The candidate is picked, then re-checked as it is once locked.
             claim_expired: r(&format!(
                 "{lease} WHERE id = ({pick}) AND {expired} RETURNING {{record}}"
@@ -148,10 +239,31 @@ impl Statements {
             count_prunable: r(&format!(
                 "SELECT COUNT(*) FROM idempotent_requests WHERE {prunable}"
             )),
-            charge: r(&format!(
-                "SELECT {} FROM charges WHERE id = $1",
-                CHARGE_COLUMNS.replace("metadata", "{metadata}")
+            charge: r(&format!("SELECT {CHARGE_ROW} FROM charges WHERE id = $1")),
+            refund: r(&format!(
+                "SELECT {REFUND_ROW} FROM refunds r JOIN charges c ON c.id = r.charge_id \
+                 WHERE r.id = $1"
             )),
+            // Every filter is bound, NULL when not given; the index on
+            // (customer_id, created_at, id) gives the order.
+            list_charges: keyset("c", "charges").map(|(after, order)| {
+                r(&format!(
+                    "SELECT {CHARGE_ROW} FROM charges c WHERE customer_id = {{p}}{after} \
+                     AND ({{p}} IS NULL OR status = {{p}}) \
+                     AND ({{p}} IS NULL OR created_at >= {{at_ms}}) \
+                     AND ({{p}} IS NULL OR created_at < {{at_ms}}) \
+                     AND ({{p}} IS NULL OR {{json_text metadata}} = {{p}}) \
+                     AND ({{p}} IS NULL OR idempotency_key = {{p}}) \
+                     ORDER BY created_at {order}, id {order} LIMIT {{p}}"
+                ))
+            }),
+            list_refunds: keyset("r", "refunds").map(|(after, order)| {
+                r(&format!(
+                    "SELECT {REFUND_ROW} FROM refunds r JOIN charges c ON c.id = r.charge_id \
+                     WHERE r.charge_id = {{p}}{after} \
+                     ORDER BY r.created_at {order}, r.id {order} LIMIT {{p}}"
+                ))
+            }),
             applied_migrations: r("SELECT version FROM _sqlx_migrations WHERE success = TRUE"),
             // A known key's record comes back and nothing is attempted; a
             // fresh key inserts the record and its pending charge (the
@@ -165,7 +277,7 @@ impl Statements {
                        SELECT {{new_record}} WHERE NOT EXISTS (SELECT 1 FROM existing) \
                        ON CONFLICT (idempotency_key, route) DO NOTHING RETURNING {{record}}), \
                      charge AS (INSERT INTO charges ({CHARGE_COLUMNS}) \
-                       SELECT {{charge}}, created_at, created_at FROM claimed) \
+                       SELECT {{charge}}, created_at, created_at, created_at FROM claimed) \
                      SELECT true AS claimed, * FROM claimed \
                      UNION ALL SELECT false, * FROM existing"
                 ))
@@ -181,7 +293,7 @@ impl Statements {
                      SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM settled)"
                 ))
             }),
-            finish_record: r(finish_record),
+            finish_record: r(&finish_record),
         }
     }
 }
@@ -239,10 +351,24 @@ fn stored(charge: &Charge, at: DateTime<Utc>) -> Charge {
     }
 }
 
-/// A won claim: its record, and its charge stamped with the record's time.
-fn claimed(record_id: RecordId, c: &Claim, at: DateTime<Utc>) -> ClaimOutcome {
-    let charge = Box::new(stored(&c.charge, at));
-    ClaimOutcome::Claimed { record_id, charge }
+/// A won claim: its record, and its operation as stored (stamped with the
+/// record's time; a refund with the amount reserved).
+fn claimed(record_id: RecordId, operation: Operation) -> ClaimOutcome {
+    let operation = Box::new(operation);
+    ClaimOutcome::Claimed {
+        record_id,
+        operation,
+    }
+}
+
+/// A refund as stored by its claim.
+fn stored_refund(refund: &Refund, amount_cents: i64, at: DateTime<Utc>) -> Refund {
+    Refund {
+        amount_cents,
+        created_at: at,
+        updated_at: at,
+        ..refund.clone()
+    }
 }
 
 /// The driver capabilities the generic code needs, written once.
@@ -266,6 +392,9 @@ macro_rules! sql_impl {
             for<'a> D::Ts: Decode<'a, D::Db> + Type<D::Db>,
             for<'r> RecordRow<D::Ts>: FromRow<'r, <D::Db as Database>::Row>,
             for<'r> ChargeRow<D::Ts>: FromRow<'r, <D::Db as Database>::Row>,
+            for<'r> RefundRow<D::Ts>: FromRow<'r, <D::Db as Database>::Row>,
+            for<'a> Option<&'a str>: Encode<'a, D::Db> + Type<D::Db>,
+            for<'a> Option<i64>: Encode<'a, D::Db> + Type<D::Db>,
             usize: ColumnIndex<<D::Db as Database>::Row>,
             for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
         {
@@ -300,12 +429,12 @@ sql_impl! {{
         Self::q(sql).bind(c.key.as_str()).bind(c.route)
     }
 
-    /// A new record's eight values (`{new_record}` in `Statements::render`).
+    /// A new record's nine values (`{new_record}` in `Statements::render`).
     fn new_record<'q>(q: Q<'q, D>, c: &'q Claim) -> Q<'q, D> {
         Self::claimant(q.bind(c.key.as_str()).bind(c.route), c)
     }
 
-    /// The eleven values of a new charge, in [`CHARGE_COLUMNS`] order.
+    /// The twelve values of a new charge, in [`CHARGE_COLUMNS`] order.
     fn charge_values<'q>(q: Q<'q, D>, c: &'q Charge) -> Q<'q, D> {
         let metadata = serde_json::to_string(&c.metadata)
             .expect("metadata is a JSON object with string keys, which always serialises");
@@ -320,6 +449,34 @@ sql_impl! {{
             .bind(c.provider_key.as_str())
             .bind(&c.gateway_charge_id)
             .bind(&c.decline_code)
+            .bind(&c.idempotency_key)
+    }
+
+    /// The nine values of a new refund of `amount_cents`, in
+    /// [`REFUND_COLUMNS`] order.
+    fn refund_values<'q>(q: Q<'q, D>, r: &'q Refund, amount_cents: i64) -> Q<'q, D> {
+        let metadata = serde_json::to_string(&r.metadata)
+            .expect("metadata is a JSON object with string keys, which always serialises");
+        q.bind(r.id.as_str())
+            .bind(r.charge_id.as_str())
+            .bind(r.customer_id.as_str())
+            .bind(amount_cents)
+            .bind(r.currency.as_str())
+            .bind(r.reason.map(|reason| reason.as_str()))
+            .bind(metadata)
+            .bind(r.status.as_str())
+            .bind(r.provider_key.as_str())
+    }
+
+    /// A final answer and the record's new state, for `finish_record` and
+    /// `refuse_record`; the record's id and lease token follow.
+    fn answer<'q>(sql: &'q str, state: RecordState, response: &'q StoredResponse) -> Q<'q, D> {
+        Self::q(sql)
+            .bind(state.as_str())
+            .bind(i32::from(response.status))
+            .bind(&response.body)
+            .bind(&response.content_type)
+            .bind(&response.location)
     }
 
     /// The statement `sql` with a new lease's token and duration bound.
@@ -328,13 +485,18 @@ sql_impl! {{
     }
 
     /// What a claim writes to a record it inserts or reclaims: its
-    /// customer, fingerprint, lease and charge, and the key's TTL.
+    /// customer, fingerprint, lease, charge and refund, and the key's TTL.
     fn claimant<'q>(q: Q<'q, D>, c: &'q Claim) -> Q<'q, D> {
+        let (charge_id, refund_id) = match &c.operation {
+            Operation::Charge(charge) => (charge.id.as_str(), None),
+            Operation::Refund(refund) => (refund.charge_id.as_str(), Some(refund.id.as_str())),
+        };
         q.bind(c.customer.as_str())
             .bind(c.fingerprint.to_hex())
             .bind(c.lease.token.as_str())
             .bind(millis(c.lease.duration))
-            .bind(c.charge.id.as_str())
+            .bind(charge_id)
+            .bind(refund_id)
             .bind(millis(c.ttl))
     }
 
@@ -390,25 +552,82 @@ sql_impl! {{
                 }
             }
         };
-        Self::charge_values(Self::q(&self.sql.insert_claimed_charge), &c.charge)
-            .bind(record_id)
-            .execute(&mut *tx)
-            .await?;
+        let (record_id, at) = (RecordId(record_id), decode(at)?);
+        let operation = match &c.operation {
+            Operation::Charge(charge) => {
+                Self::charge_values(Self::q(&self.sql.insert_claimed_charge), charge)
+                    .bind(record_id.0)
+                    .execute(&mut *tx)
+                    .await?;
+                Operation::Charge(stored(charge, at))
+            }
+            Operation::Refund(refund) => {
+                let Some(amount) = self.reserve(&mut tx, refund).await? else {
+                    let left = self.refundable(&mut tx, refund).await?;
+                    let answer = Refund::exceeds_charge(&refund.charge_id, left);
+                    let refuse = Self::answer(&self.sql.refuse_record, RecordState::Complete, &answer);
+                    refuse.bind(record_id.0).bind(c.lease.token.as_str()).execute(&mut *tx).await?;
+                    tx.commit().await?;
+                    return Ok(Some(ClaimOutcome::Refused(answer)));
+                };
+                Self::refund_values(Self::q(&self.sql.insert_claimed_refund), refund, amount)
+                    .bind(record_id.0)
+                    .execute(&mut *tx)
+                    .await?;
+                Operation::Refund(stored_refund(refund, amount, at))
+            }
+        };
         tx.commit().await?;
-        Ok(Some(claimed(RecordId(record_id), c, decode(at)?)))
+        Ok(Some(claimed(record_id, operation)))
+    }
+
+    /// What is left to refund of the refund's charge, its row locked
+    /// (`FOR UPDATE`; SQLite's writer holds the only lock).
+    async fn refundable(
+        &self,
+        tx: &mut Transaction<'static, D::Db>,
+        refund: &Refund,
+    ) -> Result<i64, Error> {
+        let row = Self::q(&self.sql.refundable).bind(refund.charge_id.as_str());
+        let row = row.fetch_optional(&mut **tx).await?.ok_or_else(|| {
+            Error::Invariant(format!("charge {} is not refundable", refund.charge_id))
+        })?;
+        Ok(row.try_get::<i64, _>(0)?.max(0))
+    }
+
+    /// Reserves the refund's amount (what is left, when it asked for 0) on
+    /// its charge, by a conditional update: the amount, or `None` when it
+    /// does not fit.
+    async fn reserve(
+        &self,
+        tx: &mut Transaction<'static, D::Db>,
+        refund: &Refund,
+    ) -> Result<Option<i64>, Error> {
+        let amount = match refund.amount_cents {
+            0 => self.refundable(tx, refund).await?,
+            asked => asked,
+        };
+        let reserve = Self::q(&self.sql.reserve).bind(amount).bind(refund.charge_id.as_str());
+        let reserved = D::rows_affected(&reserve.bind(amount).execute(&mut **tx).await?);
+        Ok((amount > 0 && reserved == 1).then_some(amount))
     }
 
     /// PostgreSQL's claim in one statement. `None` when the key exists but
     /// the statement's snapshot cannot see it (a racer committed while the
     /// insert waited).
-    async fn claim_or_read(&self, sql: &str, c: &Claim) -> Result<Option<ClaimOutcome>, Error> {
+    async fn claim_or_read(
+        &self,
+        sql: &str,
+        c: &Claim,
+        charge: &Charge,
+    ) -> Result<Option<ClaimOutcome>, Error> {
         let q = Self::new_record(Self::keyed(sql, c), c);
-        let Some(row) = Self::charge_values(q, &c.charge).fetch_optional(&self.pool).await? else {
+        let Some(row) = Self::charge_values(q, charge).fetch_optional(&self.pool).await? else {
             return Ok(None);
         };
         let record = Self::record(&row)?;
         Ok(Some(if row.try_get::<bool, _>("claimed")? {
-            claimed(record.id, c, record.created_at)
+            claimed(record.id, Operation::Charge(stored(charge, record.created_at)))
         } else {
             ClaimOutcome::Existing(Box::new(record))
         }))
@@ -416,13 +635,13 @@ sql_impl! {{
 
     async fn claim(&self, c: &Claim) -> Result<ClaimOutcome, Error> {
         // A known key is answered without writing or taking a lock.
-        let found = match &self.sql.claim_or_read {
-            Some(sql) => match self.claim_or_read(sql, c).await? {
+        let found = match (&self.sql.claim_or_read, &c.operation) {
+            (Some(sql), Operation::Charge(charge)) => match self.claim_or_read(sql, c, charge).await? {
                 Some(ClaimOutcome::Existing(record)) => Some(*record),
                 Some(claimed) => return Ok(claimed),
                 None => None,
             },
-            None => Self::read_record(&self.pool, Self::keyed(&self.sql.record_by_key, c)).await?,
+            _ => Self::read_record(&self.pool, Self::keyed(&self.sql.record_by_key, c)).await?,
         };
         if let Some(record) = found.filter(|r| !r.reclaimable()) {
             return Ok(ClaimOutcome::Existing(Box::new(record)));
@@ -453,44 +672,109 @@ sql_impl! {{
 
     async fn finish(&self, f: &Finish) -> Result<FinishOutcome, Error> {
         let record = |sql| {
-            Self::q(sql)
-                .bind(f.state.as_str())
-                .bind(i32::from(f.response.status))
-                .bind(&f.response.body)
-                .bind(&f.response.content_type)
-                .bind(&f.response.location)
+            Self::answer(sql, f.state, &f.response)
                 .bind(f.record_id.0)
                 .bind(f.lease_token.as_str())
         };
-        let (finished, settled) = if let Some(sql) = &self.sql.finish_one {
-            let row = Self::settle(record(sql), &f.outcome).fetch_one(&self.pool).await?;
-            (Self::count(&row, 0)?, Self::count(&row, 1)?)
-        } else {
-            let mut tx = self.begin_write().await?;
-            let finished = D::rows_affected(&record(&self.sql.finish_record).execute(&mut *tx).await?);
-            let settled = if finished == 1 {
-                let q = Self::settle(Self::q(&self.sql.settle), &f.outcome).bind(false);
-                D::rows_affected(&q.execute(&mut *tx).await?)
-            } else {
-                0
-            };
-            if (finished, settled) == (1, 1) {
-                tx.commit().await?;
-            } else {
-                tx.rollback().await?;
+        let (finished, settled) = match (&self.sql.finish_one, &f.outcome) {
+            (Some(sql), Outcome::Charge(outcome)) => {
+                let row = Self::settle(record(sql), outcome).fetch_one(&self.pool).await?;
+                (Self::count(&row, 0)?, Self::count(&row, 1)?)
             }
-            (finished, settled)
+            _ => {
+                let mut tx = self.begin_write().await?;
+                let done = record(&self.sql.finish_record).execute(&mut *tx).await?;
+                let finished = D::rows_affected(&done);
+                let settled = if finished == 1 {
+                    self.settle_in(&mut tx, &f.outcome, false).await?
+                } else {
+                    0
+                };
+                if (finished, settled) == (1, 1) {
+                    tx.commit().await?;
+                } else {
+                    tx.rollback().await?;
+                }
+                (finished, settled)
+            }
         };
         match (finished, settled) {
             (0, _) => Ok(FinishOutcome::Lost),
             (1, 1) => Ok(FinishOutcome::Finished),
-            // A claim writes a record and its charge together and charges
-            // are never deleted, so this is a broken invariant: say so loudly.
+            // A claim writes a record and its operation together and
+            // neither charges nor refunds are deleted, so this is a broken
+            // invariant: say so loudly.
             _ => Err(Error::Invariant(format!(
-                "record {} completed but its charge {} was not updated",
-                f.record_id, f.outcome.charge_id
+                "record {} completed but its operation {} was not updated",
+                f.record_id,
+                f.outcome.id()
             ))),
         }
+    }
+
+    /// Writes an outcome to its charge or refund (only one still pending,
+    /// if `only_pending`); a refund's charge follows: a success is added to
+    /// `amount_refunded`, a failure's reservation is given back. How many
+    /// charges or refunds changed.
+    async fn settle_in(
+        &self,
+        tx: &mut Transaction<'static, D::Db>,
+        outcome: &Outcome,
+        only_pending: bool,
+    ) -> Result<u64, Error> {
+        let o = match outcome {
+            Outcome::Charge(o) => {
+                let q = Self::settle(Self::q(&self.sql.settle), o).bind(only_pending);
+                return Ok(D::rows_affected(&q.execute(&mut **tx).await?));
+            }
+            Outcome::Refund(o) => o,
+        };
+        let q = Self::q(&self.sql.settle_refund)
+            .bind(o.status.as_str())
+            .bind(&o.gateway_refund_id)
+            .bind(&o.failure_code)
+            .bind(o.refund_id.as_str())
+            .bind(only_pending);
+        let settled = D::rows_affected(&q.execute(&mut **tx).await?);
+        let charge = match o.status {
+            ChargeStatus::Succeeded => Some(&self.sql.refunded),
+            ChargeStatus::Failed => Some(&self.sql.unreserve),
+            ChargeStatus::Pending | ChargeStatus::Unknown => None,
+        };
+        if let Some(sql) = charge.filter(|_| settled == 1) {
+            let q = Self::q(sql).bind(o.amount_cents).bind(o.charge_id.as_str());
+            if D::rows_affected(&q.execute(&mut **tx).await?) != 1 {
+                return Err(Error::Invariant(format!(
+                    "refund {} settled but its charge {} is missing",
+                    o.refund_id, o.charge_id
+                )));
+            }
+        }
+        Ok(settled)
+    }
+
+    /// The statement that reads a page of charges for `query`.
+    pub fn list_charges_sql(&self, query: &ChargeQuery) -> &str {
+        &self.sql.list_charges[page_index(&query.page)]
+    }
+
+    /// `sql` (the list statement, or an `EXPLAIN` of it) with a page's
+    /// values bound: the customer, the cursor, each filter (NULL when not
+    /// given) and `limit + 1`.
+    pub(crate) fn list_charges_query<'q>(sql: &'q str, customer: &'q CustomerId, query: &'q ChargeQuery) -> Q<'q, D> {
+        let (page, f) = (&query.page, &query.filter);
+        let status = f.status.map(|s| s.as_str());
+        let ms = |t: Option<DateTime<Utc>>| t.map(|t| t.timestamp_millis());
+        let (gte, lt) = (ms(f.created_gte), ms(f.created_lt));
+        let (key, value) = f.metadata.as_ref().map(|(k, v)| (k.as_str(), v.as_str())).unzip();
+        let idempotency_key = f.idempotency_key.as_deref();
+        let mut q = Self::q(sql).bind(customer.as_str());
+        if let Some(cursor) = &page.cursor {
+            q = q.bind(cursor.id());
+        }
+        let q = q.bind(status).bind(status).bind(gte).bind(gte).bind(lt).bind(lt);
+        let q = q.bind(key).bind(key).bind(value).bind(idempotency_key).bind(idempotency_key);
+        q.bind(i64::from(page.limit) + 1)
     }
 
     /// A single-statement write, on the writer; how many rows it changed.
@@ -576,10 +860,19 @@ sql_impl! {#[async_trait] Store for {
         .await
     }
 
-    async fn settle_charge(&self, outcome: &ChargeOutcome) -> Result<bool, StoreError> {
-        run(|| self.write(Self::settle(Self::q(&self.sql.settle), outcome).bind(true)))
-            .await
-            .map(|n| n > 0)
+    async fn settle(&self, outcome: &Outcome) -> Result<bool, StoreError> {
+        run(|| async {
+            let mut tx = self.begin_write().await?;
+            let settled = self.settle_in(&mut tx, outcome, true).await?;
+            tx.commit().await?;
+            Ok(settled > 0)
+        })
+        .await
+    }
+
+    async fn provider_called(&self, operation: &Operation) -> Result<(), StoreError> {
+        let sql = &self.sql.provider_called[usize::from(matches!(operation, Operation::Refund(_)))];
+        run(|| self.write(Self::q(sql).bind(operation.id()))).await.map(drop)
     }
 
     async fn claim_expired(
@@ -656,6 +949,39 @@ sql_impl! {#[async_trait] Store for {
         run(|| async {
             let row = Self::q(&self.sql.charge).bind(charge_id).fetch_optional(&self.pool).await?;
             row.map(|row| Charge::try_from(ChargeRow::<D::Ts>::from_row(&row)?)).transpose()
+        })
+        .await
+    }
+
+    async fn list_charges(
+        &self,
+        customer: &CustomerId,
+        query: &ChargeQuery,
+    ) -> Result<Vec<Charge>, StoreError> {
+        let sql = self.list_charges_sql(query);
+        run(|| async {
+            let rows = Self::list_charges_query(sql, customer, query).fetch_all(&self.pool).await?;
+            rows.iter().map(|row| Charge::try_from(ChargeRow::<D::Ts>::from_row(row)?)).collect()
+        })
+        .await
+    }
+
+    async fn list_refunds(&self, charge_id: &str, page: &Page) -> Result<Vec<Refund>, StoreError> {
+        run(|| async {
+            let mut q = Self::q(&self.sql.list_refunds[page_index(page)]).bind(charge_id);
+            if let Some(cursor) = &page.cursor {
+                q = q.bind(cursor.id());
+            }
+            let rows = q.bind(i64::from(page.limit) + 1).fetch_all(&self.pool).await?;
+            rows.iter().map(|row| Refund::try_from(RefundRow::<D::Ts>::from_row(row)?)).collect()
+        })
+        .await
+    }
+
+    async fn refund(&self, refund_id: &str) -> Result<Option<Refund>, StoreError> {
+        run(|| async {
+            let row = Self::q(&self.sql.refund).bind(refund_id).fetch_optional(&self.pool).await?;
+            row.map(|row| Refund::try_from(RefundRow::<D::Ts>::from_row(&row)?)).transpose()
         })
         .await
     }

@@ -35,11 +35,20 @@ impl Dialect for Sqlite {
     const NOW: &'static str = "CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER)";
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
     const SKIP_LOCKED: &'static str = "";
+    const FOR_UPDATE: &'static str = "";
     const SINGLE_WRITER: bool = true;
     const MIGRATOR: &'static sqlx::migrate::Migrator = &sqlx::migrate!("../../migrations/sqlite");
 
     fn interval(param: &str) -> String {
         param.to_owned()
+    }
+
+    fn at_ms(param: &str) -> String {
+        param.to_owned()
+    }
+
+    fn json_text(column: &str, key: &str) -> String {
+        format!("json_extract({column}, '$.\"' || {key} || '\"')")
     }
 
     fn ms_since(column: &str) -> String {

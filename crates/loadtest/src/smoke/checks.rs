@@ -4,7 +4,7 @@
 use payments_client::client::{Answer, Client, Exchange, exchange};
 use payments_client::error::error_chain;
 use payments_client::key::IdempotencyKey;
-use payments_client::model::{ApiError, ChargeRequest};
+use payments_client::model::{ApiError, ChargeQuery, ChargeRequest, RefundRequest};
 
 use super::Config;
 use super::report::{Check, CheckResult};
@@ -138,7 +138,7 @@ async fn judge_second(
             // get the winner's stored answer.
             match run.client.charge_with_key(key, request).await {
                 Ok(outcome) => match &outcome.answer {
-                    Answer::Charged(charge) if charge.id == id && outcome.replayed => {
+                    Answer::Done(charge) if charge.id == id && outcome.replayed => {
                         CheckResult::pass(
                             check,
                             format!(
@@ -148,11 +148,11 @@ async fn judge_second(
                             ),
                         )
                     }
-                    Answer::Charged(charge) if charge.id != id => fail(format!(
+                    Answer::Done(charge) if charge.id != id => fail(format!(
                         "the 409's retry got another charge, {}: charged twice",
                         charge.id
                     )),
-                    Answer::Charged(_) => fail(
+                    Answer::Done(_) => fail(
                         "the 409's retry got the charge without Idempotent-Replay: true".to_owned(),
                     ),
                     Answer::Declined(e) => {
@@ -360,4 +360,84 @@ fn describe(exchange: &Exchange) -> String {
             ApiError::from_response(status, &exchange.body).code
         ),
     }
+}
+
+/// A charge, then two concurrent refunds of half of it under one key (each
+/// through the client's retry loop): both end with the same refund, and
+/// the charge counts exactly that much refunded. Then the charge's key
+/// finds it in `GET /api/charges`.
+pub(crate) async fn refund_once_and_find(run: &Run) -> [CheckResult; 2] {
+    let (refund, list) = (Check::RefundOnce, Check::ListFindsCharge);
+    let key = IdempotencyKey::generate();
+    let charge = match run.client.charge_with_key(&key, &run.request(refund)).await {
+        Ok(outcome) => match outcome.answer {
+            Answer::Done(charge) => charge,
+            Answer::Declined(e) => {
+                let why = format!("the charge to refund was declined: {}", e.code);
+                return [
+                    CheckResult::fail(refund, why.clone()),
+                    CheckResult::fail(list, why),
+                ];
+            }
+        },
+        Err(e) => {
+            let why = format!("the charge to refund failed: {e}");
+            return [
+                CheckResult::fail(refund, why.clone()),
+                CheckResult::fail(list, why),
+            ];
+        }
+    };
+    let half = RefundRequest {
+        amount_cents: Some((charge.amount_cents / 2).max(1)),
+        reason: Some("requested_by_customer".to_owned()),
+        metadata: None,
+    };
+    let refund_key = IdempotencyKey::generate();
+    let (a, b) = tokio::join!(
+        run.client.refund_with_key(&refund_key, &charge.id, &half),
+        run.client.refund_with_key(&refund_key, &charge.id, &half)
+    );
+    let refunded = match (a, b) {
+        (Ok(a), Ok(b)) => match (a.done(), b.done()) {
+            (Some(x), Some(y)) if x.id == y.id => {
+                let read = run.client.get_charge(&charge.id).await;
+                match read {
+                    Ok(Some(c)) if Some(c.amount_refunded) == half.amount_cents => {
+                        CheckResult::pass(
+                            refund,
+                            format!("one refund {} of {}", x.id, c.amount_refunded),
+                        )
+                    }
+                    other => CheckResult::fail(
+                        refund,
+                        format!(
+                            "the charge reads {other:?} after one refund of {:?}",
+                            half.amount_cents
+                        ),
+                    ),
+                }
+            }
+            (x, y) => CheckResult::fail(
+                refund,
+                format!("two refunds or none under one key: {x:?} / {y:?}"),
+            ),
+        },
+        (Err(e), _) | (_, Err(e)) => CheckResult::fail(refund, format!("a refund failed: {e}")),
+    };
+    let query = ChargeQuery {
+        idempotency_key: Some(key.as_str().to_owned()),
+        ..ChargeQuery::default()
+    };
+    let found = match run.client.list_charges(&query).await {
+        Ok(page) if page.data.len() == 1 && page.data[0].id == charge.id => {
+            CheckResult::pass(list, format!("its key finds {}", charge.id))
+        }
+        Ok(page) => {
+            let ids: Vec<&str> = page.data.iter().map(|c| c.id.as_str()).collect();
+            CheckResult::fail(list, format!("its key finds {ids:?}, not {}", charge.id))
+        }
+        Err(e) => CheckResult::fail(list, format!("the list failed: {e}")),
+    };
+    [refunded, found]
 }

@@ -120,6 +120,7 @@ pub async fn run(config: &Config) -> Result<Report, SmokeError> {
     results.push(sequential.result);
     results.push(checks::key_reuse_other_body(&run, sequential.completed).await);
     results.push(checks::missing_key(&run).await);
+    results.extend(checks::refund_once_and_find(&run).await);
 
     let mut skipped = Vec::new();
     match &mut database {

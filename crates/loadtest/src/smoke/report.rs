@@ -17,6 +17,11 @@ pub enum Check {
     KeyReuseOtherBody,
     /// A request without a key is refused with 400 (unless in rollout).
     MissingKey,
+    /// Two concurrent refunds with one key make one refund, which the
+    /// charge then counts.
+    RefundOnce,
+    /// `GET /api/charges?idempotency_key=` finds the charge a key made.
+    ListFindsCharge,
     /// The database holds exactly one `charges` row per key (needs
     /// `--database-url`).
     OneRowPerKey,
@@ -29,6 +34,8 @@ impl Check {
             Self::SequentialReplay => "sequential_replay",
             Self::KeyReuseOtherBody => "key_reuse_other_body",
             Self::MissingKey => "missing_key",
+            Self::RefundOnce => "refund_once",
+            Self::ListFindsCharge => "list_finds_charge",
             Self::OneRowPerKey => "one_row_per_key",
         }
     }
