@@ -4,4 +4,5 @@
 
 mod pruner;
 mod reaper;
+mod reconciler;
 mod runner;

@@ -396,9 +396,10 @@ impl TestDb {
     }
 
     /// Moves time for the records of `key` (every record when `None`) and
-    /// their charges by ageing their rows: every stored time (`created_at`,
-    /// `locked_until`, `completed_at`, `expires_at`; a charge's `created_at`
-    /// and `updated_at`) moves `by` into the past, so the database's own
+    /// their charges or refunds by ageing their rows: every stored time
+    /// (`created_at`, `locked_until`, `completed_at`, `expires_at`; a charge's
+    /// or refund's `created_at`, `updated_at` and `provider_called_at`)
+    /// moves `by` into the past, so the database's own
     /// clock sees them that much older. The one way tests move time.
     /// Returns the records aged.
     pub async fn age(&self, key: Option<&str>, by: Duration) -> u64 {
@@ -411,7 +412,7 @@ impl TestDb {
             None => "1 = 1".to_owned(),
         };
         let records = ["created_at", "locked_until", "completed_at", "expires_at"];
-        let charges = ["created_at", "updated_at"];
+        let operations = ["created_at", "updated_at", "provider_called_at"];
         let ms = by.as_millis();
         let shift = |columns: &[&str], minus: &str| {
             columns
@@ -420,26 +421,33 @@ impl TestDb {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        // A charge's record, or a refund's (not the refunded charge).
         let sql = |minus: String| {
-            (
+            [
                 format!(
-                    "UPDATE charges SET {} WHERE id IN \
-                     (SELECT charge_id FROM idempotent_requests WHERE {scope})",
-                    shift(&charges, &minus)
+                    "UPDATE charges SET {} WHERE id IN (SELECT charge_id FROM \
+                     idempotent_requests WHERE {scope} AND refund_id IS NULL)",
+                    shift(&operations, &minus)
+                ),
+                format!(
+                    "UPDATE refunds SET {} WHERE id IN \
+                     (SELECT refund_id FROM idempotent_requests WHERE {scope})",
+                    shift(&operations, &minus)
                 ),
                 format!(
                     "UPDATE idempotent_requests SET {} WHERE {scope}",
                     shift(&records, &minus)
                 ),
-            )
+            ]
         };
-        let (sqlite_charges, sqlite_records) = sql(ms.to_string());
-        let (pg_charges, pg_records) = sql(format!("interval '{ms} milliseconds'"));
-        let (my_charges, my_records) = sql(format!("INTERVAL {} MICROSECOND", ms * 1000));
-        self.execute(&sqlite_charges, &pg_charges, &my_charges)
-            .await;
-        self.execute(&sqlite_records, &pg_records, &my_records)
-            .await
+        let sqlite = sql(ms.to_string());
+        let pg = sql(format!("interval '{ms} milliseconds'"));
+        let my = sql(format!("INTERVAL {} MICROSECOND", ms * 1000));
+        let mut records_aged = 0;
+        for i in 0..3 {
+            records_aged = self.execute(&sqlite[i], &pg[i], &my[i]).await;
+        }
+        records_aged
     }
 
     /// Holds a lock that blocks every write to `idempotent_requests` for

@@ -67,8 +67,11 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
             .jobs
             .reaper(app.service.clone(), settings.core.gateway.lease);
         let pruner = settings.jobs.pruner(app.store.clone());
-        let jobs = Jobs::new(Some(reaper), Some(pruner), &settings.jobs);
-        tracing::info!("running the reaper and the pruner in this process (--with-jobs)");
+        let reconciler = settings.jobs.reconciler(app.service.clone());
+        let jobs = Jobs::new(Some(reaper), Some(pruner), Some(reconciler), &settings.jobs);
+        tracing::info!(
+            "running the reaper, the pruner and the reconciler in this process (--with-jobs)"
+        );
         tokio::spawn(jobs.run_until_stopped(async move {
             let _ = jobs_stopped.await;
         }))

@@ -18,6 +18,7 @@
 //! | [`LEASE_TAKEOVERS_TOTAL`] | | payments-domain |
 //! | [`ABANDONED_TOTAL`] | reason | payments-domain, payments-jobs |
 //! | [`REFUNDS_TOTAL`] | outcome | payments-domain |
+//! | [`RECONCILED_TOTAL`] | operation, outcome | payments-domain (run by payments-jobs) |
 //! | [`REAPER_RECORDS_TOTAL`] | result | payments-jobs |
 //! | [`PRUNED_RECORDS_TOTAL`] | | payments-jobs |
 
@@ -27,7 +28,9 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
-use payments_domain::service::{ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, REFUNDS_TOTAL};
+use payments_domain::service::{
+    ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, RECONCILED_TOTAL, REFUNDS_TOTAL,
+};
 use payments_gateway::{PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS};
 use payments_jobs::pruner::PRUNED_RECORDS_TOTAL;
 use payments_jobs::reaper::REAPER_RECORDS_TOTAL;
@@ -42,7 +45,7 @@ pub const IDEMPOTENCY_KEY_REUSED_TOTAL: &str = "payments_idempotency_key_reused_
 pub const KEYLESS_REQUESTS_TOTAL: &str = "payments_keyless_requests_total";
 
 /// Every counter the binaries export.
-pub const COUNTERS: [&str; 11] = [
+pub const COUNTERS: [&str; 12] = [
     HTTP_REQUESTS_TOTAL,
     IDEMPOTENT_REPLAYS_TOTAL,
     IDEMPOTENCY_CONFLICTS_TOTAL,
@@ -52,6 +55,7 @@ pub const COUNTERS: [&str; 11] = [
     LEASE_TAKEOVERS_TOTAL,
     ABANDONED_TOTAL,
     REFUNDS_TOTAL,
+    RECONCILED_TOTAL,
     REAPER_RECORDS_TOTAL,
     PRUNED_RECORDS_TOTAL,
 ];

@@ -574,6 +574,10 @@ enum Step<T> {
 /// and handed the charge to reconciliation; it is stored and replayed.
 pub const REQUEST_ABANDONED: &str = "request_abandoned";
 
+/// The codes a 502 carries when reconciliation found that the provider
+/// never made the operation: stored and replayed, final.
+pub const NOT_MADE: [&str; 2] = ["charge_not_made", "refund_not_made"];
+
 fn judge<T: DeserializeOwned>(exchange: &Exchange) -> Step<T> {
     let status = exchange.status;
     let body = &exchange.body;
@@ -603,6 +607,14 @@ fn judge<T: DeserializeOwned>(exchange: &Exchange) -> Step<T> {
                 Step::Abandoned(error)
             } else {
                 retry()
+            }
+        }
+        // 502 charge_not_made / refund_not_made: reconciliation found the
+        // provider never made it; final (a new operation needs a new key).
+        502 if NOT_MADE.contains(&ApiError::from_response(status, body).code.as_str()) => {
+            Step::Rejected {
+                status,
+                error: ApiError::from_response(status, body),
             }
         }
         // 503 gateway_unavailable and any other 5xx (a proxy's 502/504
@@ -686,6 +698,14 @@ mod tests {
                 None
             )),
             Step::Abandoned(_)
+        ));
+        assert!(matches!(
+            judge::<Charge>(&exchange(
+                502,
+                r#"{"error":{"code":"charge_not_made","message":"x"}}"#,
+                None
+            )),
+            Step::Rejected { status: 502, .. }
         ));
         assert!(matches!(
             judge::<Charge>(&exchange(502, "<html>", None)),

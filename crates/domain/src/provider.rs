@@ -86,6 +86,18 @@ pub enum ProviderOutcome {
     },
 }
 
+/// What the provider's records say of one of our operations, looked up by
+/// the id our calls carried in their metadata (reconciliation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// The provider has it, with a final status.
+    Found(ProviderOutcome),
+    /// No object carries our id (yet: a search index lags).
+    NotFound,
+    /// The lookup failed, or what it found is not final: try later.
+    Unknown { reason: String },
+}
+
 /// The payment provider.
 #[async_trait]
 pub trait Gateway: Send + Sync + std::fmt::Debug {
@@ -96,4 +108,13 @@ pub trait Gateway: Send + Sync + std::fmt::Debug {
     /// Creates (or replays) a refund; `Declined` when the provider refused
     /// it or it failed. Never fails, like `create_charge`.
     async fn create_refund(&self, request: &ProviderRefundRequest) -> ProviderOutcome;
+
+    /// The provider's charge whose metadata names our `charge_id` (Stripe's
+    /// Search API, which lags behind the provider's writes).
+    async fn find_charge(&self, charge_id: &str) -> Lookup;
+
+    /// The provider's refund of `gateway_charge_id` whose metadata names our
+    /// `refund_id` (Stripe's refund list of the charge: Stripe's Search API
+    /// has no refunds).
+    async fn find_refund(&self, gateway_charge_id: &str, refund_id: &str) -> Lookup;
 }

@@ -29,11 +29,13 @@ use crate::idempotency::{
     RecordState, RequestFingerprint, StoredResponse,
 };
 use crate::list::{self, ChargeQuery, Cursor, List};
-use crate::provider::{Gateway, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest};
+use crate::provider::{
+    Gateway, Lookup, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest,
+};
 use crate::refund::{Refund, RefundRequest};
 use crate::store::{
     ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Operation,
-    Outcome, RefundOutcome, Store, StoreError,
+    Outcome, RefundOutcome, Store, StoreError, Unsettled,
 };
 
 /// Counts the expired leases taken over to re-drive a charge (a metric name,
@@ -47,6 +49,11 @@ pub const ABANDONED_TOTAL: &str = "payments_abandoned_total";
 /// refused it), `unknown` (abandoned) and `exceeds_charge` (refused here:
 /// it did not fit in what was left of its charge).
 pub const REFUNDS_TOTAL: &str = "payments_refunds_total";
+
+/// Counts reconciliations by `operation` (`charge`, `refund`) and `outcome`:
+/// settled as `succeeded`, `failed` or `not_made`, or left as `lagging`,
+/// `needs_person` or `lookup_failed`.
+pub const RECONCILED_TOTAL: &str = "payments_reconciled_total";
 
 /// Seconds a client should wait before retrying a 409 or 503.
 pub const RETRY_AFTER_SECS: u64 = 2;
@@ -106,6 +113,40 @@ pub enum OnUnknown {
 
 /// The code of the stored answer of an abandoned request.
 pub const ABANDONED: &str = "request_abandoned";
+
+/// What reconciliation makes of one unsettled operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// The provider's records say what happened: settle it, and answer its
+    /// abandoned request with this.
+    Settle {
+        outcome: Outcome,
+        answer: StoredResponse,
+    },
+    /// Not found, but the provider's search may not show it yet.
+    Lagging,
+    /// Not found, and its provider calls did not name it (made before they
+    /// did): not finding it proves nothing, a person must look.
+    NeedsPerson,
+    /// The lookup failed, or found nothing final: try again later.
+    LookupFailed(String),
+}
+
+impl Decision {
+    /// Its `outcome` label in [`RECONCILED_TOTAL`] and the logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Settle { outcome, .. } if outcome.is_not_made() => "not_made",
+            Self::Settle { outcome, .. } => outcome.status().as_str(),
+            Self::Lagging => "lagging",
+            Self::NeedsPerson => "needs_person",
+            Self::LookupFailed(_) => "lookup_failed",
+        }
+    }
+}
+
+/// The decline code of an operation reconciliation found was never made.
+pub const NOT_MADE: [&str; 2] = ["charge_not_made", "refund_not_made"];
 
 /// A final answer: fresh, or replayed from the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -561,6 +602,80 @@ impl ChargeService {
         }
     }
 
+    /// What the provider's records say of an operation whose outcome is
+    /// unknown, looked up by the id its calls carried; changes nothing.
+    pub async fn reconciliation(&self, unsettled: &Unsettled) -> Decision {
+        let lookup = match &unsettled.operation {
+            Operation::Charge(charge) => self.gateway.find_charge(&charge.id).await,
+            Operation::Refund(refund) => match &refund.gateway_charge_id {
+                Some(charge) => self.gateway.find_refund(charge, &refund.id).await,
+                None => Lookup::NotFound,
+            },
+        };
+        match lookup {
+            Lookup::Found(found) => match settle(&unsettled.operation, found) {
+                Ok((outcome, answer)) => Decision::Settle { outcome, answer },
+                Err(reason) => Decision::LookupFailed(reason),
+            },
+            Lookup::Unknown { reason } => Decision::LookupFailed(reason),
+            Lookup::NotFound => match unsettled.lag_passed {
+                None => Decision::NeedsPerson,
+                Some(false) => Decision::Lagging,
+                Some(true) => not_made(&unsettled.operation),
+            },
+        }
+    }
+
+    /// Looks the operation up and, when the provider's records decide it,
+    /// settles it and replaces its abandoned answer (kept a TTL from now).
+    /// The decision, and whether this caller applied it (false: another
+    /// reconciler settled the operation first, or there was nothing to do).
+    pub async fn reconcile(&self, unsettled: &Unsettled) -> Result<(Decision, bool), StoreError> {
+        let decision = self.reconciliation(unsettled).await;
+        let applied = match &decision {
+            Decision::Settle { outcome, answer } => {
+                self.store
+                    .reconcile(outcome, answer, self.policy.ttl)
+                    .await?
+            }
+            _ => false,
+        };
+        let operation = match unsettled.operation {
+            Operation::Charge(_) => "charge",
+            Operation::Refund(_) => "refund",
+        };
+        let label = decision.label();
+        if applied || !matches!(decision, Decision::Settle { .. }) {
+            metrics::counter!(RECONCILED_TOTAL, "operation" => operation, "outcome" => label)
+                .increment(1);
+        }
+        match &decision {
+            Decision::Settle { .. } if applied => tracing::warn!(
+                operation = unsettled.operation.id(),
+                outcome = label,
+                "RECONCILED: settled from the provider's records; its abandoned answer replaced"
+            ),
+            Decision::Settle { .. } => tracing::info!(
+                operation = unsettled.operation.id(),
+                "already settled by another reconciler"
+            ),
+            Decision::NeedsPerson => tracing::error!(
+                operation = unsettled.operation.id(),
+                "NEEDS A PERSON: outcome unknown and its provider calls carried no id to find it by"
+            ),
+            Decision::LookupFailed(reason) => tracing::warn!(
+                operation = unsettled.operation.id(),
+                %reason,
+                "reconciliation lookup failed; left for the next pass"
+            ),
+            Decision::Lagging => tracing::info!(
+                operation = unsettled.operation.id(),
+                "not found yet, within the search lag; left for the next pass"
+            ),
+        }
+        Ok((decision, applied))
+    }
+
     /// `POST /api/charges` without a key, in `IDEMPOTENCY_KEY_MODE=optional`
     /// (rollout): served with no protection at all. A retry of this request
     /// is a second charge; an unknown outcome leaves the charge `unknown`
@@ -601,6 +716,45 @@ impl ChargeService {
             }
         }
     }
+}
+
+/// An operation the provider has no record of, its search lag past:
+/// nothing moved. Failed, with `charge_not_made` or `refund_not_made`
+/// (a refund's reservation is released), and the answer 502 saying so: a
+/// new request with a new key may be made.
+fn not_made(operation: &Operation) -> Decision {
+    let message = "the payment provider has no record of this operation: nothing was \
+                   charged or refunded, and a new request with a new idempotency key may be made";
+    let (outcome, mut envelope) = match operation {
+        Operation::Charge(charge) => {
+            let mut envelope = ErrorEnvelope::new(NOT_MADE[0], message);
+            envelope.error.charge_id = Some(charge.id.clone());
+            let outcome = Outcome::Charge(ChargeOutcome {
+                charge_id: charge.id.clone(),
+                status: ChargeStatus::Failed,
+                gateway_charge_id: None,
+                decline_code: Some(NOT_MADE[0].to_owned()),
+            });
+            (outcome, envelope)
+        }
+        Operation::Refund(refund) => {
+            let mut envelope = ErrorEnvelope::new(NOT_MADE[1], message);
+            envelope.error.refund_id = Some(refund.id.clone());
+            let mut outcome = refund_outcome(refund, ChargeStatus::Failed);
+            outcome.failure_code = Some(NOT_MADE[1].to_owned());
+            (Outcome::Refund(outcome), envelope)
+        }
+    };
+    if let Outcome::Refund(o) = &outcome {
+        envelope.error.charge_id = Some(o.charge_id.clone());
+    }
+    let answer = StoredResponse {
+        status: 502,
+        body: envelope.to_json(),
+        content_type: JSON.to_owned(),
+        location: None,
+    };
+    Decision::Settle { outcome, answer }
 }
 
 /// A cursor that names no object the caller may page from.

@@ -172,6 +172,15 @@ impl Outcome {
             Self::Refund(r) => r.status,
         }
     }
+
+    /// Settled by reconciliation as never made at the provider.
+    pub fn is_not_made(&self) -> bool {
+        let code = match self {
+            Self::Charge(c) => c.decline_code.as_deref(),
+            Self::Refund(r) => r.failure_code.as_deref(),
+        };
+        code.is_some_and(|code| crate::service::NOT_MADE.contains(&code))
+    }
 }
 
 /// The final outcome of an operation, written with its record in one
@@ -183,6 +192,18 @@ pub struct Finish {
     pub state: RecordState,
     pub outcome: Outcome,
     pub response: StoredResponse,
+}
+
+/// A charge or refund whose provider outcome is unknown, as reconciliation
+/// reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsettled {
+    pub operation: Operation,
+    /// Whether its last provider call was sent longer ago than the search
+    /// lag, by the database's clock; `None` when the call was made before
+    /// calls named the operation in their metadata (it cannot be found by
+    /// it, so "not found" proves nothing).
+    pub lag_passed: Option<bool>,
 }
 
 /// Whether this finisher was the one that completed the record.
@@ -247,6 +268,30 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// record. False when it is not pending (another driver settled it) or
     /// absent.
     async fn settle(&self, outcome: &Outcome) -> Result<bool, StoreError>;
+
+    /// Charges and refunds in `unknown`, oldest first (at most `limit` of
+    /// each), with whether `search_lag` has passed since their last
+    /// provider call.
+    async fn unsettled(
+        &self,
+        search_lag: Duration,
+        limit: u32,
+    ) -> Result<Vec<Unsettled>, StoreError>;
+
+    /// Settles an operation still `unknown` with what the provider's
+    /// records say (a refund's charge follows, as in a finish) and, in the
+    /// same transaction, replaces its abandoned record's stored answer
+    /// (`500 request_abandoned`) with `answer`, the record then complete and
+    /// kept `keep_for` from now. The only rewrite of a stored answer there
+    /// is: guarded by the operation being `unknown` and the record
+    /// `abandoned`. False when the operation was no longer unknown
+    /// (another reconciler settled it).
+    async fn reconcile(
+        &self,
+        outcome: &Outcome,
+        answer: &StoredResponse,
+        keep_for: Duration,
+    ) -> Result<bool, StoreError>;
 
     /// Stamps the operation with the database's time as its provider call
     /// is sent again (a takeover's re-drive); a claim stamps it itself.

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use payments_domain::provider::{
-    Gateway, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest,
+    Gateway, Lookup, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest,
 };
 use secrecy::{ExposeSecret, SecretString};
 
@@ -31,12 +31,22 @@ mod wire {
     use serde::Deserialize;
 
     /// A charge or a refund object: its id and status (a refund's
-    /// `failure_reason` when it failed).
+    /// `failure_reason`, a charge's `failure_code`, when it failed) and
+    /// metadata.
     #[derive(Debug, Deserialize)]
     pub struct Object {
         pub id: String,
         pub status: String,
         pub failure_reason: Option<String>,
+        pub failure_code: Option<String>,
+        #[serde(default)]
+        pub metadata: std::collections::BTreeMap<String, String>,
+    }
+
+    /// A search result or a list.
+    #[derive(Debug, Deserialize)]
+    pub struct Page {
+        pub data: Vec<Object>,
     }
 
     #[derive(Debug, Deserialize)]
@@ -135,9 +145,88 @@ impl Gateway for HttpGateway {
         let form = refund_form(request);
         self.post("refunds", &request.idempotency_key, &form).await
     }
+
+    async fn find_charge(&self, charge_id: &str) -> Lookup {
+        // Our ids are `ch_` and hex: nothing to escape in the query.
+        let query = format!("metadata['payments_charge_id']:'{charge_id}'");
+        let url = format!("{}/v1/charges/search", self.base_url);
+        self.find(&url, &[("query", &query)], ("charge", charge_id))
+            .await
+    }
+
+    async fn find_refund(&self, gateway_charge_id: &str, refund_id: &str) -> Lookup {
+        let url = format!("{}/v1/refunds", self.base_url);
+        let query = [("charge", gateway_charge_id), ("limit", "100")];
+        self.find(&url, &query, ("refund", refund_id)).await
+    }
 }
 
 impl HttpGateway {
+    /// A GET of a search or a list, and the object whose
+    /// `metadata[payments_{what}_id]` is `id`, judged as a final answer.
+    async fn find(&self, url: &str, query: &[(&str, &str)], (what, id): (&str, &str)) -> Lookup {
+        let mut url = match reqwest::Url::parse(url) {
+            Ok(url) => url,
+            Err(e) => {
+                return Lookup::Unknown {
+                    reason: format!("bad provider URL: {e}"),
+                };
+            }
+        };
+        url.query_pairs_mut().extend_pairs(query);
+        let sent = self
+            .client
+            .get(url)
+            .bearer_auth(self.secret_key.expose_secret())
+            .send()
+            .await;
+        let page = match sent {
+            Ok(response) if response.status().is_success() => response.json::<wire::Page>().await,
+            Ok(response) => {
+                let reason = format!("provider lookup answered {}", response.status());
+                return Lookup::Unknown { reason };
+            }
+            Err(e) => {
+                return Lookup::Unknown {
+                    reason: format!("provider lookup failed: {e}"),
+                };
+            }
+        };
+        let page = match page {
+            Ok(page) => page,
+            Err(e) => {
+                return Lookup::Unknown {
+                    reason: format!("unreadable provider page: {e}"),
+                };
+            }
+        };
+        let key = format!("payments_{what}_id");
+        let ours = page
+            .data
+            .into_iter()
+            .find(|o| o.metadata.get(&key).map(String::as_str) == Some(id));
+        match ours {
+            None => Lookup::NotFound,
+            Some(object) => match object.status.as_str() {
+                "succeeded" => Lookup::Found(ProviderOutcome::Succeeded {
+                    provider_id: object.id,
+                }),
+                "failed" => Lookup::Found(ProviderOutcome::Declined {
+                    code: object
+                        .failure_code
+                        .or(object.failure_reason)
+                        .unwrap_or_else(|| "failed".to_owned()),
+                    decline_code: None,
+                    message: format!("the provider's {} failed", object.id),
+                    provider_id: Some(object.id),
+                }),
+                other => Lookup::Unknown {
+                    reason: format!("the provider's {} is {other:?}, not final", object.id),
+                },
+            },
+        }
+    }
+
     /// `POST /v1/{what}` under the provider key, classified, timed and logged.
     async fn post(
         &self,

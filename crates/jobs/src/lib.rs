@@ -12,7 +12,9 @@
 //!   abandons for reconciliation only past `--abandon-after`.
 //! - [`pruner`]: deletes complete records past their expiry in bounded
 //!   batches.
-//! - [`runner`]: `run_until_stopped`, both jobs on timers until a shutdown
+//! - [`reconciler`]: settles charges and refunds left `unknown` from the
+//!   provider's records, and replaces their abandoned answers.
+//! - [`runner`]: `run_until_stopped`, the jobs on timers until a shutdown
 //!   signal, finishing the pass in hand.
 //! - [`settings`]: the jobs' own flags, shared by `payments-jobs` and
 //!   `payments-api --with-jobs`; the rest are `payments_app::Settings`.
@@ -24,6 +26,7 @@
 
 pub mod pruner;
 pub mod reaper;
+pub mod reconciler;
 pub mod runner;
 pub mod settings;
 

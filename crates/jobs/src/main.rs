@@ -1,5 +1,5 @@
-//! `payments-jobs reap|prune|run [--once] [--dry-run]`: the reaper and the
-//! pruner, for ops. Exit code 1 when a `--once` pass failed or the
+//! `payments-jobs reap|prune|reconcile|run [--once] [--dry-run]`: the
+//! reaper, the pruner and the reconciler, for ops. Exit code 1 when a `--once` pass failed or the
 //! configuration is refused; `run` stops cleanly on SIGTERM/SIGINT after the
 //! pass in hand.
 
@@ -12,7 +12,7 @@ use payments_jobs::settings::JobArgs;
 #[command(
     name = "payments-jobs",
     version,
-    about = "Recovers stuck charges and prunes old idempotency keys"
+    about = "Recovers stuck charges, reconciles unknown outcomes and prunes old idempotency keys"
 )]
 struct Cli {
     /// Which job.
@@ -40,7 +40,10 @@ enum Job {
     Reap,
     /// Delete complete records past their expiry (every --prune-every).
     Prune,
-    /// Both, each on its timer.
+    /// Settle unknown charges and refunds from the provider's records
+    /// (every --reconcile-every).
+    Reconcile,
+    /// All three, each on its timer.
     Run,
 }
 
@@ -65,37 +68,48 @@ async fn main() -> std::process::ExitCode {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let reap = matches!(cli.job, Job::Reap | Job::Run);
     let prune = matches!(cli.job, Job::Prune | Job::Run);
+    let reconcile = matches!(cli.job, Job::Reconcile | Job::Run);
     cli.settings.validate()?;
     cli.jobs.validate(&cli.settings.gateway)?;
-    // The reaper re-drives charges at the provider, so it needs one; the
-    // pruner only talks to the database.
+    // The reaper and the reconciler talk to the provider, so they need one;
+    // the pruner only talks to the database.
     let provider = cli.settings.gateway.remote()?;
-    if reap && provider.is_none() {
+    if (reap || reconcile) && provider.is_none() {
         anyhow::bail!(
-            "GATEWAY_URL is not set: the reaper re-drives charges at the provider, set GATEWAY_URL \
-             and GATEWAY_SECRET_KEY as for payments-api"
+            "GATEWAY_URL is not set: the reaper and the reconciler talk to the provider, set \
+             GATEWAY_URL and GATEWAY_SECRET_KEY as for payments-api"
         );
     }
     let store = cli.settings.database.open().await?;
-    let reaper = match provider.filter(|_| reap) {
+    let service = match provider.filter(|_| reap || reconcile) {
         Some(provider) => {
             let app = payments_app::assemble(store.clone(), &cli.settings, provider).await?;
-            Some(cli.jobs.reaper(app.service, cli.settings.gateway.lease))
+            Some(app.service)
         }
         None => None,
     };
+    let reaper = service
+        .clone()
+        .filter(|_| reap)
+        .map(|service| cli.jobs.reaper(service, cli.settings.gateway.lease));
+    let reconciler = service
+        .filter(|_| reconcile)
+        .map(|service| cli.jobs.reconciler(service));
     let pruner = prune.then(|| cli.jobs.pruner(store));
-    let jobs = Jobs::new(reaper, pruner, &cli.jobs);
 
     if cli.dry_run {
-        if let Some((reaper, _)) = &jobs.reaper {
+        if let Some(reaper) = &reaper {
             reaper.dry_run().await?;
         }
-        if let Some((pruner, _)) = &jobs.pruner {
+        if let Some(pruner) = &pruner {
             pruner.dry_run().await?;
+        }
+        if let Some(reconciler) = &reconciler {
+            reconciler.dry_run().await?;
         }
         return Ok(());
     }
+    let jobs = Jobs::new(reaper, pruner, reconciler, &cli.jobs);
     if cli.once {
         let outcome = jobs.run_once().await.map_err(anyhow::Error::msg)?;
         tracing::info!(?outcome, "pass complete");
@@ -104,6 +118,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     tracing::info!(
         reap,
         prune,
+        reconcile,
         "payments-jobs running; SIGTERM or SIGINT stops it after the pass in hand"
     );
     jobs.run_until_stopped(shutdown_signal()).await;

@@ -1,4 +1,4 @@
-//! Both jobs on timers until a shutdown signal. A pass that has started
+//! The jobs on timers until a shutdown signal. A pass that has started
 //! always finishes: the signal is only watched between passes, so a record
 //! is never left half-driven by a stopping runner.
 
@@ -10,22 +10,72 @@ use tokio::time::Instant;
 use crate::Outcome;
 use crate::pruner::Pruner;
 use crate::reaper::Reaper;
+use crate::reconciler::Reconciler;
 use crate::settings::JobArgs;
 
-/// The jobs a runner drives, and how often.
+/// One job a runner drives.
+#[derive(Debug, Clone)]
+pub enum Job {
+    Reap(Reaper),
+    Prune(Pruner),
+    Reconcile(Reconciler),
+}
+
+impl Job {
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Reap(_) => "reaper",
+            Self::Prune(_) => "pruner",
+            Self::Reconcile(_) => "reconciler",
+        }
+    }
+
+    /// One pass: the rows it worked on, or why it failed.
+    async fn pass(&self) -> Result<u64, String> {
+        match self {
+            Self::Reap(reaper) => match reaper.try_run_once().await {
+                Ok(r) if r.failed > 0 => Err(format!("{} records failed", r.failed)),
+                Ok(r) => Ok(r.total()),
+                Err(e) => Err(e.to_string()),
+            },
+            Self::Prune(pruner) => pruner
+                .try_run_once()
+                .await
+                .map(|r| r.deleted)
+                .map_err(|e| e.to_string()),
+            Self::Reconcile(reconciler) => match reconciler.try_run_once().await {
+                Ok(r) if r.lookup_failed > 0 => {
+                    Err(format!("{} provider lookups failed", r.lookup_failed))
+                }
+                Ok(r) => Ok(r.settled()),
+                Err(e) => Err(e.to_string()),
+            },
+        }
+    }
+}
+
+/// The jobs a runner drives, each with how often.
 #[derive(Debug, Clone)]
 pub struct Jobs {
-    pub reaper: Option<(Reaper, Duration)>,
-    pub pruner: Option<(Pruner, Duration)>,
+    pub jobs: Vec<(Job, Duration)>,
 }
 
 impl Jobs {
-    /// Runs whichever of `reaper` and `pruner` is given, each every
-    /// `--reap-every` / `--prune-every` of `args`.
-    pub fn new(reaper: Option<Reaper>, pruner: Option<Pruner>, args: &JobArgs) -> Self {
+    /// Runs whichever jobs are given, each every `--reap-every`,
+    /// `--prune-every` or `--reconcile-every` of `args`.
+    pub fn new(
+        reaper: Option<Reaper>,
+        pruner: Option<Pruner>,
+        reconciler: Option<Reconciler>,
+        args: &JobArgs,
+    ) -> Self {
+        let jobs = [
+            reaper.map(|r| (Job::Reap(r), args.reap_every)),
+            pruner.map(|p| (Job::Prune(p), args.prune_every)),
+            reconciler.map(|r| (Job::Reconcile(r), args.reconcile_every)),
+        ];
         Self {
-            reaper: reaper.map(|reaper| (reaper, args.reap_every)),
-            pruner: pruner.map(|pruner| (pruner, args.prune_every)),
+            jobs: jobs.into_iter().flatten().collect(),
         }
     }
 
@@ -33,19 +83,10 @@ impl Jobs {
     pub async fn run_once(&self) -> Result<Outcome, String> {
         let mut worked = 0;
         let mut errors = Vec::new();
-        if let Some((reaper, _)) = &self.reaper {
-            match reaper.try_run_once().await {
-                Ok(r) if r.failed > 0 => {
-                    errors.push(format!("reaper: {} records failed", r.failed))
-                }
-                Ok(r) => worked += r.total(),
-                Err(e) => errors.push(format!("reaper: {e}")),
-            }
-        }
-        if let Some((pruner, _)) = &self.pruner {
-            match pruner.try_run_once().await {
-                Ok(r) => worked += r.deleted,
-                Err(e) => errors.push(format!("pruner: {e}")),
+        for (job, _) in &self.jobs {
+            match job.pass().await {
+                Ok(n) => worked += n,
+                Err(e) => errors.push(format!("{}: {e}", job.name())),
             }
         }
         if !errors.is_empty() {
@@ -62,38 +103,26 @@ impl Jobs {
     /// resolves. Failed passes are logged and retried on the next tick.
     pub async fn run_until_stopped(self, shutdown: impl Future<Output = ()>) {
         let mut shutdown = std::pin::pin!(shutdown);
-        let mut next_reap = Instant::now();
-        let mut next_prune = Instant::now();
+        let mut next: Vec<Instant> = self.jobs.iter().map(|_| Instant::now()).collect();
         loop {
-            let next = match (&self.reaper, &self.pruner) {
-                (Some(_), Some(_)) => next_reap.min(next_prune),
-                (Some(_), None) => next_reap,
-                (None, Some(_)) => next_prune,
-                (None, None) => return,
+            let Some(&soonest) = next.iter().min() else {
+                return;
             };
             tokio::select! {
                 () = &mut shutdown => {
                     tracing::info!("jobs stopping");
                     return;
                 }
-                () = tokio::time::sleep_until(next) => {}
+                () = tokio::time::sleep_until(soonest) => {}
             }
             let now = Instant::now();
-            if let Some((reaper, every)) = &self.reaper
-                && next_reap <= now
-            {
-                if let Err(e) = reaper.try_run_once().await {
-                    tracing::error!(error = %e, "reap pass failed");
+            for ((job, every), next) in self.jobs.iter().zip(next.iter_mut()) {
+                if *next <= now {
+                    if let Err(e) = job.pass().await {
+                        tracing::error!(job = job.name(), error = %e, "pass failed");
+                    }
+                    *next = Instant::now() + *every;
                 }
-                next_reap = Instant::now() + *every;
-            }
-            if let Some((pruner, every)) = &self.pruner
-                && next_prune <= now
-            {
-                if let Err(e) = pruner.try_run_once().await {
-                    tracing::error!(error = %e, "prune pass failed");
-                }
-                next_prune = Instant::now() + *every;
             }
         }
     }

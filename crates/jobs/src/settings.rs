@@ -12,6 +12,7 @@ use payments_domain::store::Store;
 
 use crate::pruner::{Pause, Pruner};
 use crate::reaper::{Reaper, ReaperSettings};
+use crate::reconciler::{Reconciler, ReconcilerSettings};
 
 /// The jobs' own settings.
 #[derive(Debug, Clone, Args)]
@@ -42,6 +43,18 @@ pub struct JobArgs {
     /// and at least 25 ms on SQLite so the API's writes get in.
     #[arg(long, env = "PRUNE_PAUSE", value_parser = humantime::parse_duration)]
     pub prune_pause: Option<Duration>,
+    /// How long after its last provider call an unknown charge or refund
+    /// may still be missing from the provider's search; only past it does
+    /// reconciliation conclude "not made" (Stripe's search usually lags
+    /// under a minute, longer during incidents).
+    #[arg(long, env = "RECONCILE_SEARCH_LAG", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub reconcile_search_lag: Duration,
+    /// How often `run` reconciles.
+    #[arg(long, env = "RECONCILE_EVERY", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub reconcile_every: Duration,
+    /// Unknown charges, and refunds, one reconcile pass looks up at most.
+    #[arg(long, env = "RECONCILE_BATCH", default_value_t = 100)]
+    pub reconcile_batch: u32,
 }
 
 impl JobArgs {
@@ -55,6 +68,15 @@ impl JobArgs {
             concurrency: self.reap_concurrency,
         };
         Reaper::new(service, settings)
+    }
+
+    /// The reconciler these settings describe.
+    pub fn reconciler(&self, service: Arc<ChargeService>) -> Reconciler {
+        let settings = ReconcilerSettings {
+            search_lag: self.reconcile_search_lag,
+            batch: self.reconcile_batch,
+        };
+        Reconciler::new(service, settings)
     }
 
     /// The pruner these settings describe.
@@ -86,12 +108,21 @@ impl JobArgs {
                 humantime::format_duration(gateway.provider_key_retention)
             )));
         }
-        if self.reap_every.is_zero() || self.prune_every.is_zero() {
-            return Err("--reap-every and --prune-every must be greater than 0".into());
-        }
-        if self.reap_batch == 0 || self.prune_batch == Some(0) || self.reap_concurrency == 0 {
+        if self.reap_every.is_zero() || self.prune_every.is_zero() || self.reconcile_every.is_zero()
+        {
             return Err(
-                "--reap-batch, --reap-concurrency and --prune-batch must be at least 1".into(),
+                "--reap-every, --prune-every and --reconcile-every must be greater than 0".into(),
+            );
+        }
+        if self.reap_batch == 0
+            || self.prune_batch == Some(0)
+            || self.reap_concurrency == 0
+            || self.reconcile_batch == 0
+        {
+            return Err(
+                "--reap-batch, --reap-concurrency, --prune-batch and --reconcile-batch \
+                        must be at least 1"
+                    .into(),
             );
         }
         Ok(())

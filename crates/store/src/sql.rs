@@ -18,7 +18,7 @@ use payments_domain::list::{ChargeQuery, Cursor, Page};
 use payments_domain::refund::Refund;
 use payments_domain::store::{
     ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Operation,
-    Outcome, Store, StoreError,
+    Outcome, Store, StoreError, Unsettled,
 };
 use sqlx::migrate::Migrate;
 use sqlx::query::Query;
@@ -47,6 +47,29 @@ const CHARGE_ROW: &str = "id, customer_id, amount_cents, currency, card_token, d
 const REFUND_ROW: &str = "r.id, r.charge_id, r.customer_id, r.amount_cents, r.currency, \
      r.reason, {metadata r.metadata}, r.status, r.provider_key, c.gateway_charge_id, \
      r.gateway_refund_id, r.failure_code, r.created_at, r.updated_at";
+
+/// Which charges or refunds a settlement may change, by their status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Guard {
+    /// Any: a finish, which the record's lease already makes exclusive.
+    Any,
+    /// Only one still `pending`: a driver that lost its record, a keyless charge.
+    Pending,
+    /// Only one still `unknown`: reconciliation.
+    Unknown,
+}
+
+impl Guard {
+    const ALL: [Guard; 3] = [Guard::Any, Guard::Pending, Guard::Unknown];
+
+    fn condition(self) -> &'static str {
+        match self {
+            Self::Any => "",
+            Self::Pending => " AND status = 'pending'",
+            Self::Unknown => " AND status = 'unknown'",
+        }
+    }
+}
 
 /// The three kinds of list page: the newest, after a cursor, before one.
 fn page_index(page: &Page) -> usize {
@@ -106,8 +129,11 @@ pub(crate) struct Statements {
     take_over: String,
     release: String,
     finish_record: String,
-    settle: String,
-    settle_refund: String,
+    settle: [String; 3],
+    settle_refund: [String; 3],
+    rewrite_abandoned: [String; 2],
+    unsettled_charges: String,
+    unsettled_refunds: String,
     refunded: String,
     unreserve: String,
     provider_called: [String; 2],
@@ -203,12 +229,44 @@ impl Statements {
             release: r("UPDATE idempotent_requests SET locked_until = {now} \
                 WHERE id = $1 AND state = 'in_progress' AND lease_token = $2"),
             // Outside a finish, only a charge still pending is settled.
-            settle: r("UPDATE charges SET status = $1, gateway_charge_id = $2, \
-                decline_code = $3, updated_at = {now} \
-                WHERE id = $4 AND (NOT $5 OR status = 'pending')"),
-            settle_refund: r("UPDATE refunds SET status = $1, gateway_refund_id = $2, \
-                failure_code = $3, updated_at = {now} \
-                WHERE id = $4 AND (NOT $5 OR status = 'pending')"),
+            settle: Guard::ALL.map(|guard| {
+                r(&format!(
+                    "UPDATE charges SET status = $1, gateway_charge_id = $2, \
+                     decline_code = $3, updated_at = {{now}} WHERE id = $4{}",
+                    guard.condition()
+                ))
+            }),
+            settle_refund: Guard::ALL.map(|guard| {
+                r(&format!(
+                    "UPDATE refunds SET status = $1, gateway_refund_id = $2, \
+                     failure_code = $3, updated_at = {{now}} WHERE id = $4{}",
+                    guard.condition()
+                ))
+            }),
+            // The abandoned answer of a reconciled operation becomes its
+            // real one, kept a full TTL from now (the record may be past
+            // its expiry: the client's retry must still find it).
+            rewrite_abandoned: ["charge_id = $8 AND refund_id IS NULL", "refund_id = $8"].map(
+                |op| {
+                    r(&format!(
+                        "UPDATE idempotent_requests SET state = $1, response_status = $2, \
+                         response_body = $3, response_content_type = $4, \
+                         response_location = $5, completed_at = {{now}}, \
+                         expires_at = {{now}} + {{ms}} WHERE state = $7 AND {op}"
+                    ))
+                },
+            ),
+            unsettled_charges: r(&format!(
+                "SELECT {CHARGE_ROW}, {} AS lag_passed FROM charges \
+                 WHERE status = 'unknown' ORDER BY updated_at LIMIT {{p}}",
+                D::flag("provider_called_at <= {now} - {ms}")
+            )),
+            unsettled_refunds: r(&format!(
+                "SELECT {REFUND_ROW}, {} AS lag_passed \
+                 FROM refunds r JOIN charges c ON c.id = r.charge_id \
+                 WHERE r.status = 'unknown' ORDER BY r.updated_at LIMIT {{p}}",
+                D::flag("r.provider_called_at <= {now} - {ms}")
+            )),
             refunded: r(
                 "UPDATE charges SET amount_refunded = amount_refunded + $1, \
                 updated_at = {now} WHERE id = $2",
@@ -394,7 +452,7 @@ macro_rules! sql_impl {
             for<'r> ChargeRow<D::Ts>: FromRow<'r, <D::Db as Database>::Row>,
             for<'r> RefundRow<D::Ts>: FromRow<'r, <D::Db as Database>::Row>,
             for<'a> Option<&'a str>: Encode<'a, D::Db> + Type<D::Db>,
-            for<'a> Option<i64>: Encode<'a, D::Db> + Type<D::Db>,
+            for<'a> Option<i64>: Encode<'a, D::Db> + Decode<'a, D::Db> + Type<D::Db>,
             usize: ColumnIndex<<D::Db as Database>::Row>,
             for<'a> &'a str: ColumnIndex<<D::Db as Database>::Row>,
         {
@@ -686,7 +744,7 @@ sql_impl! {{
                 let done = record(&self.sql.finish_record).execute(&mut *tx).await?;
                 let finished = D::rows_affected(&done);
                 let settled = if finished == 1 {
-                    self.settle_in(&mut tx, &f.outcome, false).await?
+                    self.settle_in(&mut tx, &f.outcome, Guard::Any).await?
                 } else {
                     0
                 };
@@ -712,29 +770,27 @@ sql_impl! {{
         }
     }
 
-    /// Writes an outcome to its charge or refund (only one still pending,
-    /// if `only_pending`); a refund's charge follows: a success is added to
+    /// Writes an outcome to its charge or refund (as `guard` allows); a refund's charge follows: a success is added to
     /// `amount_refunded`, a failure's reservation is given back. How many
     /// charges or refunds changed.
     async fn settle_in(
         &self,
         tx: &mut Transaction<'static, D::Db>,
         outcome: &Outcome,
-        only_pending: bool,
+        guard: Guard,
     ) -> Result<u64, Error> {
         let o = match outcome {
             Outcome::Charge(o) => {
-                let q = Self::settle(Self::q(&self.sql.settle), o).bind(only_pending);
+                let q = Self::settle(Self::q(&self.sql.settle[guard as usize]), o);
                 return Ok(D::rows_affected(&q.execute(&mut **tx).await?));
             }
             Outcome::Refund(o) => o,
         };
-        let q = Self::q(&self.sql.settle_refund)
+        let q = Self::q(&self.sql.settle_refund[guard as usize])
             .bind(o.status.as_str())
             .bind(&o.gateway_refund_id)
             .bind(&o.failure_code)
-            .bind(o.refund_id.as_str())
-            .bind(only_pending);
+            .bind(o.refund_id.as_str());
         let settled = D::rows_affected(&q.execute(&mut **tx).await?);
         let charge = match o.status {
             ChargeStatus::Succeeded => Some(&self.sql.refunded),
@@ -863,9 +919,52 @@ sql_impl! {#[async_trait] Store for {
     async fn settle(&self, outcome: &Outcome) -> Result<bool, StoreError> {
         run(|| async {
             let mut tx = self.begin_write().await?;
-            let settled = self.settle_in(&mut tx, outcome, true).await?;
+            let settled = self.settle_in(&mut tx, outcome, Guard::Pending).await?;
             tx.commit().await?;
             Ok(settled > 0)
+        })
+        .await
+    }
+
+    async fn unsettled(&self, search_lag: Duration, limit: u32) -> Result<Vec<Unsettled>, StoreError> {
+        let (lag, limit) = (millis(search_lag), i64::from(limit));
+        run(|| async {
+            let lag_passed = |row: &<D::Db as Database>::Row| -> Result<Option<bool>, Error> {
+                Ok(row.try_get::<Option<i64>, _>("lag_passed")?.map(|n| n != 0))
+            };
+            let mut found = Vec::new();
+            let charges = Self::q(&self.sql.unsettled_charges).bind(lag).bind(limit);
+            for row in charges.fetch_all(&self.pool).await? {
+                let charge = Charge::try_from(ChargeRow::<D::Ts>::from_row(&row)?)?;
+                found.push(Unsettled { operation: Operation::Charge(charge), lag_passed: lag_passed(&row)? });
+            }
+            let refunds = Self::q(&self.sql.unsettled_refunds).bind(lag).bind(limit);
+            for row in refunds.fetch_all(&self.pool).await? {
+                let refund = Refund::try_from(RefundRow::<D::Ts>::from_row(&row)?)?;
+                found.push(Unsettled { operation: Operation::Refund(refund), lag_passed: lag_passed(&row)? });
+            }
+            Ok(found)
+        })
+        .await
+    }
+
+    async fn reconcile(
+        &self,
+        outcome: &Outcome,
+        answer: &StoredResponse,
+        keep_for: Duration,
+    ) -> Result<bool, StoreError> {
+        let rewrite = &self.sql.rewrite_abandoned[usize::from(matches!(outcome, Outcome::Refund(_)))];
+        run(|| async {
+            let mut tx = self.begin_write().await?;
+            if self.settle_in(&mut tx, outcome, Guard::Unknown).await? == 0 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            let q = Self::answer(rewrite, RecordState::Complete, answer).bind(millis(keep_for));
+            q.bind(RecordState::Abandoned.as_str()).bind(outcome.id()).execute(&mut *tx).await?;
+            tx.commit().await?;
+            Ok(true)
         })
         .await
     }

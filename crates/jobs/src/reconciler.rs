@@ -1,0 +1,112 @@
+//! Reconciliation: charges and refunds whose provider outcome is `unknown`
+//! (abandoned by the reaper or the key-retention guard, or keyless calls
+//! that timed out) are looked up at the provider by the id every call
+//! carried in its metadata, and settled by what the provider's records
+//! say. Found: `succeeded` or `failed`. Not found once the search lag
+//! (`RECONCILE_SEARCH_LAG`, from the last provider call, by the database's
+//! clock) has passed: nothing moved, `charge_not_made`. Calls made before
+//! they carried the id are never concluded "not made": they are listed for
+//! a person. An abandoned request's stored `request_abandoned` is replaced
+//! by the real answer, so the client's retry with its original key gets it.
+//!
+//! Two reconcilers at once settle each operation once: the settlement is
+//! guarded by the operation still being `unknown`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use payments_domain::service::{ChargeService, Decision};
+use payments_domain::store::StoreError;
+
+/// How a reconciler works.
+#[derive(Debug, Clone)]
+pub struct ReconcilerSettings {
+    /// How long after a provider call its object may still be missing from
+    /// the provider's search (Stripe's: usually under a minute, at worst
+    /// longer during outages).
+    pub search_lag: Duration,
+    /// Charges, and refunds, one pass looks at most.
+    pub batch: u32,
+}
+
+/// What one pass did (or, in a dry run, would do).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    pub succeeded: u64,
+    pub failed: u64,
+    pub not_made: u64,
+    /// Settled by another reconciler between this one's read and its write.
+    pub already_settled: u64,
+    pub lagging: u64,
+    pub needs_person: u64,
+    pub lookup_failed: u64,
+}
+
+impl ReconcileReport {
+    /// Operations settled by this pass.
+    pub fn settled(&self) -> u64 {
+        self.succeeded + self.failed + self.not_made
+    }
+
+    fn count(&mut self, decision: &Decision, applied: bool) {
+        let slot = match decision {
+            Decision::Settle { .. } if !applied => &mut self.already_settled,
+            Decision::Settle { .. } => match decision.label() {
+                "succeeded" => &mut self.succeeded,
+                "not_made" => &mut self.not_made,
+                _ => &mut self.failed,
+            },
+            Decision::Lagging => &mut self.lagging,
+            Decision::NeedsPerson => &mut self.needs_person,
+            Decision::LookupFailed(_) => &mut self.lookup_failed,
+        };
+        *slot += 1;
+    }
+}
+
+/// Settles unknown outcomes from the provider's records.
+#[derive(Debug, Clone)]
+pub struct Reconciler {
+    service: Arc<ChargeService>,
+    settings: ReconcilerSettings,
+}
+
+impl Reconciler {
+    pub fn new(service: Arc<ChargeService>, settings: ReconcilerSettings) -> Self {
+        Self { service, settings }
+    }
+
+    /// One pass over the unsettled operations.
+    pub async fn try_run_once(&self) -> Result<ReconcileReport, StoreError> {
+        self.pass(true).await
+    }
+
+    /// What a pass would decide, changing nothing (every decision logged).
+    pub async fn dry_run(&self) -> Result<ReconcileReport, StoreError> {
+        self.pass(false).await
+    }
+
+    async fn pass(&self, apply: bool) -> Result<ReconcileReport, StoreError> {
+        let store = self.service.store();
+        let unsettled = store
+            .unsettled(self.settings.search_lag, self.settings.batch)
+            .await?;
+        let mut report = ReconcileReport::default();
+        for operation in &unsettled {
+            if apply {
+                let (decision, applied) = self.service.reconcile(operation).await?;
+                report.count(&decision, applied);
+            } else {
+                let decision = self.service.reconciliation(operation).await;
+                tracing::info!(
+                    operation = operation.operation.id(),
+                    decision = decision.label(),
+                    "dry run: would decide"
+                );
+                report.count(&decision, true);
+            }
+        }
+        tracing::info!(?report, dry_run = !apply, "reconcile pass");
+        Ok(report)
+    }
+}

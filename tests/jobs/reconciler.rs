@@ -1,0 +1,285 @@
+//! Reconciliation settles unknown outcomes from the provider's records and
+//! replaces the abandoned answers, so the client's retry gets the real one.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use payments_jobs::reconciler::{ReconcileReport, Reconciler, ReconcilerSettings};
+use payments_tests::{
+    AppOptions, Backend, TestApp, backend_tests, charge_body, new_key, spawn_app,
+};
+use serde_json::json;
+
+fn reconciler(app: &TestApp, search_lag: Duration) -> Reconciler {
+    Reconciler::new(
+        app.service.clone(),
+        ReconcilerSettings {
+            search_lag,
+            batch: 100,
+        },
+    )
+}
+
+/// Abandons the charge `key` made, as the key-retention guard does: its
+/// first call ended unknown (the sandbox as configured), then the record is
+/// aged past the re-drive limit and retried, which abandons it without a
+/// provider call (500 `request_abandoned`, charge `unknown`).
+async fn abandoned_charge(app: &TestApp, key: &str, sandbox: serde_json::Value) {
+    app.configure_sandbox(sandbox).await;
+    let first = app
+        .post_charge("cus_1", Some(key), &charge_body(4900, "tok_visa"))
+        .await;
+    assert_eq!(first.status(), 503);
+    app.configure_sandbox(json!({})).await;
+    app.db
+        .age(Some(key), Duration::from_secs(23 * 3600 + 1800))
+        .await;
+    let abandoned = app
+        .post_charge("cus_1", Some(key), &charge_body(4900, "tok_visa"))
+        .await;
+    assert_eq!(abandoned.status(), 500);
+    assert_eq!(app.db.charges_with_status("unknown").await, 1);
+}
+
+/// The provider did charge (the answer was lost): reconciled to
+/// `succeeded` with the provider's id, and the client's retry with its
+/// original key replays a 201; a second pass finds nothing to do.
+async fn a_charge_the_provider_made_is_reconciled_to_succeeded(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let key = new_key();
+    abandoned_charge(&app, &key, json!({"drop_after_charge": true})).await;
+    let report = reconciler(&app, Duration::ZERO)
+        .try_run_once()
+        .await
+        .unwrap();
+    assert_eq!(
+        report,
+        ReconcileReport {
+            succeeded: 1,
+            ..ReconcileReport::default()
+        }
+    );
+    assert_eq!(app.db.charges_with_status("succeeded").await, 1);
+    let retry = app
+        .post_charge("cus_1", Some(&key), &charge_body(4900, "tok_visa"))
+        .await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replay"], "true");
+    let charge: serde_json::Value = retry.json().await.unwrap();
+    assert_eq!(charge["status"], "succeeded");
+    let provider = app.sandbox_charges().await;
+    assert_eq!(provider.len(), 1, "charged once");
+    assert_eq!(charge["gateway_charge_id"], provider[0]["id"]);
+    let again = reconciler(&app, Duration::ZERO)
+        .try_run_once()
+        .await
+        .unwrap();
+    assert_eq!(again, ReconcileReport::default());
+}
+
+/// The provider never charged (it failed before charging): once the search
+/// lag has passed, nothing was charged: the charge is `failed`
+/// (`charge_not_made`) and the retry gets 502 `charge_not_made`, saying a
+/// new key may be used. Within the lag nothing is concluded.
+async fn a_charge_the_provider_never_made_is_not_made_only_past_the_lag(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let key = new_key();
+    abandoned_charge(&app, &key, json!({"error_rate": 1.0})).await;
+    // The last provider call was made (aged) 23.5 h ago; a lag longer than
+    // that has not passed.
+    let lagging = reconciler(&app, Duration::from_secs(24 * 3600))
+        .try_run_once()
+        .await
+        .unwrap();
+    assert_eq!(
+        lagging,
+        ReconcileReport {
+            lagging: 1,
+            ..ReconcileReport::default()
+        }
+    );
+    assert_eq!(app.db.charges_with_status("unknown").await, 1);
+    let report = reconciler(&app, Duration::from_secs(300))
+        .try_run_once()
+        .await
+        .unwrap();
+    assert_eq!(
+        report,
+        ReconcileReport {
+            not_made: 1,
+            ..ReconcileReport::default()
+        }
+    );
+    assert_eq!(app.db.charges_with_status("failed").await, 1);
+    let retry = app
+        .post_charge("cus_1", Some(&key), &charge_body(4900, "tok_visa"))
+        .await;
+    assert_eq!(retry.status(), 502);
+    let error: serde_json::Value = retry.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "charge_not_made");
+    assert_eq!(app.sandbox_charges().await.len(), 0);
+}
+
+/// Found by search only after its lag: a charge the provider made but
+/// whose search index lags is left alone, never concluded "not made".
+async fn a_lagging_search_is_never_taken_for_not_made(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let key = new_key();
+    abandoned_charge(&app, &key, json!({"drop_after_charge": true})).await;
+    app.configure_sandbox(json!({"search_lag_ms": 3_600_000}))
+        .await;
+    let report = reconciler(&app, Duration::from_secs(24 * 3600))
+        .try_run_once()
+        .await
+        .unwrap();
+    assert_eq!(
+        report,
+        ReconcileReport {
+            lagging: 1,
+            ..ReconcileReport::default()
+        }
+    );
+    assert_eq!(app.db.charges_with_status("unknown").await, 1);
+}
+
+/// A charge whose provider calls carried no id (made before they did)
+/// cannot be found by it: it is listed for a person, never settled.
+async fn calls_without_an_id_need_a_person(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let key = new_key();
+    abandoned_charge(&app, &key, json!({"error_rate": 1.0})).await;
+    app.db
+        .execute(
+            "UPDATE charges SET provider_called_at = NULL",
+            "UPDATE charges SET provider_called_at = NULL",
+            "UPDATE charges SET provider_called_at = NULL",
+        )
+        .await;
+    let report = reconciler(&app, Duration::ZERO)
+        .try_run_once()
+        .await
+        .unwrap();
+    assert_eq!(
+        report,
+        ReconcileReport {
+            needs_person: 1,
+            ..ReconcileReport::default()
+        }
+    );
+    assert_eq!(app.db.charges_with_status("unknown").await, 1);
+}
+
+/// Two reconcilers at once settle each of several charges exactly once.
+async fn two_reconcilers_settle_each_charge_once(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    for _ in 0..4 {
+        abandoned_charge_any(&app).await;
+    }
+    let app = Arc::new(app);
+    let (a, b) = (
+        reconciler(&app, Duration::ZERO),
+        reconciler(&app, Duration::ZERO),
+    );
+    let (a, b) = tokio::join!(a.try_run_once(), b.try_run_once());
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(a.succeeded + b.succeeded, 4, "{a:?} {b:?}");
+    assert_eq!(
+        a.already_settled + b.already_settled + a.succeeded + b.succeeded,
+        8
+    );
+    assert_eq!(app.db.charges_with_status("succeeded").await, 4);
+}
+
+/// One more abandoned charge the provider made, under a fresh key.
+async fn abandoned_charge_any(app: &TestApp) {
+    let key = new_key();
+    app.configure_sandbox(json!({"drop_after_charge": true}))
+        .await;
+    let first = app
+        .post_charge("cus_1", Some(&key), &charge_body(4900, "tok_visa"))
+        .await;
+    assert_eq!(first.status(), 503);
+    app.configure_sandbox(json!({})).await;
+    app.db
+        .age(Some(&key), Duration::from_secs(23 * 3600 + 1800))
+        .await;
+    let abandoned = app
+        .post_charge("cus_1", Some(&key), &charge_body(4900, "tok_visa"))
+        .await;
+    assert_eq!(abandoned.status(), 500);
+}
+
+/// A refund abandoned with its outcome unknown: the provider did refund, so
+/// it is reconciled to `succeeded`, counted in the charge's
+/// `amount_refunded`, and the retry replays a 201.
+async fn a_refund_the_provider_made_is_reconciled(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let charge = app
+        .charge_json("cus_1", &charge_body(1000, "tok_visa"))
+        .await;
+    let charge_id = charge["id"].as_str().unwrap();
+    app.configure_sandbox(json!({"drop_after_charge": true}))
+        .await;
+    let key = new_key();
+    let body = json!({"amount_cents": 400});
+    assert_eq!(
+        app.post_refund("cus_1", charge_id, &key, &body)
+            .await
+            .status,
+        503
+    );
+    app.configure_sandbox(json!({})).await;
+    app.db
+        .age(Some(&key), Duration::from_secs(23 * 3600 + 1800))
+        .await;
+    assert_eq!(
+        app.post_refund("cus_1", charge_id, &key, &body)
+            .await
+            .status,
+        500
+    );
+    assert_eq!(app.db.refunds_with_status("unknown").await, 1);
+    let report = reconciler(&app, Duration::ZERO)
+        .try_run_once()
+        .await
+        .unwrap();
+    assert_eq!(
+        report,
+        ReconcileReport {
+            succeeded: 1,
+            ..ReconcileReport::default()
+        }
+    );
+    let retry = app.post_refund("cus_1", charge_id, &key, &body).await;
+    assert_eq!(
+        (retry.status, retry.body["status"].as_str()),
+        (201, Some("succeeded"))
+    );
+    let charge = app
+        .get_as("cus_1", &format!("/api/charges/{charge_id}"))
+        .await;
+    assert_eq!(charge.body["amount_refunded"], 400);
+    assert_eq!(app.sandbox_refunds().await.len(), 1);
+}
+
+backend_tests!(
+    serializable;
+    a_charge_the_provider_made_is_reconciled_to_succeeded,
+    a_charge_the_provider_never_made_is_not_made_only_past_the_lag,
+    a_lagging_search_is_never_taken_for_not_made,
+    calls_without_an_id_need_a_person,
+    two_reconcilers_settle_each_charge_once,
+    a_refund_the_provider_made_is_reconciled,
+);
