@@ -500,9 +500,69 @@ async fn a_lost_refund_answer_is_recovered(backend: Backend) {
     assert_eq!(charge.body["amount_refunded"], 700);
 }
 
+/// The provider refuses a refund our reservation allowed (the charge was
+/// refunded at the provider directly): 402 `refund_failed` with the
+/// provider's code, stored and replayed, the refund `failed`, and its
+/// amount given back to the charge.
+async fn a_refund_the_provider_refuses_gives_its_amount_back(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let charge = app
+        .charge_json("cus_r", &charge_body(1000, "tok_visa"))
+        .await;
+    let charge_id = charge["id"].as_str().expect("id");
+    let at_provider = app
+        .http
+        .post(format!("{}/v1/refunds", app.sandbox.url()))
+        .bearer_auth("sk_test_direct")
+        .form(&[(
+            "charge",
+            charge["gateway_charge_id"].as_str().expect("provider id"),
+        )])
+        .send()
+        .await
+        .expect("a refund at the provider");
+    assert_eq!(at_provider.status(), 200);
+    let key = new_key();
+    let refused = app
+        .post_refund("cus_r", charge_id, &key, &refund_body(300))
+        .await;
+    assert_eq!(refused.status, 402, "{}", refused.body);
+    assert_eq!(refused.body["error"]["code"], "refund_failed");
+    assert_eq!(
+        refused.body["error"]["decline_code"],
+        "charge_already_refunded"
+    );
+    let again = app
+        .post_refund("cus_r", charge_id, &key, &refund_body(300))
+        .await;
+    assert_eq!(
+        (again.status, &again.body),
+        (402, &refused.body),
+        "stored and replayed"
+    );
+    assert_eq!(app.db.refunds_with_status("failed").await, 1);
+    // Its 300 came back: the whole 1000 fits again (and the provider, which
+    // has refunded it all, refuses again).
+    let all = app
+        .post_refund("cus_r", charge_id, &new_key(), &refund_body(1000))
+        .await;
+    assert_eq!(
+        all.status, 402,
+        "the reservation was given back: {}",
+        all.body
+    );
+    let charge = app
+        .get_as("cus_r", &format!("/api/charges/{charge_id}"))
+        .await;
+    assert_eq!(charge.body["amount_refunded"], 0);
+}
+
 backend_tests!(
     serializable;
     a_refund_is_made_once_and_read_back,
+    a_refund_the_provider_refuses_gives_its_amount_back,
     parallel_refunds_never_exceed_the_charge,
     parallel_requests_with_one_key_refund_once,
     one_key_on_a_charge_and_a_refund_is_two_operations,

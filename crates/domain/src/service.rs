@@ -783,27 +783,18 @@ fn settle_charge(
     outcome: ProviderOutcome,
 ) -> Result<(Outcome, StoredResponse), String> {
     let mut charge = charge.clone();
-    let response = match outcome {
-        ProviderOutcome::Succeeded { provider_id } => {
-            charge.status = ChargeStatus::Succeeded;
-            charge.gateway_charge_id = Some(provider_id);
-            created(charge.to_json(), charge.location())
-        }
-        ProviderOutcome::Declined {
-            code,
-            decline_code,
-            message,
-            provider_id,
-        } => {
-            charge.status = ChargeStatus::Failed;
-            charge.gateway_charge_id = provider_id;
-            charge.decline_code = decline_code.or(Some(code));
+    let final_ = Final::of(outcome)?;
+    charge.status = final_.status;
+    charge.gateway_charge_id = final_.provider_id;
+    let response = match final_.refusal {
+        None => created(charge.to_json(), charge.location()),
+        Some((code, message)) => {
+            charge.decline_code = Some(code);
             let mut envelope = ErrorEnvelope::new("card_declined", message);
             envelope.error.decline_code = charge.decline_code.clone();
             envelope.error.charge_id = Some(charge.id.clone());
             refused(&envelope)
         }
-        ProviderOutcome::Unknown { reason } => return Err(reason),
     };
     let outcome = Outcome::Charge(ChargeOutcome {
         charge_id: charge.id,
@@ -819,31 +810,55 @@ fn settle_refund(
     outcome: ProviderOutcome,
 ) -> Result<(Outcome, StoredResponse), String> {
     let mut refund = refund.clone();
-    let response = match outcome {
-        ProviderOutcome::Succeeded { provider_id } => {
-            refund.status = ChargeStatus::Succeeded;
-            refund.gateway_refund_id = Some(provider_id);
-            created(refund.to_json(), refund.location())
-        }
-        ProviderOutcome::Declined {
-            code,
-            decline_code,
-            message,
-            provider_id,
-        } => {
-            refund.status = ChargeStatus::Failed;
-            refund.gateway_refund_id = provider_id;
-            refund.failure_code = decline_code.or(Some(code));
+    let final_ = Final::of(outcome)?;
+    refund.status = final_.status;
+    refund.gateway_refund_id = final_.provider_id;
+    let response = match final_.refusal {
+        None => created(refund.to_json(), refund.location()),
+        Some((code, message)) => {
+            refund.failure_code = Some(code);
             let mut envelope = ErrorEnvelope::new("refund_failed", message);
             envelope.error.decline_code = refund.failure_code.clone();
             envelope.error.charge_id = Some(refund.charge_id.clone());
             envelope.error.refund_id = Some(refund.id.clone());
             refused(&envelope)
         }
-        ProviderOutcome::Unknown { reason } => return Err(reason),
     };
     let status = refund.status;
     Ok((Outcome::Refund(refund_outcome(&refund, status)), response))
+}
+
+/// A final provider answer, whichever operation it answers: the status, the
+/// provider's id, and for a refusal its code (the decline code, else the
+/// error code) and message.
+struct Final {
+    status: ChargeStatus,
+    provider_id: Option<String>,
+    refusal: Option<(String, String)>,
+}
+
+impl Final {
+    /// `Err` with the reason when the outcome is unknown.
+    fn of(outcome: ProviderOutcome) -> Result<Self, String> {
+        Ok(match outcome {
+            ProviderOutcome::Succeeded { provider_id } => Self {
+                status: ChargeStatus::Succeeded,
+                provider_id: Some(provider_id),
+                refusal: None,
+            },
+            ProviderOutcome::Declined {
+                code,
+                decline_code,
+                message,
+                provider_id,
+            } => Self {
+                status: ChargeStatus::Failed,
+                provider_id,
+                refusal: Some((decline_code.unwrap_or(code), message)),
+            },
+            ProviderOutcome::Unknown { reason } => return Err(reason),
+        })
+    }
 }
 
 /// A refund's outcome as its row will record it.
