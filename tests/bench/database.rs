@@ -59,6 +59,41 @@ pub async fn seed_expired(db: &TestDb, rows: u64) {
     db.execute(analyze, analyze, "").await;
 }
 
+/// `rows` succeeded charges of `customer` (ids `<customer>_0000001` up,
+/// one second apart, older than any the API makes), for `list`'s pages;
+/// returns the id in the middle, a deep page's cursor.
+pub async fn seed_charges(db: &TestDb, customer: &str, rows: u64) -> String {
+    // `padded`: n, ten digits wide (as the returned cursor is).
+    let select = |padded: &str, at: &str| {
+        format!(
+            "INSERT INTO charges (id, customer_id, amount_cents, currency, card_token, \
+             metadata, status, provider_key, created_at, updated_at) \
+             SELECT '{customer}_' || {padded}, '{customer}', 100, 'GBP', 'tok_visa', '{{}}', \
+             'succeeded', '{customer}_pk_' || n, {at}, {at}"
+        )
+    };
+    if db.backend == Backend::Postgres {
+        let at = "timestamptz '2020-01-01' + n * interval '1 second'";
+        let padded = select("lpad(n::text, 10, '0')", at);
+        let sql = format!("{padded} FROM generate_series(1, {rows}) AS n");
+        db.execute("", &sql, "").await;
+    } else {
+        let at = "1577836800000 + n * 1000";
+        let padded = select("substr('000000000' || n, -10)", at);
+        for first in (1..=rows).step_by(SQLITE_SEED_BATCH as usize) {
+            let last = (first + SQLITE_SEED_BATCH - 1).min(rows);
+            let sql = format!(
+                "WITH RECURSIVE seq(n) AS (SELECT {first} UNION ALL SELECT n + 1 FROM seq \
+                 WHERE n < {last}) {padded} FROM seq"
+            );
+            db.execute(&sql, "", "").await;
+        }
+    }
+    let analyze = "ANALYZE charges";
+    db.execute(analyze, analyze, "").await;
+    format!("{customer}_{:010}", rows / 2)
+}
+
 /// Complete records past their expiry (what the pruner deletes).
 pub async fn count_prunable(db: &TestDb) -> i64 {
     let sqlite = "SELECT COUNT(*) FROM idempotent_requests WHERE state = 'complete' \

@@ -206,7 +206,7 @@ impl Bench {
         self.backends.push(results);
     }
 
-    /// `new`, `replay` and `storm` on one API process.
+    /// `new`, `replay`, `storm`, `refund` and `list` on one API process.
     async fn main_group(&mut self, db: &TestDb, results: &mut BackendResults) {
         let s = self.settings.clone();
         let replay = Scenario::Replay {
@@ -223,9 +223,19 @@ impl Bench {
             requests: s.new_requests,
             concurrency: s.concurrency,
         };
-        let mut scenarios = vec![("new", new), ("replay", replay), ("storm", storm)];
+        let refund = Scenario::Refund {
+            charges: s.refund_charges,
+            per_charge: s.refund_per_charge,
+            concurrency: s.concurrency,
+        };
+        let mut scenarios = vec![
+            ("new", new),
+            ("replay", replay),
+            ("storm", storm),
+            ("refund", refund),
+        ];
         scenarios.retain(|(label, _)| s.runs(label));
-        if scenarios.is_empty() {
+        if scenarios.is_empty() && !s.runs("list") {
             return;
         }
         let name = db.backend.name();
@@ -246,6 +256,7 @@ impl Bench {
                     results.new = Some(report);
                 }
                 "replay" => results.replay = Some(report),
+                "refund" => results.refund = Some(report),
                 _ => {
                     let requests = self.sandbox_requests().await;
                     results.storm_provider_requests = self.keep("sandbox stats", requests);
@@ -253,9 +264,39 @@ impl Bench {
                 }
             }
         }
+        if s.runs("list") {
+            let list = self.list(db, &api).await;
+            results.list = self.keep(&format!("{name} list"), list);
+        }
         if let Err(e) = api.stop().await {
             self.fail(&format!("{name}: payments-api"), e);
         }
+    }
+
+    /// `list`: the bench's customer gets `BENCH_LIST_ROWS` more charges,
+    /// then its first page and a deep one (after the middle charge) are
+    /// each read `BENCH_LIST_REQUESTS` times.
+    async fn list(&mut self, db: &TestDb, api: &Process) -> Result<(Report, Report)> {
+        let s = self.settings.clone();
+        progress!(
+            "{} list: seeding {} charges",
+            db.backend.name(),
+            s.list_rows
+        );
+        let middle = database::seed_charges(db, "cus_load", s.list_rows).await;
+        let page = |starting_after| Scenario::List {
+            requests: s.list_requests,
+            concurrency: s.concurrency,
+            limit: 20,
+            starting_after,
+        };
+        let first = self
+            .load(db, "list-first", api, page(None), s.run_cap)
+            .await?;
+        let deep = self
+            .load(db, "list-deep", api, page(Some(middle)), s.run_cap)
+            .await?;
+        Ok((first, deep))
     }
 
     /// The release API on a free loopback port, in front of the sandbox.

@@ -110,6 +110,18 @@ pub fn render(r: &Bench, analysis: &str) -> Result<String> {
         ("pgbench", each(r, |b| b.pgbench.as_ref())),
         ("replay", each(r, |b| Some(b.replay.as_ref()?.markdown()))),
         ("storm", each(r, |b| Some(b.storm.as_ref()?.markdown()))),
+        ("refund", each(r, |b| Some(b.refund.as_ref()?.markdown()))),
+        (
+            "list",
+            each(r, |b| {
+                let (first, deep) = b.list.as_ref()?;
+                Some(format!(
+                    "First page:\n\n{}Deep page:\n\n{}",
+                    first.markdown(),
+                    deep.markdown()
+                ))
+            }),
+        ),
         ("slow", each(r, |b| b.slow.as_ref())),
         ("prune", each(r, |b| b.prune.as_ref())),
         ("analysis", analysis.to_owned()),
@@ -204,6 +216,27 @@ fn sheet(r: &Bench) -> Sheet<'_> {
         let (rps, p99) = (replay.throughput_rps, replay.latency_us?.p99);
         let measured = format!("{} req/s, p99 {}", rate(rps), ms(p99));
         Some((measured, Some(rps >= 10_000.0 && p99 < 10_000)))
+    });
+    s.figure("refund: refunds/s, p99", |b| {
+        let refund = b.refund.as_ref()?.stream("refund")?;
+        let p99 = refund.latency_us?.p99;
+        Some(format!(
+            "{} /s, p99 {}",
+            rate(refund.throughput_rps),
+            ms(p99)
+        ))
+    });
+    s.figure("list: a page of 20 (first / deep), req/s, p99", |b| {
+        let (first, deep) = b.list.as_ref()?;
+        let page = |r: &Report| {
+            let list = r.stream("list")?;
+            Some(format!(
+                "{} req/s, p99 {}",
+                rate(list.throughput_rps),
+                ms(list.latency_us?.p99)
+            ))
+        };
+        Some(format!("{} / {}", page(first)?, page(deep)?))
     });
     let target = "storm: exactly one provider call per key, no 5xx";
     s.judged("storm: provider calls per key, 5xx", target, |b| {

@@ -20,6 +20,9 @@ pub struct BackendResults {
     /// Charge requests the sandbox received during `storm` (after a
     /// reset): every provider call, retries and re-drives included.
     pub storm_provider_requests: Option<u64>,
+    pub refund: Option<Report>,
+    /// `list`: the first page and a deep one, of `BENCH_LIST_ROWS` more.
+    pub list: Option<(Report, Report)>,
     pub slow: Option<Slow>,
     pub prune: Option<Prune>,
 }

@@ -13,7 +13,7 @@ use payments_tests::Backend;
 pub const SLOW_POOL: u64 = 10;
 
 /// The scenarios, in the order they run on each backend.
-const SCENARIOS: &str = "pgbench,new,replay,storm,slow,prune";
+const SCENARIOS: &str = "pgbench,new,replay,storm,refund,list,slow,prune";
 
 /// One knob as the markdown lists it.
 #[derive(Debug, Clone)]
@@ -56,6 +56,10 @@ knobs! {
     storm_keys: u64 = count("BENCH_STORM_KEYS", "50"), "`storm`: keys";
     storm_per_key: u64 = count("BENCH_STORM_PER_KEY", "100"), "`storm`: concurrent requests per key";
     storm_concurrency: u64 = count("BENCH_STORM_CONCURRENCY", "2"), "`storm`: keys stormed at once";
+    refund_charges: u64 = count("BENCH_REFUND_CHARGES", "1000"), "`refund`: charges made, then refunded";
+    refund_per_charge: u64 = count("BENCH_REFUND_PER_CHARGE", "2"), "`refund`: refunds of each charge";
+    list_rows: u64 = count("BENCH_LIST_ROWS", "1000000"), "`list`: charges seeded for the customer listed";
+    list_requests: u64 = count("BENCH_LIST_REQUESTS", "5000"), "`list`: reads of each page (the first, and a deep one)";
     slow_in_flight: u64 = count("BENCH_SLOW_IN_FLIGHT", "1000"), "`slow`: charges in flight at once";
     slow_latency: Duration = duration("BENCH_SLOW_LATENCY", "18s"), "`slow`: the provider's latency";
     slow_timeout: Duration = duration("BENCH_SLOW_TIMEOUT", "10s"), "`slow`: the client's per-attempt timeout (then it retries the same key)";

@@ -78,6 +78,64 @@ async fn new_charges_once_per_request() {
     assert_eq!(real_counts(&app).await, (50, 50));
 }
 
+/// `refund`: every refund made once, at the provider and in the database,
+/// and each charge refunded in full by its parts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refunds_once_per_operation() {
+    let app = sqlite_app(AppOptions::default()).await;
+    let scenario = Scenario::Refund {
+        charges: 10,
+        per_charge: 2,
+        concurrency: 4,
+    };
+
+    let report = load::run(&config_for(&app, scenario)).await.unwrap();
+
+    assert_correct(&report);
+    assert_eq!(report.operations.charged, 10);
+    assert_eq!(statuses(&report, "refund"), [(201, 20)]);
+    assert_eq!(app.sandbox_refunds().await.len(), 20);
+    assert_eq!(app.db.refunds_with_status("succeeded").await, 20);
+    let page = app.get_as("cus_load", "/api/charges?limit=100").await;
+    let refunded = page.body["data"].as_array().unwrap();
+    assert!(
+        refunded
+            .iter()
+            .all(|c| c["amount_refunded"] == c["amount_cents"])
+    );
+}
+
+/// `list`: reads of a page, every answer 200; no charges made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn list_reads_pages() {
+    let app = sqlite_app(AppOptions::default()).await;
+    let made = load::run(&config_for(
+        &app,
+        Scenario::New {
+            requests: 30,
+            concurrency: 4,
+        },
+    ))
+    .await
+    .unwrap();
+    assert_correct(&made);
+    let page = app.get_as("cus_load", "/api/charges?limit=10").await;
+    let cursor = page.body["data"][9]["id"].as_str().unwrap().to_owned();
+    let scenario = Scenario::List {
+        requests: 40,
+        concurrency: 4,
+        limit: 10,
+        starting_after: Some(cursor),
+    };
+
+    let report = load::run(&config_for(&app, scenario)).await.unwrap();
+
+    assert_correct(&report);
+    assert_eq!(statuses(&report, "list"), [(200, 40)]);
+    assert_eq!(report.operations.started, 0);
+    assert_eq!(real_counts(&app).await, (30, 30));
+}
+
 /// The database count reads `metadata` as text on every backend (JSONB on
 /// PostgreSQL, TEXT on SQLite and MySQL).
 async fn database_count(backend: Backend) {

@@ -360,6 +360,37 @@ impl Client {
         self.post_json(self.charges_url.clone(), key, body, timeout)
     }
 
+    /// One `POST /api/charges/{charge_id}/refunds` attempt, for tools that
+    /// judge each attempt themselves, like [`Client::post_charge`]; a
+    /// service refunds with [`Client::refund`].
+    pub fn post_refund(
+        &self,
+        charge_id: &str,
+        key: Option<&IdempotencyKey>,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> reqwest::RequestBuilder {
+        let url = self.url(&["api", "charges", charge_id, "refunds"]);
+        self.post_json(url, key, body, timeout)
+    }
+
+    /// One `GET /api/charges` of `query`, for tools that time each request.
+    pub fn list_charges_request(
+        &self,
+        query: &ChargeQuery,
+        timeout: Duration,
+    ) -> reqwest::RequestBuilder {
+        let mut url = self.url(&["api", "charges"]);
+        let pairs = query.pairs();
+        if !pairs.is_empty() {
+            url.query_pairs_mut().extend_pairs(&pairs);
+        }
+        self.http
+            .get(url)
+            .bearer_auth(self.token.expose_secret())
+            .timeout(timeout)
+    }
+
     /// One POST of a JSON body to `url`, with `key` if given.
     fn post_json(
         &self,

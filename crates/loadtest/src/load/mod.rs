@@ -11,7 +11,7 @@
 //!   attempt), single attempts timed into a stream, the correct retry loop,
 //!   and what the answers named ([`Report::operations`]).
 //! - `stream`: per-stream HDR histogram (µs), statuses, transport errors.
-//! - `scenarios`: `new`, `replay`, `storm`, `slow`.
+//! - `scenarios`: `new`, `replay`, `storm`, `slow`, `refund`, `list`.
 //! - `sandbox`, `database`: the two counts.
 //! - `report`: [`Report`], as a table or JSON, and the exit statuses.
 //!
@@ -42,7 +42,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use payments_client::{Client, ClientError, RetryPolicy};
+use payments_client::{ChargeQuery, Client, ClientError, RetryPolicy};
 use secrecy::{ExposeSecret, SecretString};
 use serde_json::json;
 use tokio::time::Instant;
@@ -134,6 +134,44 @@ pub enum Scenario {
         #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
         probe_interval: Duration,
     },
+    /// Refunds, each its own operation: every one made once.
+    ///
+    /// `charges` charges made first; then each is refunded in `per_charge`
+    /// equal parts, every refund its own key driven by the retry loop,
+    /// `concurrency` at a time. Every refund must end 201, naming one
+    /// refund; with a sandbox, it must hold exactly the refunds answered.
+    #[command(long_about = None)]
+    Refund {
+        /// Charges made first, then refunded.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+        charges: u64,
+        /// Refunds of each charge (equal parts of it).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+        per_charge: u64,
+        /// Operations at a time.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+        concurrency: u64,
+    },
+    /// Reads of one page of `GET /api/charges`, timed: every answer 200.
+    ///
+    /// `requests` reads of a page of `limit` (after `starting_after` when
+    /// given: a deep page), `concurrency` at a time. Makes no charges: run
+    /// it on a customer that has them.
+    #[command(long_about = None)]
+    List {
+        /// Reads in all.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+        requests: u64,
+        /// Reads at a time.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+        concurrency: u64,
+        /// Charges per page (1-100).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..=100))]
+        limit: u32,
+        /// A charge id of the customer's: the page after it.
+        #[arg(long)]
+        starting_after: Option<String>,
+    },
 }
 
 impl Scenario {
@@ -143,6 +181,8 @@ impl Scenario {
             Self::Replay { .. } => "replay",
             Self::Storm { .. } => "storm",
             Self::Slow { .. } => "slow",
+            Self::Refund { .. } => "refund",
+            Self::List { .. } => "list",
         }
     }
 
@@ -175,6 +215,18 @@ impl Scenario {
                 "probe_keys": probe_keys,
                 "probe_interval_ms": probe_interval.as_millis() as u64,
             }),
+            Self::Refund {
+                charges,
+                per_charge,
+                concurrency,
+            } => json!({"charges": charges, "per_charge": per_charge, "concurrency": concurrency}),
+            Self::List {
+                requests,
+                concurrency,
+                limit,
+                starting_after,
+            } => json!({"requests": requests, "concurrency": concurrency, "limit": limit,
+                "starting_after": starting_after}),
         }
     }
 
@@ -212,6 +264,20 @@ impl Scenario {
                 ("probe-concurrency", *probe_concurrency),
                 ("probe-keys", *probe_keys),
             ],
+            Self::Refund {
+                charges,
+                per_charge,
+                concurrency,
+            } => &[
+                ("charges", *charges),
+                ("per-charge", *per_charge),
+                ("concurrency", *concurrency),
+            ],
+            Self::List {
+                requests,
+                concurrency,
+                ..
+            } => &[("requests", *requests), ("concurrency", *concurrency)],
         };
         match counts.iter().find(|(_, n)| *n == 0) {
             Some((name, _)) => Err(LoadError::Usage(format!("--{name} must be at least 1"))),
@@ -395,6 +461,24 @@ pub async fn run(config: &Config) -> Result<Report, LoadError> {
                 return Err(LoadError::Internal("slow without a sandbox".into()));
             };
             scenarios::slow(&run, sandbox, settings).await?
+        }
+        Scenario::Refund {
+            charges,
+            per_charge,
+            concurrency,
+        } => scenarios::refunds(&run, sandbox.as_ref(), charges, per_charge, concurrency).await?,
+        Scenario::List {
+            requests,
+            concurrency,
+            limit,
+            ref starting_after,
+        } => {
+            let query = ChargeQuery {
+                limit: Some(limit),
+                starting_after: starting_after.clone(),
+                ..ChargeQuery::default()
+            };
+            scenarios::list(&run, requests, concurrency, &query).await?
         }
     };
     let elapsed = started.elapsed();

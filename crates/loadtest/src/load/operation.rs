@@ -15,7 +15,7 @@ use std::time::Duration;
 use payments_client::client::{Client, Exchange, REQUEST_ABANDONED, exchange};
 use payments_client::error::ClientError;
 use payments_client::key::IdempotencyKey;
-use payments_client::model::{ApiError, Charge, ChargeRequest};
+use payments_client::model::{ApiError, Charge, ChargeQuery, ChargeRequest, RefundRequest};
 use payments_client::retry::RetryPolicy;
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -42,11 +42,13 @@ pub(crate) struct Run {
     pub violations: Violations,
 }
 
-/// One logical charge: a key and the exact body bytes every attempt sends.
+/// One logical charge (or refund of `refund_of`): a key and the exact body
+/// bytes every attempt sends.
 #[derive(Debug, Clone)]
 pub(crate) struct Operation {
     pub key: IdempotencyKey,
     pub body: Vec<u8>,
+    pub refund_of: Option<String>,
 }
 
 /// What a single request got.
@@ -180,15 +182,42 @@ impl Run {
         Ok(Operation {
             key: IdempotencyKey::generate(),
             body: serde_json::to_vec(&request)?,
+            refund_of: None,
         })
+    }
+
+    /// A new refund of `amount_cents` of `charge_id`, under a fresh key.
+    pub(crate) fn refund(
+        &self,
+        charge_id: &str,
+        amount_cents: i64,
+    ) -> Result<Operation, serde_json::Error> {
+        let request = RefundRequest {
+            amount_cents: Some(amount_cents),
+            reason: Some("requested_by_customer".to_owned()),
+            metadata: None,
+        };
+        Ok(Operation {
+            key: IdempotencyKey::generate(),
+            body: serde_json::to_vec(&request)?,
+            refund_of: Some(charge_id.to_owned()),
+        })
+    }
+
+    /// One `GET /api/charges` of `query`, timed into `stream`.
+    pub(crate) async fn list(&self, query: &ChargeQuery, stream: &Stream) -> Seen {
+        let request = self.client.list_charges_request(query, self.timeout);
+        self.timed(stream, exchange(request)).await
     }
 
     /// One `POST /api/charges` attempt of `op`, timed into `stream`. An
     /// attempt still running at the deadline plus the drain is cancelled.
     pub(crate) async fn send(&self, op: &Operation, stream: &Stream) -> Seen {
-        let request = self
-            .client
-            .post_charge(Some(&op.key), op.body.clone(), self.timeout);
+        let (key, body) = (Some(&op.key), op.body.clone());
+        let request = match &op.refund_of {
+            None => self.client.post_charge(key, body, self.timeout),
+            Some(charge) => self.client.post_refund(charge, key, body, self.timeout),
+        };
         self.timed(stream, exchange(request)).await
     }
 

@@ -95,6 +95,14 @@ impl Sandbox {
         Ok(count)
     }
 
+    /// How many refunds the sandbox has made (since its last reset).
+    pub(crate) async fn refund_count(&self) -> Result<u64, LoadError> {
+        let stats: Value = self.json(self.http.get(self.url("stats"))).await?;
+        stats["refunds"]
+            .as_u64()
+            .ok_or_else(|| LoadError::Sandbox(format!("no refunds count in {stats}")))
+    }
+
     /// Forgets every charge, key and counter (not the config).
     pub(crate) async fn reset(&self) -> Result<(), LoadError> {
         let _: Value = self.json(self.http.post(self.url("reset"))).await?;

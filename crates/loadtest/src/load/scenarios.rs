@@ -1,4 +1,4 @@
-//! The four scenarios. Each returns its streams and one [`OpRecord`] per
+//! The scenarios. Each returns its streams and one [`OpRecord`] per
 //! logical charge (setup charges included); [`super::run`] does the
 //! accounting.
 
@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use payments_client::model::ChargeStatus;
+use payments_client::model::{ChargeQuery, ChargeStatus};
 use tokio::sync::{Barrier, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -269,6 +269,118 @@ async fn storm_one(
     record.final_body = after.final_body.clone();
     record.absorb(after);
     Ok(record)
+}
+
+/// `refund`: `charges` charges made first, then `per_charge` refunds of each
+/// (equal parts), every refund its own key driven to a final answer,
+/// `concurrency` at a time. Each must end 201 naming one refund; with a
+/// sandbox, it must have made exactly the refunds answered.
+pub(crate) async fn refunds(
+    run: &Arc<Run>,
+    sandbox: Option<&Sandbox>,
+    charges: u64,
+    per_charge: u64,
+    concurrency: u64,
+) -> Result<Outcome, LoadError> {
+    let setup = stream("setup", &[201, 409])?;
+    let refund = stream("refund", &[201, 409])?;
+    let (created, setup_done) = drive_many(run, "refund", charges, concurrency, &setup).await?;
+    let targets: Vec<String> = completed(run, &created, charges)
+        .into_iter()
+        .map(|c| c.charge_id)
+        .collect();
+    let ops = created.into_iter().map(|(_, r)| r).collect();
+    let part = (run.amount_cents / i64::try_from(per_charge).unwrap_or(i64::MAX)).max(1);
+    let total = targets.len() as u64 * per_charge;
+    let before = match sandbox {
+        Some(sandbox) => Some(sandbox.refund_count().await?),
+        None => None,
+    };
+    let (targets, next, made) = (
+        Arc::new(targets),
+        Arc::new(AtomicU64::new(0)),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let mut workers = JoinSet::new();
+    for _ in 0..concurrency.min(total) {
+        let (run, targets, next, made, refund) = (
+            run.clone(),
+            targets.clone(),
+            next.clone(),
+            made.clone(),
+            refund.clone(),
+        );
+        workers.spawn(async move {
+            while run.open() {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    break;
+                }
+                let charge = &targets[(i / per_charge) as usize];
+                let op = run.refund(charge, part)?;
+                let record = run.drive(&op, &refund).await;
+                match record.final_status {
+                    Some(201) if record.charge_ids.len() == 1 => {
+                        made.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Some(201) => run.violations.push(format!(
+                        "refund: key {}: one key answered with {} refunds",
+                        op.key,
+                        record.charge_ids.len()
+                    )),
+                    Some(status) => run
+                        .violations
+                        .push(format!("refund: key {}: ended {status}, not 201", op.key)),
+                    None => {}
+                }
+            }
+            Ok::<_, LoadError>(())
+        });
+    }
+    for done in join_all(workers).await? {
+        done?;
+    }
+    let made = made.load(Ordering::Relaxed);
+    if let (Some(sandbox), Some(before)) = (sandbox, before) {
+        let at_provider = sandbox.refund_count().await? - before;
+        if at_provider != made {
+            run.violations.push(format!(
+                "refund: the provider made {at_provider} refunds for {made} answered"
+            ));
+        }
+    }
+    Ok(Outcome {
+        streams: vec![setup, refund],
+        ops,
+        completed: setup_done && next.load(Ordering::Relaxed) >= total,
+    })
+}
+
+/// `list`: `requests` reads of one page of `GET /api/charges`,
+/// `concurrency` at a time; every answer must be 200.
+pub(crate) async fn list(
+    run: &Arc<Run>,
+    requests: u64,
+    concurrency: u64,
+    query: &ChargeQuery,
+) -> Result<Outcome, LoadError> {
+    let pages = stream("list", &[200])?;
+    let next = Arc::new(AtomicU64::new(0));
+    let mut workers = JoinSet::new();
+    for _ in 0..concurrency.min(requests) {
+        let (run, next, pages, query) = (run.clone(), next.clone(), pages.clone(), query.clone());
+        workers.spawn(async move {
+            while run.open() && next.fetch_add(1, Ordering::Relaxed) < requests {
+                run.list(&query, &pages).await;
+            }
+        });
+    }
+    join_all(workers).await?;
+    Ok(Outcome {
+        streams: vec![pages],
+        ops: Vec::new(),
+        completed: next.load(Ordering::Relaxed) >= requests,
+    })
 }
 
 /// `slow`'s settings.
