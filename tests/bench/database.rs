@@ -45,14 +45,7 @@ pub async fn seed_expired(db: &TestDb, rows: u64) {
         let (now, day) = (chrono::Utc::now().timestamp_millis(), 24 * 3600 * 1000);
         let times = format!("{}, {}, {}", now - 2 * day, now - 2 * day, now - day);
         let select = select("lower(hex(randomblob(32)))", &times);
-        for first in (1..=rows).step_by(SQLITE_SEED_BATCH as usize) {
-            let last = (first + SQLITE_SEED_BATCH - 1).min(rows);
-            let sql = format!(
-                "WITH RECURSIVE seq(n) AS (SELECT {first} UNION ALL SELECT n + 1 FROM seq \
-                 WHERE n < {last}) {select} FROM seq"
-            );
-            db.execute(&sql, "", "").await;
-        }
+        sqlite_rows(db, rows, &select).await;
     }
     // As autovacuum would before long: plans on a table that just grew.
     let analyze = "ANALYZE idempotent_requests";
@@ -80,18 +73,24 @@ pub async fn seed_charges(db: &TestDb, customer: &str, rows: u64) -> String {
     } else {
         let at = "1577836800000 + n * 1000";
         let padded = select("substr('000000000' || n, -10)", at);
-        for first in (1..=rows).step_by(SQLITE_SEED_BATCH as usize) {
-            let last = (first + SQLITE_SEED_BATCH - 1).min(rows);
-            let sql = format!(
-                "WITH RECURSIVE seq(n) AS (SELECT {first} UNION ALL SELECT n + 1 FROM seq \
-                 WHERE n < {last}) {padded} FROM seq"
-            );
-            db.execute(&sql, "", "").await;
-        }
+        sqlite_rows(db, rows, &padded).await;
     }
     let analyze = "ANALYZE charges";
     db.execute(analyze, analyze, "").await;
     format!("{customer}_{:010}", rows / 2)
+}
+
+/// `insert` (an `INSERT .. SELECT` of `n`) for n = 1..=rows on SQLite, in
+/// batches of [`SQLITE_SEED_BATCH`] (it has no `generate_series`).
+async fn sqlite_rows(db: &TestDb, rows: u64, insert: &str) {
+    for first in (1..=rows).step_by(SQLITE_SEED_BATCH as usize) {
+        let last = (first + SQLITE_SEED_BATCH - 1).min(rows);
+        let sql = format!(
+            "WITH RECURSIVE seq(n) AS (SELECT {first} UNION ALL SELECT n + 1 FROM seq \
+             WHERE n < {last}) {insert} FROM seq"
+        );
+        db.execute(&sql, "", "").await;
+    }
 }
 
 /// Complete records past their expiry (what the pruner deletes).

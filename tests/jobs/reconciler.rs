@@ -20,6 +20,11 @@ fn reconciler(app: &TestApp, search_lag: Duration) -> Reconciler {
     )
 }
 
+/// One reconciler pass with this search lag.
+async fn pass(app: &TestApp, search_lag: Duration) -> ReconcileReport {
+    reconciler(app, search_lag).try_run_once().await.unwrap()
+}
+
 /// Abandons the charge `key` made, as the key-retention guard does: its
 /// first call ended unknown (the sandbox as configured), then the record is
 /// aged past the re-drive limit and retried, which abandons it without a
@@ -50,10 +55,7 @@ async fn a_charge_the_provider_made_is_reconciled_to_succeeded(backend: Backend)
     };
     let key = new_key();
     abandoned_charge(&app, &key, json!({"drop_after_charge": true})).await;
-    let report = reconciler(&app, Duration::ZERO)
-        .try_run_once()
-        .await
-        .unwrap();
+    let report = pass(&app, Duration::ZERO).await;
     assert_eq!(
         report,
         ReconcileReport {
@@ -72,10 +74,7 @@ async fn a_charge_the_provider_made_is_reconciled_to_succeeded(backend: Backend)
     let provider = app.sandbox_charges().await;
     assert_eq!(provider.len(), 1, "charged once");
     assert_eq!(charge["gateway_charge_id"], provider[0]["id"]);
-    let again = reconciler(&app, Duration::ZERO)
-        .try_run_once()
-        .await
-        .unwrap();
+    let again = pass(&app, Duration::ZERO).await;
     assert_eq!(again, ReconcileReport::default());
 }
 
@@ -91,10 +90,7 @@ async fn a_charge_the_provider_never_made_is_not_made_only_past_the_lag(backend:
     abandoned_charge(&app, &key, json!({"error_rate": 1.0})).await;
     // The last provider call was made (aged) 23.5 h ago; a lag longer than
     // that has not passed.
-    let lagging = reconciler(&app, Duration::from_secs(24 * 3600))
-        .try_run_once()
-        .await
-        .unwrap();
+    let lagging = pass(&app, Duration::from_secs(24 * 3600)).await;
     assert_eq!(
         lagging,
         ReconcileReport {
@@ -103,10 +99,7 @@ async fn a_charge_the_provider_never_made_is_not_made_only_past_the_lag(backend:
         }
     );
     assert_eq!(app.db.charges_with_status("unknown").await, 1);
-    let report = reconciler(&app, Duration::from_secs(300))
-        .try_run_once()
-        .await
-        .unwrap();
+    let report = pass(&app, Duration::from_secs(300)).await;
     assert_eq!(
         report,
         ReconcileReport {
@@ -134,10 +127,7 @@ async fn a_lagging_search_is_never_taken_for_not_made(backend: Backend) {
     abandoned_charge(&app, &key, json!({"drop_after_charge": true})).await;
     app.configure_sandbox(json!({"search_lag_ms": 3_600_000}))
         .await;
-    let report = reconciler(&app, Duration::from_secs(24 * 3600))
-        .try_run_once()
-        .await
-        .unwrap();
+    let report = pass(&app, Duration::from_secs(24 * 3600)).await;
     assert_eq!(
         report,
         ReconcileReport {
@@ -163,10 +153,7 @@ async fn calls_without_an_id_need_a_person(backend: Backend) {
             "UPDATE charges SET provider_called_at = NULL",
         )
         .await;
-    let report = reconciler(&app, Duration::ZERO)
-        .try_run_once()
-        .await
-        .unwrap();
+    let report = pass(&app, Duration::ZERO).await;
     assert_eq!(
         report,
         ReconcileReport {
@@ -232,10 +219,7 @@ async fn a_refund_the_provider_made_is_reconciled(backend: Backend) {
         500
     );
     assert_eq!(app.db.refunds_with_status("unknown").await, 1);
-    let report = reconciler(&app, Duration::ZERO)
-        .try_run_once()
-        .await
-        .unwrap();
+    let report = pass(&app, Duration::ZERO).await;
     assert_eq!(
         report,
         ReconcileReport {
