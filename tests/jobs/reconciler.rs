@@ -117,6 +117,61 @@ async fn a_charge_the_provider_never_made_is_not_made_only_past_the_lag(backend:
     assert_eq!(app.sandbox_charges().await.len(), 0);
 }
 
+/// The provider declined the charge (the answer was lost): reconciled to
+/// `failed`, and the retry gets the stored 402 `card_declined`. A dry run
+/// before it decides the same and changes nothing.
+async fn a_charge_the_provider_declined_is_reconciled_to_failed(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let key = new_key();
+    let declined = charge_body(4900, "tok_chargeDeclined");
+    app.configure_sandbox(json!({"drop_after_charge": true}))
+        .await;
+    let first = app.post_charge("cus_1", Some(&key), &declined).await;
+    assert_eq!(first.status(), 503);
+    app.configure_sandbox(json!({})).await;
+    app.db
+        .age(Some(&key), Duration::from_secs(23 * 3600 + 1800))
+        .await;
+    assert_eq!(
+        app.post_charge("cus_1", Some(&key), &declined)
+            .await
+            .status(),
+        500
+    );
+    let dry = reconciler(&app, Duration::ZERO).dry_run().await.unwrap();
+    assert_eq!(
+        dry,
+        ReconcileReport {
+            failed: 1,
+            ..ReconcileReport::default()
+        }
+    );
+    assert_eq!(
+        app.db.charges_with_status("unknown").await,
+        1,
+        "a dry run changes nothing"
+    );
+    assert_eq!(
+        app.db.records_for_key(&key, "abandoned", Some(500)).await,
+        1
+    );
+    let report = pass(&app, Duration::ZERO).await;
+    assert_eq!(
+        report,
+        ReconcileReport {
+            failed: 1,
+            ..ReconcileReport::default()
+        }
+    );
+    let retry = app.post_charge("cus_1", Some(&key), &declined).await;
+    assert_eq!(retry.status(), 402);
+    let error: serde_json::Value = retry.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "card_declined");
+    assert_eq!(app.db.charges_with_status("failed").await, 1);
+}
+
 /// Found by search only after its lag: a charge the provider made but
 /// whose search index lags is left alone, never concluded "not made".
 async fn a_lagging_search_is_never_taken_for_not_made(backend: Backend) {
@@ -242,6 +297,7 @@ async fn a_refund_the_provider_made_is_reconciled(backend: Backend) {
 backend_tests!(
     serializable;
     a_charge_the_provider_made_is_reconciled_to_succeeded,
+    a_charge_the_provider_declined_is_reconciled_to_failed,
     a_charge_the_provider_never_made_is_not_made_only_past_the_lag,
     a_lagging_search_is_never_taken_for_not_made,
     calls_without_an_id_need_a_person,

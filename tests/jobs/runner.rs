@@ -32,20 +32,23 @@ async fn api(db: &TestDb, sandbox: &Process) -> Process {
     .await
 }
 
+/// `payments-jobs` with `args` against the test's database and sandbox;
+/// asserts it exited 0 and returns its log.
+async fn jobs(db: &TestDb, sandbox: &Process, args: &[&str]) -> String {
+    let env = [
+        ("DATABASE_URL", db.url.as_str()),
+        ("GATEWAY_URL", &sandbox.url),
+        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+        ("GATEWAY_TIMEOUT", "3s"),
+        ("LEASE", "4s"),
+    ];
+    let (ok, _, stderr) = run_binary("payments-jobs", args, &env).await;
+    assert!(ok, "payments-jobs {args:?} failed:\n{stderr}");
+    stderr
+}
+
 async fn reap_once(db: &TestDb, sandbox: &Process) {
-    let (ok, _, stderr) = run_binary(
-        "payments-jobs",
-        &["reap", "--once"],
-        &[
-            ("DATABASE_URL", &db.url),
-            ("GATEWAY_URL", &sandbox.url),
-            ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
-            ("GATEWAY_TIMEOUT", "3s"),
-            ("LEASE", "4s"),
-        ],
-    )
-    .await;
-    assert!(ok, "reap --once failed:\n{stderr}");
+    let stderr = jobs(db, sandbox, &["reap", "--once"]).await;
     assert!(stderr.contains("reap pass"), "{stderr}");
 }
 
@@ -133,6 +136,25 @@ async fn dropped_answer_is_recovered_by_the_reaper(backend: Backend) {
     assert_charged_once(&db, &sandbox, &key).await;
 }
 
+/// `payments-jobs reconcile --dry-run` and `--once` run as processes and
+/// report their pass.
+async fn reconcile_runs_as_a_process(backend: Backend) {
+    let Some(db) = TestDb::new(backend, 2).await else {
+        return;
+    };
+    let sandbox = Process::start("payments-sandbox", &["--listen", "127.0.0.1:0"], &[]).await;
+    let dry = jobs(&db, &sandbox, &["reconcile", "--dry-run"]).await;
+    assert!(
+        dry.contains("reconcile pass") && dry.contains("dry_run=true"),
+        "{dry}"
+    );
+    let once = jobs(&db, &sandbox, &["reconcile", "--once"]).await;
+    assert!(
+        once.contains("reconcile pass") && once.contains("dry_run=false"),
+        "{once}"
+    );
+}
+
 /// `payments-jobs run` exits 0 within a few seconds of SIGTERM.
 async fn run_stops_cleanly_on_sigterm(backend: Backend) {
     let Some(db) = TestDb::new(backend, 2).await else {
@@ -161,6 +183,7 @@ async fn run_stops_cleanly_on_sigterm(backend: Backend) {
 backend_tests!(
     crash_mid_call_is_recovered_by_the_reaper,
     dropped_answer_is_recovered_by_the_reaper,
+    reconcile_runs_as_a_process,
     run_stops_cleanly_on_sigterm,
 );
 
