@@ -268,6 +268,35 @@ async fn a_refund_is_made_once_and_read_back(backend: Backend) {
         .await
         .expect("request");
     assert_eq!(keyless.status(), 400);
+
+    // The charge's two refunds, newest first, a page at a time; a cursor
+    // that is not a refund of this charge is refused, naming itself.
+    let refunds = format!("/api/charges/{charge_id}/refunds");
+    let first = app.get_as("cus_r", &format!("{refunds}?limit=1")).await;
+    assert_eq!(first.body["has_more"], true, "{}", first.body);
+    let newest = ids(&first.body);
+    assert_eq!(newest.len(), 1);
+    assert_ne!(newest[0], refund_id, "the second refund is the newest");
+    let after = format!("{refunds}?limit=1&starting_after={}", newest[0]);
+    let second = app.get_as("cus_r", &after).await;
+    assert_eq!(
+        (ids(&second.body), &second.body["has_more"]),
+        (vec![refund_id.to_owned()], &json!(false))
+    );
+    let foreign = app
+        .get_as("cus_r", &format!("{refunds}?starting_after={charge_id}"))
+        .await;
+    assert_eq!(
+        (foreign.status, foreign.body["error"]["param"].as_str()),
+        (400, Some("starting_after"))
+    );
+    let unknown = app
+        .get_as("cus_r", &format!("{refunds}?status=succeeded"))
+        .await;
+    assert_eq!(
+        (unknown.status, unknown.body["error"]["param"].as_str()),
+        (400, Some("status"))
+    );
 }
 
 /// Twenty refunds of 30% of one charge at once, with distinct keys:
