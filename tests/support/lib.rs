@@ -12,6 +12,7 @@
 //!   ([`binary`] builds it when it is missing or stale).
 #![allow(clippy::unwrap_used)]
 
+pub mod galera;
 pub mod mysql;
 pub mod postgres;
 mod throwaway;
@@ -43,6 +44,9 @@ pub enum Backend {
     PostgresSerializable,
     /// MySQL or MariaDB (InnoDB).
     Mysql,
+    /// A three-node MariaDB Galera cluster ([`galera::Galera::shared`]):
+    /// the store on node 1, racers spread over the nodes ([`TestDb::racer`]).
+    Galera,
 }
 
 impl Backend {
@@ -54,6 +58,7 @@ impl Backend {
             Self::Postgres => "postgres",
             Self::PostgresSerializable => "postgres_serializable",
             Self::Mysql => "mysql",
+            Self::Galera => "galera",
         }
     }
 
@@ -61,14 +66,23 @@ impl Backend {
         match self {
             Self::Sqlite => None,
             Self::Postgres | Self::PostgresSerializable => Some(Engine::Postgres),
-            Self::Mysql => Some(Engine::Mysql),
+            Self::Mysql | Self::Galera => Some(Engine::Mysql),
+        }
+    }
+
+    /// The admin URL of the server this backend's databases go on.
+    fn admin_url(self) -> Option<Result<String, throwaway::Skip>> {
+        match self {
+            Self::Galera => Some(galera::Galera::shared().map(|cluster| cluster.urls[0].clone())),
+            other => other.engine().map(Engine::admin_url),
         }
     }
 }
 
 /// Runs `$name` (an `async fn(Backend)`) as one test per backend:
-/// `name::sqlite`, `name::postgres` and `name::mysql`; with `serializable;`
-/// first, also `name::postgres_serializable`.
+/// `name::sqlite`, `name::postgres` and `name::mysql`; with `all;` first
+/// (the store's conformance suite), also `name::postgres_serializable` and
+/// `name::galera`; with `serializable;`, `name::postgres_serializable` only.
 #[macro_export]
 macro_rules! backend_tests {
     (serializable; $($name:ident),* $(,)?) => {$(
@@ -77,6 +91,15 @@ macro_rules! backend_tests {
             $crate::backend_test!($name, postgres, Postgres);
             $crate::backend_test!($name, postgres_serializable, PostgresSerializable);
             $crate::backend_test!($name, mysql, Mysql);
+        }
+    )*};
+    (all; $($name:ident),* $(,)?) => {$(
+        mod $name {
+            $crate::backend_test!($name, sqlite, Sqlite);
+            $crate::backend_test!($name, postgres, Postgres);
+            $crate::backend_test!($name, postgres_serializable, PostgresSerializable);
+            $crate::backend_test!($name, mysql, Mysql);
+            $crate::backend_test!($name, galera, Galera);
         }
     )*};
     ($($name:ident),* $(,)?) => {$(
@@ -145,6 +168,10 @@ pub struct TestDb {
     pub url: String,
     pub backend: Backend,
     store: Arc<dyn Store>,
+    /// The database on every node of a cluster (else `url` alone), and a
+    /// store on each.
+    pub node_urls: Vec<String>,
+    racers: Vec<Arc<dyn Store>>,
     concrete: Concrete,
     guard: Guard,
 }
@@ -159,7 +186,7 @@ impl TestDb {
     /// A fresh database, or `None` when the backend is unavailable here (the
     /// skip is printed, and is a failure under `REQUIRE_ALL_BACKENDS=1`).
     pub async fn new(backend: Backend, pool_size: u32) -> Option<Self> {
-        let admin_url = match backend.engine().map(Engine::admin_url) {
+        let admin_url = match backend.admin_url() {
             None => None,
             Some(Ok(url)) => Some(url),
             Some(Err(skip)) => {
@@ -226,7 +253,7 @@ impl TestDb {
                 }
                 (Concrete::Postgres(store.clone()), Arc::new(store))
             }
-            Backend::Mysql => {
+            Backend::Mysql | Backend::Galera => {
                 let store = MySqlStore::connect(&database_url(&url), &pool)
                     .await
                     .expect("open mysql");
@@ -234,10 +261,39 @@ impl TestDb {
             }
         };
         store.migrate().await.expect("migrate");
+        let (mut node_urls, mut racers) = (vec![url.clone()], vec![store.clone()]);
+        if let (Backend::Galera, Guard::Server(db)) = (backend, &guard) {
+            let cluster = galera::Galera::shared().expect("the cluster this database is on");
+            for admin_url in &cluster.urls[1..] {
+                let node_url = throwaway::with_database(admin_url, &db.name);
+                let store = MySqlStore::connect(&database_url(&node_url), &pool)
+                    .await
+                    .expect("open a galera node");
+                assert_eq!(
+                    store.cluster(),
+                    Some("galera"),
+                    "the store knows the cluster"
+                );
+                node_urls.push(node_url);
+                racers.push(Arc::new(store));
+            }
+            // Every pool's connections open before a race starts, so that
+            // no node's racers are late by their connects.
+            let mut warm = tokio::task::JoinSet::new();
+            for store in &racers {
+                for _ in 0..pool_size {
+                    let store = store.clone();
+                    warm.spawn(async move { store.ready().await.expect("ready") });
+                }
+            }
+            warm.join_all().await;
+        }
         Self {
             url,
             backend,
             store,
+            node_urls,
+            racers,
             concrete,
             guard,
         }
@@ -253,6 +309,26 @@ impl TestDb {
 
     pub fn store(&self) -> Arc<dyn Store> {
         self.store.clone()
+    }
+
+    /// On a cluster, the certification failures and brute-force aborts
+    /// its nodes have counted so far: what rises when two nodes' writes
+    /// really conflicted. `None` elsewhere.
+    pub async fn cluster_conflicts(&self) -> Option<u64> {
+        if self.backend != Backend::Galera {
+            return None;
+        }
+        let cluster = galera::Galera::shared().expect("the cluster this database is on");
+        Some(
+            cluster.counter("wsrep_local_cert_failures").await
+                + cluster.counter("wsrep_local_bf_aborts").await,
+        )
+    }
+
+    /// The store racer `i` uses: on a cluster, node `i mod 3`'s, so racers
+    /// are spread over the nodes; elsewhere the one store.
+    pub fn racer(&self, i: usize) -> Arc<dyn Store> {
+        self.racers[i % self.racers.len()].clone()
     }
 
     /// Runs a `SELECT COUNT(*) ...` written with `?` placeholders (SQLite,

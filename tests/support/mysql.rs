@@ -207,7 +207,7 @@ fn start_server(install_db: &Path, server: &Path) -> Result<(String, PathBuf), S
 /// host name (root's grants then name IP addresses only). The other two are
 /// given only when `--help` lists them: MariaDB before 10.4 has neither, and
 /// there root is passwordless anyway.
-fn install_flags(install_db: &Path) -> Vec<&'static str> {
+pub(crate) fn install_flags(install_db: &Path) -> Vec<&'static str> {
     let help = Command::new(install_db)
         .arg("--help")
         .stdin(Stdio::null())
@@ -345,7 +345,11 @@ fn find_program(dirs: &[PathBuf], names: &[&str]) -> Option<PathBuf> {
 /// runs, so the watchdog can kill it with all its children: a killed test
 /// process does not stop `mariadb-install-db`, and its bootstrap server
 /// would go on writing into the dir the watchdog is deleting.
-fn run_recorded(command: &mut Command, pid_file: &Path, what: &str) -> Result<(), String> {
+pub(crate) fn run_recorded(
+    command: &mut Command,
+    pid_file: &Path,
+    what: &str,
+) -> Result<(), String> {
     let child = command
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -362,7 +366,7 @@ fn run_recorded(command: &mut Command, pid_file: &Path, what: &str) -> Result<()
 }
 
 /// The server log, opened for appending: every start attempt adds to it.
-fn append(log: &Path) -> Result<File, String> {
+pub(crate) fn append(log: &Path) -> Result<File, String> {
     OpenOptions::new()
         .create(true)
         .append(true)

@@ -52,7 +52,7 @@ fn token(
 }
 
 async fn migrate(database: &DatabaseArgs) -> anyhow::Result<()> {
-    database.open().await?;
+    database.migrate().await?;
     tracing::info!(database = %database.database_url, "migrations applied");
     Ok(())
 }

@@ -117,20 +117,48 @@ impl DatabaseArgs {
         Ok(())
     }
 
-    /// Opens the store and applies its migrations.
+    /// Opens the store and applies its missing migrations, as a server or
+    /// the jobs do at start. On a cluster whose migrations take no lock
+    /// (Galera) it only checks them: `payments-api migrate`
+    /// ([`Self::migrate`]) runs them, once, before the replicas start.
     pub async fn open(&self) -> anyhow::Result<std::sync::Arc<dyn Store>> {
+        let store = self.connect().await?;
+        let Err(why) = store.ready().await else {
+            return Ok(store);
+        };
+        if let Some(cluster) = store.cluster() {
+            anyhow::bail!(
+                "{}: not ready on a {cluster} cluster ({why}); migrations are not applied \
+                 at start there, since concurrent migrators would race: run \
+                 `payments-api migrate` once against one node, then start the replicas",
+                self.database_url
+            );
+        }
+        Self::apply(&*store).await?;
+        Ok(store)
+    }
+
+    /// Opens the store and applies its missing migrations, on a cluster
+    /// too: `payments-api migrate`, the one migrator.
+    pub async fn migrate(&self) -> anyhow::Result<()> {
+        Self::apply(&*self.connect().await?).await
+    }
+
+    async fn connect(&self) -> anyhow::Result<std::sync::Arc<dyn Store>> {
         let pool = PoolSettings {
             max_connections: self.database_max_connections,
             acquire_timeout: self.database_acquire_timeout,
         };
-        let store = payments_store::connect(&self.database_url, &pool)
+        payments_store::connect(&self.database_url, &pool)
             .await
-            .map_err(|e| anyhow::anyhow!("opening {}: {}", self.database_url, e))?;
+            .map_err(|e| anyhow::anyhow!("opening {}: {}", self.database_url, e))
+    }
+
+    async fn apply(store: &dyn Store) -> anyhow::Result<()> {
         store
             .migrate()
             .await
-            .map_err(|e| anyhow::anyhow!("applying migrations: {}", e))?;
-        Ok(store)
+            .map_err(|e| anyhow::anyhow!("applying migrations: {}", e))
     }
 }
 

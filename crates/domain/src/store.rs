@@ -217,8 +217,17 @@ pub enum FinishOutcome {
 /// Persistence for idempotency records and charges.
 #[async_trait]
 pub trait Store: Send + Sync + std::fmt::Debug {
-    /// Applies this backend's migrations.
+    /// Applies this backend's missing migrations. Safe to run from several
+    /// processes at once, except on a cluster named by [`Store::cluster`].
     async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// The multi-primary cluster this store is on (`"galera"`), where
+    /// concurrent `migrate` calls are not serialised (the migrator's lock,
+    /// MySQL's `GET_LOCK`, is refused there): migrations then run once,
+    /// from `payments-api migrate` against one node.
+    fn cluster(&self) -> Option<&'static str> {
+        None
+    }
 
     /// Reachable, and every migration this build knows is applied.
     async fn ready(&self) -> Result<(), StoreError>;

@@ -10,13 +10,22 @@
 //! rows and InnoDB takes no gap locks), and deadlocks (1213, SQLSTATE
 //! 40001) are retried.
 //!
+//! On a MariaDB Galera cluster (`wsrep_on` is `ON`), every session sets
+//! `wsrep_sync_wait = 1`: a node applies the writes other nodes committed
+//! before it answers a read (`SELECT`, `BEGIN`), so a key's record, a replay
+//! and a charge read on one node show what another node acknowledged.
+//! Writes need no wait: certification at commit aborts the later of two
+//! conflicting write sets with a deadlock (1213), which [`crate::run`]
+//! retries. The store then reports the cluster ([`payments_domain::store::Store::cluster`]), since
+//! Galera refuses the migrator's `GET_LOCK`.
+//!
 //! Time: `SYSDATE(3)`, the time when the expression runs (`NOW()` would be
 //! the statement's start, before any lock wait), with the session time zone
 //! at UTC. `SYSDATE` is not safe for statement-based replication; MySQL and
 //! MariaDB replicate row images by default, and Galera requires them.
 
-use sqlx::Executor;
 use sqlx::mysql::{MySqlConnectOptions, MySqlQueryResult};
+use sqlx::{Executor, Row};
 
 use crate::dialect::Dialect;
 use crate::{DatabaseUrl, PoolSettings, SqlStore, classify};
@@ -80,12 +89,35 @@ impl MySqlStore {
                     conn.execute("SET SESSION time_zone = '+00:00'").await?;
                     conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
                         .await?;
+                    if galera(conn).await? {
+                        conn.execute("SET SESSION wsrep_sync_wait = 1").await?;
+                    }
                     Ok(())
                 })
             })
             .connect_with(options)
             .await
             .map_err(classify)?;
-        Ok(Self::new(pool.clone(), pool))
+        let mut conn = pool.acquire().await.map_err(classify)?;
+        let on_galera = galera(&mut conn).await.map_err(classify)?;
+        drop(conn);
+        let store = Self::new(pool.clone(), pool);
+        Ok(if on_galera {
+            store.on_cluster("galera")
+        } else {
+            store
+        })
     }
+}
+
+/// Whether the server is a Galera node: MariaDB's `wsrep_on` is `ON` (MySQL
+/// has no such variable; a MariaDB without Galera says `OFF`).
+async fn galera(conn: &mut sqlx::MySqlConnection) -> Result<bool, sqlx::Error> {
+    let row = sqlx::query("SHOW GLOBAL VARIABLES LIKE 'wsrep_on'")
+        .fetch_optional(conn)
+        .await?;
+    Ok(match row {
+        Some(row) => row.try_get::<String, _>(1)?.eq_ignore_ascii_case("ON"),
+        None => false,
+    })
 }

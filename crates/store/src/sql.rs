@@ -362,6 +362,7 @@ pub struct SqlStore<D: Dialect> {
     pool: Pool<D::Db>,
     writer: Pool<D::Db>,
     sql: Arc<Statements>,
+    cluster: Option<&'static str>,
 }
 
 impl<D: Dialect> Clone for SqlStore<D> {
@@ -370,6 +371,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
             pool: self.pool.clone(),
             writer: self.writer.clone(),
             sql: self.sql.clone(),
+            cluster: self.cluster,
         }
     }
 }
@@ -389,6 +391,15 @@ impl<D: Dialect> SqlStore<D> {
             pool,
             writer,
             sql: Arc::new(Statements::render::<D>()),
+            cluster: None,
+        }
+    }
+
+    /// The same store, on the multi-primary cluster `name`.
+    pub(crate) fn on_cluster(self, name: &'static str) -> Self {
+        Self {
+            cluster: Some(name),
+            ..self
         }
     }
 
@@ -850,7 +861,17 @@ fn age_guard(age: ClaimAge) -> (i64, bool) {
 
 sql_impl! {#[async_trait] Store for {
     async fn migrate(&self) -> Result<(), StoreError> {
-        run(|| async { Ok(D::MIGRATOR.run(&self.writer).await.map_err(sqlx::Error::from)?) }).await
+        if self.cluster.is_none() {
+            return run(|| async { Ok(D::MIGRATOR.run(&self.writer).await.map_err(sqlx::Error::from)?) }).await;
+        }
+        // The caller is the one migrator (`payments-api migrate`): no lock.
+        let mut migrator = sqlx::migrate::Migrator::with_migrations(D::MIGRATOR.iter().cloned().collect());
+        migrator.set_locking(false);
+        run(|| async { Ok(migrator.run(&self.writer).await.map_err(sqlx::Error::from)?) }).await
+    }
+
+    fn cluster(&self) -> Option<&'static str> {
+        self.cluster
     }
 
     async fn ready(&self) -> Result<(), StoreError> {
