@@ -33,6 +33,7 @@ use payments_sandbox::{SandboxConfig, SandboxHandle};
 use payments_store::{DatabaseUrl, MySqlStore, PoolSettings, PostgresStore, SqliteStore};
 use serde_json::Value;
 use throwaway::{Engine, TestDatabase};
+pub use throwaway::{Skip, skip_or_panic};
 
 /// A database backend under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +202,23 @@ impl TestDb {
     /// temp file), for a caller that chose the server itself
     /// (`payments-bench`).
     pub async fn on_server(backend: Backend, admin_url: Option<String>, pool_size: u32) -> Self {
+        let cluster = (backend == Backend::Galera)
+            .then(|| galera::Galera::shared().expect("the shared cluster"));
+        Self::build(backend, admin_url, pool_size, cluster).await
+    }
+
+    /// A fresh database on a Galera cluster of the caller's own.
+    pub async fn on_cluster(cluster: &galera::Galera, pool_size: u32) -> Self {
+        let admin_url = Some(cluster.urls[0].clone());
+        Self::build(Backend::Galera, admin_url, pool_size, Some(cluster)).await
+    }
+
+    async fn build(
+        backend: Backend,
+        admin_url: Option<String>,
+        pool_size: u32,
+        cluster: Option<&galera::Galera>,
+    ) -> Self {
         let pool = PoolSettings {
             max_connections: pool_size,
             acquire_timeout: Duration::from_secs(30),
@@ -262,8 +280,7 @@ impl TestDb {
         };
         store.migrate().await.expect("migrate");
         let (mut node_urls, mut racers) = (vec![url.clone()], vec![store.clone()]);
-        if let (Backend::Galera, Guard::Server(db)) = (backend, &guard) {
-            let cluster = galera::Galera::shared().expect("the cluster this database is on");
+        if let (Some(cluster), Guard::Server(db)) = (cluster, &guard) {
             for admin_url in &cluster.urls[1..] {
                 let node_url = throwaway::with_database(admin_url, &db.name);
                 let store = MySqlStore::connect(&database_url(&node_url), &pool)

@@ -69,7 +69,7 @@ const REQUIRE_VAR: &str = "REQUIRE_ALL_BACKENDS";
 /// test harness's capture so a passing test still shows it; `scripts/
 /// test-summary` counts these lines. Panics instead when
 /// `REQUIRE_ALL_BACKENDS=1`.
-pub(crate) fn skip_or_panic(what: &str, skip: &Skip) {
+pub fn skip_or_panic(what: &str, skip: &Skip) {
     if std::env::var(REQUIRE_VAR).is_ok_and(|value| value == "1") {
         panic!(
             "{what} is unavailable and {REQUIRE_VAR}=1 (`make test` and CI set it; \

@@ -1,0 +1,249 @@
+//! MariaDB Galera: three primaries. The store's own races run on the
+//! cluster in the conformance suite (`galera` tests); here the real
+//! binaries run as replicas on different nodes, and a node dies under load.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use payments_api::config::DEV_JWT_SECRET;
+use payments_tests::galera::Galera;
+use payments_tests::{Backend, Process, TestDb, charge_body, new_key};
+use serde_json::{Value, json};
+use sqlx::{Connection, MySqlConnection};
+
+use crate::load::Load;
+
+async fn sandbox(latency_ms: &str) -> Process {
+    Process::start(
+        "payments-sandbox",
+        &["--listen", "127.0.0.1:0", "--latency-ms", latency_ms],
+        &[],
+    )
+    .await
+}
+
+/// `payments-api` on the database `url` (one node), charging at `sandbox`.
+async fn replica(url: &str, sandbox: &Process) -> Process {
+    Process::start(
+        "payments-api",
+        &[],
+        &[
+            ("DATABASE_URL", url),
+            ("LISTEN_ADDR", "127.0.0.1:0"),
+            ("GATEWAY_URL", &sandbox.url),
+            ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+            ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+            // A replica whose node is gone answers 503 after this, not
+            // after the default 10 s.
+            ("DATABASE_ACQUIRE_TIMEOUT", "2s"),
+        ],
+    )
+    .await
+}
+
+async fn sandbox_json(sandbox: &Process, path: &str) -> Value {
+    reqwest::get(format!("{}{path}", sandbox.url))
+        .await
+        .expect("the sandbox answers")
+        .json()
+        .await
+        .expect("json")
+}
+
+/// The charge ids in `charges` on one node.
+async fn charge_ids(url: &str) -> HashSet<String> {
+    let mut conn = MySqlConnection::connect(url).await.expect("connect");
+    sqlx::query_scalar::<_, String>("SELECT id FROM charges")
+        .fetch_all(&mut conn)
+        .await
+        .expect("charges")
+        .into_iter()
+        .collect()
+}
+
+/// Two replicas on two nodes, 20 concurrent requests with one key sent
+/// alternately to them: one charge at the provider and in the database,
+/// and each replica's retry right after is a replay of the same charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_on_two_nodes_take_one_charge() {
+    let Some(db) = TestDb::new(Backend::Galera, 2).await else {
+        return;
+    };
+    let sandbox = sandbox("300").await;
+    let apis = std::sync::Arc::new([
+        replica(&db.node_urls[0], &sandbox).await,
+        replica(&db.node_urls[1], &sandbox).await,
+    ]);
+    let token = payments_api::auth::mint_hs256(DEV_JWT_SECRET, "cus_two", Duration::from_secs(600))
+        .expect("token");
+    let key = new_key();
+    let body = charge_body(4900, "tok_visa");
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(20));
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let (apis, token, key, body, barrier) = (
+                apis.clone(),
+                token.clone(),
+                key.clone(),
+                body.clone(),
+                barrier.clone(),
+            );
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let response = apis[i % 2].post_charge(&token, &key, &body).await;
+                response.expect("an answer").status().as_u16()
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.expect("task"));
+    }
+    assert!(
+        statuses.iter().all(|s| matches!(s, 201 | 409)),
+        "{statuses:?}"
+    );
+    assert!(statuses.contains(&201), "{statuses:?}");
+    let charges = sandbox_json(&sandbox, "/_sandbox/charges").await;
+    assert_eq!(
+        charges["data"].as_array().map(Vec::len),
+        Some(1),
+        "{charges}"
+    );
+    let mut ids = HashSet::new();
+    for api in apis.iter() {
+        let replay = api.post_charge(&token, &key, &body).await.expect("answer");
+        assert_eq!(replay.status(), 201);
+        assert_eq!(replay.headers()["idempotent-replay"], "true");
+        let charge: Value = replay.json().await.expect("json");
+        ids.insert(charge["id"].as_str().expect("id").to_owned());
+    }
+    assert_eq!(ids.len(), 1, "both replicas replay the same charge");
+    for url in &db.node_urls {
+        assert_eq!(charge_ids(url).await, ids, "one charge row on every node");
+    }
+}
+
+/// Two `payments-jobs reap --once` on two nodes over 50 stuck records:
+/// certification lets one take each record, so the provider gets 50 calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reapers_on_two_nodes_drive_each_record_once() {
+    let Some(db) = TestDb::new(Backend::Galera, 4).await else {
+        return;
+    };
+    let sandbox = sandbox("20").await;
+    for i in 0..50 {
+        let body = json!({"amount_cents": 4900, "currency": "GBP", "card_token": "tok_visa"});
+        db.stuck_request(
+            &format!("stuck-{i}"),
+            &format!("cus_{i}"),
+            &body,
+            Duration::from_secs(120),
+        )
+        .await;
+    }
+    let reap = |url: String| {
+        let sandbox = sandbox.url.clone();
+        async move {
+            let env = [
+                ("DATABASE_URL", url.as_str()),
+                ("GATEWAY_URL", sandbox.as_str()),
+                ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+            ];
+            payments_tests::run_binary("payments-jobs", &["reap", "--once"], &env).await
+        }
+    };
+    let (a, b) = tokio::join!(reap(db.node_urls[0].clone()), reap(db.node_urls[2].clone()));
+    assert!(a.0, "reaper on node 1:\n{}", a.2);
+    assert!(b.0, "reaper on node 3:\n{}", b.2);
+    let stats = sandbox_json(&sandbox, "/_sandbox/stats").await;
+    assert_eq!(stats["requests"], 50, "no record was driven twice: {stats}");
+    let charges = sandbox_json(&sandbox, "/_sandbox/charges").await;
+    assert_eq!(charges["data"].as_array().map(Vec::len), Some(50));
+    assert_eq!(db.charges_with_status("succeeded").await, 50);
+}
+
+/// Operations in the node-kill load.
+const KILL_OPS: usize = 1200;
+
+/// A node killed with SIGKILL while requests are in flight on it, under a
+/// load of distinct and repeated keys through three replicas (one per
+/// node): the other replicas keep answering, the node rejoins, and at the
+/// end no operation was charged twice, every operation finished with its
+/// retries, and every acknowledged charge is on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_killed_under_load_loses_and_doubles_nothing() {
+    let cluster: &'static Galera = match Galera::start() {
+        Ok(cluster) => Box::leak(Box::new(cluster)),
+        Err(skip) => {
+            payments_tests::skip_or_panic("galera", &skip);
+            return;
+        }
+    };
+    let db = TestDb::on_cluster(cluster, 2).await;
+    let sandbox = sandbox("30").await;
+    let mut replicas = Vec::new();
+    for url in &db.node_urls {
+        replicas.push(replica(url, &sandbox).await);
+    }
+    let load = Load::start(
+        replicas.iter().map(|r| r.url.clone()).collect(),
+        KILL_OPS,
+        12,
+    );
+    load.until_completed(KILL_OPS / 4).await;
+    // Wait for requests in flight on the third node's replica, then kill
+    // the node under them.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while load.in_flight(2) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let in_flight = load.in_flight(2);
+    cluster.kill(2);
+    let killed_at = (Instant::now(), load.completed());
+    assert!(in_flight > 0, "requests were in flight on the node killed");
+    load.until_completed(killed_at.1 + KILL_OPS / 4).await;
+    let during_outage = load.completed() - killed_at.1;
+    let rejoin = cluster.rejoin(2).await.expect("the node rejoins");
+    let report = load.finish().await;
+    eprintln!(
+        "galera node kill: {in_flight} requests in flight on the node; {during_outage} operations \
+         finished while it was down ({} s); rejoined (IST) in {} ms; answers {:?}; replays {}; \
+         longest time with no success {} ms",
+        killed_at.0.elapsed().as_secs(),
+        rejoin.as_millis(),
+        report.answers,
+        report.replays,
+        report.longest_gap.as_millis()
+    );
+    assert!(report.failures.is_empty(), "{:#?}", report.failures);
+    assert_eq!(report.charges.len(), KILL_OPS);
+    assert!(
+        !report.answers.contains_key("500"),
+        "no 500 while a node died: {:?}",
+        report.answers
+    );
+    let acknowledged: HashSet<String> = report.charges.iter().cloned().collect();
+    assert_eq!(acknowledged.len(), KILL_OPS, "one charge per operation");
+    let made = sandbox_json(&sandbox, "/_sandbox/charges").await;
+    assert_eq!(
+        made["data"].as_array().map(Vec::len),
+        Some(KILL_OPS),
+        "no operation charged twice at the provider"
+    );
+    for (n, url) in db.node_urls.iter().enumerate() {
+        let rows = charge_ids(url).await;
+        assert!(
+            acknowledged.is_subset(&rows),
+            "node {}: {} acknowledged charges missing",
+            n + 1,
+            acknowledged.difference(&rows).count()
+        );
+        assert_eq!(
+            rows.len(),
+            KILL_OPS,
+            "node {}: no charge row without its 201",
+            n + 1
+        );
+    }
+}
