@@ -4,3 +4,4 @@
 
 mod galera;
 mod load;
+mod patroni;

@@ -14,6 +14,7 @@
 
 pub mod galera;
 pub mod mysql;
+pub mod patroni;
 pub mod postgres;
 mod throwaway;
 
