@@ -227,12 +227,23 @@ fn the_runtime_image_is_small_non_root_and_serves_the_api() {
 // ---------------------------------------------------------------------------
 // docker/compose.yaml.
 
-/// YAML as JSON, every scalar a string.
+/// YAML as JSON, every scalar a string; merge keys (`<<: *anchor`, which
+/// compose reads) give their map's entries to the map they are in, below
+/// its own.
 fn json(yaml: &Yaml) -> Value {
     match yaml {
         Yaml::Hash(map) => {
             let key = |k| json(k).as_str().unwrap().to_owned();
-            Value::Object(map.iter().map(|(k, v)| (key(k), json(v))).collect())
+            let mut object = Map::new();
+            for (_, v) in map.iter().filter(|(k, _)| key(k) == "<<") {
+                let merged = json(v);
+                let merged = merged.as_object().expect("a merge key names a map");
+                object.extend(merged.clone());
+            }
+            for (k, v) in map.iter().filter(|(k, _)| key(k) != "<<") {
+                object.insert(key(k), json(v));
+            }
+            Value::Object(object)
         }
         Yaml::Array(items) => items.iter().map(json).collect(),
         Yaml::String(s) | Yaml::Real(s) => s.as_str().into(),
@@ -242,28 +253,45 @@ fn json(yaml: &Yaml) -> Value {
     }
 }
 
-/// `docker/compose.yaml`'s services (anchors resolved).
+/// A compose file, as JSON (anchors resolved).
+fn compose_file(relative: &str) -> Value {
+    let docs = YamlLoader::load_from_str(&read(relative)).expect("valid YAML");
+    json(&docs[0])
+}
+
+/// `docker/compose.yaml`'s services.
 fn compose() -> Map<String, Value> {
-    let docs = YamlLoader::load_from_str(&read("docker/compose.yaml")).expect("valid YAML");
-    let services = json(&docs[0])["services"].as_object().cloned();
+    let services = compose_file("docker/compose.yaml")["services"]
+        .as_object()
+        .cloned();
     services.expect("services")
 }
 
-/// The services built from docker/Dockerfile, with their commands (the
-/// image's `CMD` where they give none).
+/// The image docker/Dockerfile builds, as the compose files tag it.
+const IMAGE: &str = "payments:local";
+
+/// The services built from docker/Dockerfile or running the image it built,
+/// with their commands (the image's `CMD` where they give none).
 fn ours(services: &Map<String, Value>) -> BTreeMap<&str, Vec<String>> {
     let dockerfile = root().join("docker/Dockerfile").canonicalize().unwrap();
     let mut ours = BTreeMap::new();
-    for (name, service) in services.iter().filter(|(_, s)| s["build"].is_object()) {
+    for (name, service) in services.iter().filter(|(_, s)| s["image"] == IMAGE) {
+        let command = serde_json::from_value(service["command"].clone());
+        let command = command.unwrap_or_else(|_| image_cmd(&self::dockerfile()));
+        ours.insert(name.as_str(), command);
+        if !service["build"].is_object() {
+            continue;
+        }
         let build = |key| service["build"][key].as_str();
         let file = root().join("docker").join(build("context").unwrap());
         let file = file.join(build("dockerfile").unwrap_or("Dockerfile"));
         let file = file.canonicalize().unwrap();
         assert_eq!(file, dockerfile, "{name}'s Dockerfile");
-        let command = serde_json::from_value(service["command"].clone());
-        let command = command.unwrap_or_else(|_| image_cmd(&self::dockerfile()));
-        ours.insert(name.as_str(), command);
     }
+    let built = services
+        .values()
+        .any(|s| s["build"].is_object() && s["image"] == IMAGE);
+    assert!(built, "one service builds {IMAGE}");
     ours
 }
 
@@ -283,11 +311,11 @@ fn sandbox_port(services: &Map<String, Value>) -> String {
     port(flag_values(&ours(services)["sandbox"], "--listen")[0]).to_owned()
 }
 
-#[test]
-fn compose_runs_only_real_binaries_with_real_flags_and_variables() {
+/// Every service of ours runs a shipped binary, with flags and variables
+/// that binary reads.
+fn runs_only_real_binaries_with_real_flags_and_variables(services: &Map<String, Value>) {
     let (_, bins) = workspace();
-    let services = compose();
-    for (name, command) in ours(&services) {
+    for (name, command) in ours(services) {
         let program = command[0].as_str();
         assert!(bins.contains_key(program), "{name}: {program}: no [[bin]]");
         assert!(SHIPPED.contains(&program), "{name}: {program}: unshipped");
@@ -307,6 +335,12 @@ fn compose_runs_only_real_binaries_with_real_flags_and_variables() {
         let unread: Vec<&String> = unread.collect();
         assert!(unread.is_empty(), "{name}: {unread:?}; reads {read:?}");
     }
+}
+
+#[test]
+fn compose_runs_only_real_binaries_with_real_flags_and_variables() {
+    let services = compose();
+    runs_only_real_binaries_with_real_flags_and_variables(&services);
     let command = |name| ours(&services)[name].join(" ");
     assert_eq!(command("migrate"), "payments-api migrate");
     assert_eq!(command("api"), "payments-api");
@@ -425,6 +459,80 @@ async fn the_api_and_the_jobs_accept_the_compose_configuration() {
     let secret = [("JWT_HS256_SECRET", DEV_JWT_SECRET)];
     let stderr = start_with_compose_env("api", &secret).await;
     assert!(stderr.contains("development"), "api: {stderr}");
+}
+
+// ---------------------------------------------------------------------------
+// docker/compose.cluster.yaml.
+
+/// The Galera topology: real binaries and variables; one migration run
+/// against one node before anything serves; an API replica per node, each
+/// on its own node's database, behind a balancer that checks `/readyz`; the
+/// jobs on a node too; one provider and lease for all; Galera's required
+/// settings; no development secret.
+#[test]
+fn the_cluster_compose_file_runs_a_replica_per_node_behind_readyz_checks() {
+    let file = compose_file("docker/compose.cluster.yaml");
+    let s = file["services"].as_object().cloned().expect("services");
+    runs_only_real_binaries_with_real_flags_and_variables(&s);
+    let command = |name| ours(&s)[name].join(" ");
+    assert_eq!(command("migrate"), "payments-api migrate");
+    let database = |name| Url::parse(env(&s[name], "DATABASE_URL")).unwrap();
+    let (migrate, mut nodes) = (database("migrate"), BTreeSet::new());
+    for name in ["api-1", "api-2", "jobs"] {
+        let url = database(name);
+        assert_eq!(url.scheme(), "mysql");
+        let node = url.host_str().unwrap().to_owned();
+        assert!(
+            s[&node]["image"].as_str().unwrap().starts_with("mariadb:"),
+            "{name}: {node}"
+        );
+        assert_eq!(
+            (url.username(), url.password(), url.path()),
+            (migrate.username(), migrate.password(), migrate.path()),
+            "{name}: the same database"
+        );
+        let waits = &s[name]["depends_on"]["migrate"]["condition"];
+        assert_eq!(
+            waits, "service_completed_successfully",
+            "{name} waits for migrate"
+        );
+        if name != "jobs" {
+            assert!(nodes.insert(node), "{name}: a node of its own");
+            assert_eq!(command(name), "payments-api");
+        }
+    }
+    let lb = file["configs"]["haproxy"]["content"].as_str().unwrap();
+    assert!(lb.contains("option httpchk GET /readyz"), "{lb}");
+    for name in ["api-1", "api-2"] {
+        let api_port = port(env(&s[name], "LISTEN_ADDR"));
+        let check = s[name]["healthcheck"]["test"].to_string();
+        assert!(
+            check.contains(&format!(":{api_port}/readyz")),
+            "{name}: {check}"
+        );
+        let server = format!("server {name} {name}:{api_port} check");
+        assert!(lb.contains(&server), "the balancer sends to {name}: {lb}");
+        for var in "GATEWAY_URL GATEWAY_SECRET_KEY LEASE GATEWAY_TIMEOUT".split(' ') {
+            let [api, jobs] = [name, "jobs"].map(|n| &s[n]["environment"][var]);
+            assert_eq!(api, jobs, "{var} differs between {name} and jobs");
+        }
+    }
+    let galera = file["configs"]["galera"]["content"].as_str().unwrap();
+    for setting in [
+        "wsrep_on = ON",
+        "binlog_format = ROW",
+        "innodb_autoinc_lock_mode = 2",
+    ] {
+        assert!(galera.contains(setting), "{setting}: {galera}");
+    }
+    for (name, service) in &s {
+        for secret in [SANDBOX_SECRET_KEY, DEV_JWT_SECRET] {
+            assert!(
+                !service.to_string().contains(secret),
+                "{name} uses a development secret"
+            );
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------

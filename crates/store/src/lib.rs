@@ -159,8 +159,10 @@ impl From<sqlx::Error> for Error {
 /// - retryable: 40001 (PostgreSQL's serialization failure, MySQL's deadlock
 ///   1213) and 40P01 (PostgreSQL's deadlock);
 /// - unavailable: the connection, not the statement, failed (I/O, pool
-///   timeout, TLS; SQLSTATE class 08; PostgreSQL's 57P01-57P03, a server
-///   shutting down or starting).
+///   timeout, TLS; SQLSTATE class 08, which covers a Galera node not yet
+///   synced, MariaDB's 1047 with 08S01; PostgreSQL's 57P01-57P03, a server
+///   shutting down or starting; 25006, a write reaching a standby, as when
+///   a primary is demoted under an open pool).
 pub(crate) fn classify(e: impl Into<Error>) -> StoreError {
     let e = match e.into() {
         Error::Invariant(what) => return StoreError::Invariant(what),
@@ -182,7 +184,7 @@ pub(crate) fn classify(e: impl Into<Error>) -> StoreError {
             | sqlx::Error::Tls(_)
     ) || code
         .as_deref()
-        .is_some_and(|c| c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03"));
+        .is_some_and(|c| c.starts_with("08") || matches!(c, "57P01" | "57P02" | "57P03" | "25006"));
     let boxed: BoxError = e.into();
     match code.as_deref() {
         Some("40001" | "40P01") => StoreError::Retryable(boxed),
