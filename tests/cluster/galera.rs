@@ -208,7 +208,7 @@ async fn a_node_killed_under_load_loses_and_doubles_nothing() {
     let report = load.finish().await;
     eprintln!(
         "galera node kill: {in_flight} requests in flight on the node; {during_outage} operations \
-         finished while it was down ({} s); rejoined (IST) in {} ms; answers {:?}; replays {}; \
+         finished while it was down ({} s); rejoined in {} ms; answers {:?}; replays {}; \
          longest time with no success {} ms",
         killed_at.0.elapsed().as_secs(),
         rejoin.as_millis(),
@@ -219,8 +219,8 @@ async fn a_node_killed_under_load_loses_and_doubles_nothing() {
     assert!(report.failures.is_empty(), "{:#?}", report.failures);
     assert_eq!(report.charges.len(), KILL_OPS);
     assert!(
-        !report.answers.contains_key("500"),
-        "no 500 while a node died: {:?}",
+        !report.answers.contains_key("500") && !report.answers.contains_key("timeout"),
+        "no 500 and no hang while a node died: {:?}",
         report.answers
     );
     let acknowledged: HashSet<String> = report.charges.iter().cloned().collect();

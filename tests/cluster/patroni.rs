@@ -130,8 +130,8 @@ async fn the_primary_killed_under_load_loses_and_doubles_nothing() {
     );
     assert!(report.failures.is_empty(), "{:#?}", report.failures);
     assert!(
-        !report.answers.contains_key("500"),
-        "no 500 during the failover: {:?}",
+        !report.answers.contains_key("500") && !report.answers.contains_key("timeout"),
+        "no 500 and no hang during the failover: {:?}",
         report.answers
     );
     let acknowledged: HashSet<String> = report.charges.iter().cloned().collect();

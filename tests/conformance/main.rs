@@ -157,6 +157,7 @@ async fn concurrent_finishers_have_one_winner(backend: Backend) {
     let store = db.store();
     let c = claim("finish-key", "cus_1", &body(100));
     let record_id = claimed(&store, &c).await;
+    let conflicts = db.cluster_conflicts().await;
     let barrier = Arc::new(tokio::sync::Barrier::new(RACERS));
     let tasks: Vec<_> = (0..RACERS)
         .map(|i| {
@@ -177,6 +178,12 @@ async fn concurrent_finishers_have_one_winner(backend: Backend) {
         }
     }
     assert_eq!(winners.len(), 1, "exactly one finisher wins");
+    if let (Some(before), Some(after)) = (conflicts, db.cluster_conflicts().await) {
+        assert!(
+            after > before,
+            "finishes on three nodes really conflicted ({before} -> {after})"
+        );
+    }
     let winner = &winners[0];
     let record = store.record(record_id).await.unwrap().unwrap();
     assert_eq!(record.state, RecordState::Complete);

@@ -223,7 +223,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// The multi-primary cluster this store is on (`"galera"`), where
     /// concurrent `migrate` calls are not serialised (the migrator's lock,
-    /// MySQL's `GET_LOCK`, is refused there): migrations then run once,
+    /// MySQL's `GET_LOCK`, is refused there or held per node): migrations
+    /// then run once,
     /// from `payments-api migrate` against one node.
     fn cluster(&self) -> Option<&'static str> {
         None

@@ -16,8 +16,10 @@
 //! and a charge read on one node show what another node acknowledged.
 //! Writes need no wait: certification at commit aborts the later of two
 //! conflicting write sets with a deadlock (1213), which [`crate::run`]
-//! retries. The store then reports the cluster ([`payments_domain::store::Store::cluster`]), since
-//! Galera refuses the migrator's `GET_LOCK`.
+//! retries. The store then reports the cluster
+//! ([`payments_domain::store::Store::cluster`]): the migrator's `GET_LOCK`
+//! is refused by some Galera releases and per node on the others, so it
+//! serialises nothing there.
 //!
 //! Time: `SYSDATE(3)`, the time when the expression runs (`NOW()` would be
 //! the statement's start, before any lock wait), with the session time zone
