@@ -206,7 +206,7 @@ async fn a_node_killed_under_load_loses_and_doubles_nothing() {
     let during_outage = load.completed() - killed_at.1;
     let rejoin = cluster.rejoin(2).await.expect("the node rejoins");
     let report = load.finish().await;
-    eprintln!(
+    crate::load::report(&format!(
         "galera node kill: {in_flight} requests in flight on the node; {during_outage} operations \
          finished while it was down ({} s); rejoined in {} ms; answers {:?}; replays {}; \
          longest time with no success {} ms",
@@ -215,7 +215,7 @@ async fn a_node_killed_under_load_loses_and_doubles_nothing() {
         report.answers,
         report.replays,
         report.longest_gap.as_millis()
-    );
+    ));
     assert!(report.failures.is_empty(), "{:#?}", report.failures);
     assert_eq!(report.charges.len(), KILL_OPS);
     assert!(

@@ -20,6 +20,13 @@ const RETRY_PAUSE: Duration = Duration::from_millis(100);
 /// shows as `timeout` in the report.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Prints a test's figures past the test harness's capture, so that
+/// `make test` and CI logs show them for a passing test too.
+pub fn report(line: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
+}
+
 /// What the load saw.
 #[derive(Debug, Default)]
 pub struct Report {

@@ -117,7 +117,7 @@ async fn the_primary_killed_under_load_loses_and_doubles_nothing() {
         .await
         .expect("the old primary rejoins");
     let report = load.finish().await;
-    eprintln!(
+    crate::load::report(&format!(
         "patroni failover: {in_flight} requests in flight; node{} promoted {} ms after the kill \
          (timeline {old_timeline} -> {new_timeline}); old primary rejoined as sync standby in \
          {} ms; answers {:?}; replays {}; longest time with no success {} ms",
@@ -127,7 +127,7 @@ async fn the_primary_killed_under_load_loses_and_doubles_nothing() {
         report.answers,
         report.replays,
         report.longest_gap.as_millis()
-    );
+    ));
     assert!(report.failures.is_empty(), "{:#?}", report.failures);
     assert!(
         !report.answers.contains_key("500") && !report.answers.contains_key("timeout"),
