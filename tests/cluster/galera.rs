@@ -11,16 +11,7 @@ use payments_tests::{Backend, Process, TestDb, charge_body, new_key};
 use serde_json::{Value, json};
 use sqlx::{Connection, MySqlConnection};
 
-use crate::load::Load;
-
-async fn sandbox(latency_ms: &str) -> Process {
-    Process::start(
-        "payments-sandbox",
-        &["--listen", "127.0.0.1:0", "--latency-ms", latency_ms],
-        &[],
-    )
-    .await
-}
+use crate::load::{Load, sandbox, sandbox_json};
 
 /// `payments-api` on the database `url` (one node), charging at `sandbox`.
 async fn replica(url: &str, sandbox: &Process) -> Process {
@@ -39,15 +30,6 @@ async fn replica(url: &str, sandbox: &Process) -> Process {
         ],
     )
     .await
-}
-
-async fn sandbox_json(sandbox: &Process, path: &str) -> Value {
-    reqwest::get(format!("{}{path}", sandbox.url))
-        .await
-        .expect("the sandbox answers")
-        .json()
-        .await
-        .expect("json")
 }
 
 /// The charge ids in `charges` on one node.
@@ -216,21 +198,7 @@ async fn a_node_killed_under_load_loses_and_doubles_nothing() {
         report.replays,
         report.longest_gap.as_millis()
     ));
-    assert!(report.failures.is_empty(), "{:#?}", report.failures);
-    assert_eq!(report.charges.len(), KILL_OPS);
-    assert!(
-        !report.answers.contains_key("500") && !report.answers.contains_key("timeout"),
-        "no 500 and no hang while a node died: {:?}",
-        report.answers
-    );
-    let acknowledged: HashSet<String> = report.charges.iter().cloned().collect();
-    assert_eq!(acknowledged.len(), KILL_OPS, "one charge per operation");
-    let made = sandbox_json(&sandbox, "/_sandbox/charges").await;
-    assert_eq!(
-        made["data"].as_array().map(Vec::len),
-        Some(KILL_OPS),
-        "no operation charged twice at the provider"
-    );
+    let acknowledged = report.assert_exactly_once(KILL_OPS, &sandbox).await;
     for (n, url) in db.node_urls.iter().enumerate() {
         let rows = charge_ids(url).await;
         assert!(

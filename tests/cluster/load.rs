@@ -4,13 +4,14 @@
 //! balancer would) until it has its 201. One operation in four is sent
 //! twice at once, to two replicas, so repeated keys race too.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use payments_api::config::DEV_JWT_SECRET;
-use payments_tests::charge_body;
+use payments_tests::{Process, charge_body};
+use serde_json::Value;
 
 /// Attempts per request before the load gives up on it (a failure).
 const MAX_ATTEMPTS: usize = 400;
@@ -152,6 +153,49 @@ impl Load {
             .unwrap_or_default();
         report
     }
+}
+
+impl Report {
+    /// What every node-loss test asserts: every operation ended in a 201
+    /// with its own charge, no answer was a 500 or a hang, and the provider
+    /// made exactly one charge per operation. The acknowledged charge ids.
+    pub async fn assert_exactly_once(&self, ops: usize, sandbox: &Process) -> HashSet<String> {
+        assert!(self.failures.is_empty(), "{:#?}", self.failures);
+        assert!(
+            !self.answers.contains_key("500") && !self.answers.contains_key("timeout"),
+            "no 500 and no hang while a node died: {:?}",
+            self.answers
+        );
+        let acknowledged: HashSet<String> = self.charges.iter().cloned().collect();
+        assert_eq!(acknowledged.len(), ops, "one charge per operation");
+        let made = sandbox_json(sandbox, "/_sandbox/charges").await;
+        assert_eq!(
+            made["data"].as_array().map(Vec::len),
+            Some(ops),
+            "no operation charged twice at the provider"
+        );
+        acknowledged
+    }
+}
+
+/// The sandbox provider as a process, taking `latency_ms` per call.
+pub async fn sandbox(latency_ms: &str) -> Process {
+    Process::start(
+        "payments-sandbox",
+        &["--listen", "127.0.0.1:0", "--latency-ms", latency_ms],
+        &[],
+    )
+    .await
+}
+
+/// `GET path` on the sandbox, as JSON.
+pub async fn sandbox_json(sandbox: &Process, path: &str) -> Value {
+    reqwest::get(format!("{}{path}", sandbox.url))
+        .await
+        .expect("the sandbox answers")
+        .json()
+        .await
+        .expect("json")
 }
 
 impl Inner {
