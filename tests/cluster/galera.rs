@@ -32,6 +32,12 @@ async fn replica(url: &str, sandbox: &Process) -> Process {
     .await
 }
 
+/// The status of a replica's `GET /readyz`.
+async fn readyz(api: &Process) -> u16 {
+    let answer = reqwest::get(format!("{}/readyz", api.url)).await;
+    answer.expect("the replica answers").status().as_u16()
+}
+
 /// The charge ids in `charges` on one node.
 async fn charge_ids(url: &str) -> HashSet<String> {
     let mut conn = MySqlConnection::connect(url).await.expect("connect");
@@ -184,9 +190,38 @@ async fn a_node_killed_under_load_loses_and_doubles_nothing() {
     cluster.kill(2);
     let killed_at = (Instant::now(), load.completed());
     assert!(in_flight > 0, "requests were in flight on the node killed");
+    // The dead node's replica: not ready (a balancer takes it out), and a
+    // request gets 503 with Retry-After and no driver text.
+    let dead = &replicas[2];
+    assert_eq!(
+        readyz(dead).await,
+        503,
+        "the replica of the dead node is not ready"
+    );
+    let token =
+        payments_api::auth::mint_hs256(DEV_JWT_SECRET, "cus_dead", Duration::from_secs(600))
+            .expect("token");
+    let answer = dead
+        .post_charge(&token, &new_key(), &charge_body(4900, "tok_visa"))
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status(), 503);
+    assert!(answer.headers().contains_key("retry-after"));
+    let body: Value = answer.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "service_unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    for driver_text in ["WSREP", "expected to read", "os error", "refused", "pool"] {
+        assert!(!message.contains(driver_text), "{message}");
+    }
     load.until_completed(killed_at.1 + KILL_OPS / 4).await;
     let during_outage = load.completed() - killed_at.1;
     let rejoin = cluster.rejoin(2).await.expect("the node rejoins");
+    // Its pool reaches the node again by itself: no restart.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while readyz(dead).await != 200 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(readyz(dead).await, 200, "the replica is ready again");
     let report = load.finish().await;
     crate::load::report(&format!(
         "galera node kill: {in_flight} requests in flight on the node; {during_outage} operations \
