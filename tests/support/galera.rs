@@ -125,7 +125,14 @@ impl Galera {
     fn try_start(install_db: &Path, server: &Path, provider: &Path) -> Result<Galera, String> {
         let (run_as, dir, _) = prepare("payments-galera", "mysql", "root")?;
         spawn_watchdog(&cleanup(&dir))?;
-        let user = run_as.unwrap_or("root");
+        // Root runs the nodes as `mysql` (rsync state transfer runs its
+        // daemon as the server's user, who must own the datadir); anyone
+        // else runs them as themselves.
+        let user = match run_as {
+            Some(user) => user.to_owned(),
+            None => whoami()?,
+        };
+        let user = user.as_str();
         let ports: Vec<[u16; 4]> = (0..NODES)
             .map(|_| Ok([free_port()?, free_port()?, free_port()?, free_port()?]))
             .collect::<Result<_, String>>()?;
@@ -173,7 +180,9 @@ impl Galera {
             ])
             .current_dir(first)
             .stdin(Stdio::null());
-        run(Command::new("chown").arg("-R").arg(user).arg(&dir), "chown")?;
+        if run_as.is_some() {
+            run(Command::new("chown").arg("-R").arg(user).arg(&dir), "chown")?;
+        }
         run_recorded(&mut install, &dir.join("install.pid"), "mariadb-install-db")?;
         for node in &nodes[1..] {
             run(
@@ -330,6 +339,15 @@ fn programs() -> Result<(PathBuf, PathBuf, PathBuf), Skip> {
         ));
     }
     Ok((install_db, server, provider))
+}
+
+/// This process's user name.
+fn whoami() -> Result<String, String> {
+    let output = Command::new("id")
+        .arg("-un")
+        .output()
+        .map_err(|e| format!("id -un: {e}"))?;
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 
 /// The watchdog's cleanup: every node (by the pid it wrote, else the one we
