@@ -13,23 +13,24 @@ use sqlx::{Connection, MySqlConnection};
 
 use crate::load::{Load, sandbox, sandbox_json};
 
+/// A replica's environment: the database `url` (one node), the provider
+/// at `gateway`.
+fn api_env<'a>(url: &'a str, gateway: &'a str) -> [(&'static str, &'a str); 6] {
+    [
+        ("DATABASE_URL", url),
+        ("LISTEN_ADDR", "127.0.0.1:0"),
+        ("GATEWAY_URL", gateway),
+        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+        // A replica whose node is gone answers 503 after this, not after
+        // the default 10 s.
+        ("DATABASE_ACQUIRE_TIMEOUT", "2s"),
+    ]
+}
+
 /// `payments-api` on the database `url` (one node), charging at `sandbox`.
 async fn replica(url: &str, sandbox: &Process) -> Process {
-    Process::start(
-        "payments-api",
-        &[],
-        &[
-            ("DATABASE_URL", url),
-            ("LISTEN_ADDR", "127.0.0.1:0"),
-            ("GATEWAY_URL", &sandbox.url),
-            ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
-            ("JWT_HS256_SECRET", DEV_JWT_SECRET),
-            // A replica whose node is gone answers 503 after this, not
-            // after the default 10 s.
-            ("DATABASE_ACQUIRE_TIMEOUT", "2s"),
-        ],
-    )
-    .await
+    Process::start("payments-api", &[], &api_env(url, &sandbox.url)).await
 }
 
 /// The status of a replica's `GET /readyz`.
@@ -149,6 +150,74 @@ async fn reapers_on_two_nodes_drive_each_record_once() {
     let charges = sandbox_json(&sandbox, "/_sandbox/charges").await;
     assert_eq!(charges["data"].as_array().map(Vec::len), Some(50));
     assert_eq!(db.charges_with_status("succeeded").await, 50);
+}
+
+/// On Galera no process migrates at start: a server on an empty database
+/// refuses to start, naming the fix; `payments-api migrate` against one
+/// node migrates (without the lock Galera does not serialise), once, for
+/// every node; then servers start on the other nodes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrations_run_once_from_payments_api_migrate() {
+    let cluster = match Galera::shared() {
+        Ok(cluster) => cluster,
+        Err(skip) => {
+            payments_tests::skip_or_panic("galera", &skip);
+            return;
+        }
+    };
+    let name = format!("payments_migrate_{}", uuid::Uuid::new_v4().simple());
+    let mut admin = MySqlConnection::connect(&cluster.urls[0])
+        .await
+        .expect("admin");
+    let create = format!("CREATE DATABASE `{name}` CHARACTER SET utf8mb4 COLLATE utf8mb4_bin");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(create))
+        .execute(&mut admin)
+        .await
+        .expect("create the database");
+    let urls = cluster.database_urls(&name);
+    let api = |url: &str, args: &'static [&'static str]| {
+        let url = url.to_owned();
+        async move {
+            let env = api_env(&url, "http://127.0.0.1:9");
+            let (ok, _, log) = payments_tests::run_binary("payments-api", args, &env).await;
+            (ok, log)
+        }
+    };
+    let (ok, log) = api(&urls[1], &[]).await;
+    assert!(
+        !ok,
+        "a server started on an unmigrated Galera database:\n{log}"
+    );
+    assert!(
+        log.contains("galera") && log.contains("payments-api migrate"),
+        "the refusal names the cluster and the fix:\n{log}"
+    );
+    let (ok, log) = api(&urls[0], &["migrate"]).await;
+    assert!(ok, "payments-api migrate on node 1:\n{log}");
+    let server = Process::start(
+        "payments-api",
+        &[],
+        &api_env(&urls[2], "http://127.0.0.1:9"),
+    )
+    .await;
+    assert_eq!(readyz(&server).await, 200, "a replica on node 3 is ready");
+    let mut applied = Vec::new();
+    for url in &urls {
+        let mut conn = MySqlConnection::connect(url).await.expect("a node");
+        let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM _sqlx_migrations WHERE success")
+            .fetch_one(&mut conn)
+            .await
+            .expect("migrations");
+        applied.push(count);
+    }
+    assert!(
+        applied[0] > 0 && applied.iter().all(|n| *n == applied[0]),
+        "{applied:?}"
+    );
+    let drop = format!("DROP DATABASE `{name}`");
+    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(drop))
+        .execute(&mut admin)
+        .await;
 }
 
 /// Operations in the node-kill load.

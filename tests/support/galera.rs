@@ -296,6 +296,12 @@ impl Galera {
         .map_err(|e| format!("rejoin: {e}"))?
     }
 
+    /// The database `name` on each node.
+    pub fn database_urls(&self, name: &str) -> Vec<String> {
+        let url = |admin: &String| super::throwaway::with_database(admin, name);
+        self.urls.iter().map(url).collect()
+    }
+
     /// Node `n`'s `SHOW GLOBAL STATUS LIKE 'wsrep%'`.
     pub async fn status(&self, n: usize) -> Result<HashMap<String, String>, String> {
         status(self.urls[n].clone()).await
