@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod auth;
+mod cache;
 mod skew;
 
 use payments_api::config::DEV_JWT_SECRET;

@@ -37,6 +37,8 @@ fn api_env<'a>(db: &'a TestDb, sandbox: &'a Process) -> Vec<(&'a str, &'a str)> 
         ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
         ("JWT_HS256_SECRET", DEV_JWT_SECRET),
         ("IDEMPOTENCY_TTL", "1h"),
+        // These tests age records by SQL: no copies in memory.
+        ("REPLAY_CACHE_MB", "0"),
     ]
 }
 

@@ -12,6 +12,15 @@ use payments_sandbox::SandboxConfig;
 use payments_tests::{
     AppOptions, Backend, TestApp, backend_tests, charge_body, new_key, spawn_app,
 };
+
+/// The app these tests run: they age records by SQL, which shortens a
+/// record's TTL behind the back of a copy in memory, so no replay cache.
+fn aged() -> AppOptions {
+    AppOptions {
+        replay_cache: false,
+        ..AppOptions::default()
+    }
+}
 use serde_json::{Value, json};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -81,7 +90,7 @@ async fn charged_then_forgotten(app: &TestApp, customer: &str, key: &str) {
 /// it (eight at once) abandon it without a provider call: they answer the
 /// stored 500 `request_abandoned`, or 409 while one of them abandons it.
 async fn a_record_past_the_key_retention_is_abandoned_not_redriven(backend: Backend) {
-    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+    let Some(app) = spawn_app(backend, aged()).await else {
         return;
     };
     let app = Arc::new(app);
@@ -122,7 +131,7 @@ async fn a_record_past_the_key_retention_is_abandoned_not_redriven(backend: Back
 /// reclaimed by a new operation and never pruned; neither is a record still
 /// in progress past its TTL.
 async fn unresolved_records_outlive_their_ttl(backend: Backend) {
-    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+    let Some(app) = spawn_app(backend, aged()).await else {
         return;
     };
     let app = Arc::new(app);
@@ -174,7 +183,7 @@ async fn a_claim_that_waited_for_a_lock_owns_its_whole_lease(backend: Backend) {
                 latency_ms: 6000,
                 ..SandboxConfig::default()
             },
-            ..AppOptions::default()
+            ..aged()
         },
     )
     .await
@@ -212,7 +221,7 @@ async fn a_lost_finish_never_answers_with_another_operation(backend: Backend) {
                 latency_ms: 2000,
                 ..SandboxConfig::default()
             },
-            ..AppOptions::default()
+            ..aged()
         },
     )
     .await

@@ -667,6 +667,10 @@ pub struct AppOptions {
     pub key_mode: KeyMode,
     /// The server's header, body and idle timeouts.
     pub http: payments_api::server::HttpTimeouts,
+    /// Replays answered from memory (`REPLAY_CACHE_MB`, on by default). A
+    /// test that ages records by SQL turns it off: a copy's lifetime is the
+    /// TTL the database reported, which aging shortens behind its back.
+    pub replay_cache: bool,
 }
 
 impl Default for AppOptions {
@@ -679,6 +683,7 @@ impl Default for AppOptions {
             sandbox: SandboxConfig::default(),
             key_mode: KeyMode::Required,
             http: payments_api::server::HttpTimeouts::default(),
+            replay_cache: true,
         }
     }
 }
@@ -739,6 +744,9 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
     settings.core.charges.idempotency_ttl = options.ttl;
     settings.idempotency_key_mode = options.key_mode;
     settings.http = options.http;
+    if !options.replay_cache {
+        settings.core.charges.replay_cache_mb = 0;
+    }
     let provider = Provider::Remote {
         url: sandbox.url(),
         secret_key: SANDBOX_SECRET_KEY.into(),

@@ -19,6 +19,7 @@
 //! | [`ABANDONED_TOTAL`] | reason | payments-domain, payments-jobs |
 //! | [`REFUNDS_TOTAL`] | outcome | payments-domain |
 //! | [`RECONCILED_TOTAL`] | operation, outcome | payments-domain (run by payments-jobs) |
+//! | [`REPLAY_CACHE_TOTAL`] | result | payments-domain |
 //! | [`REAPER_RECORDS_TOTAL`] | result | payments-jobs |
 //! | [`PRUNED_RECORDS_TOTAL`] | | payments-jobs |
 
@@ -29,7 +30,7 @@ use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
 use payments_domain::service::{
-    ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, RECONCILED_TOTAL, REFUNDS_TOTAL,
+    ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, RECONCILED_TOTAL, REFUNDS_TOTAL, REPLAY_CACHE_TOTAL,
 };
 use payments_gateway::{PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS};
 use payments_jobs::pruner::PRUNED_RECORDS_TOTAL;
@@ -45,7 +46,7 @@ pub const IDEMPOTENCY_KEY_REUSED_TOTAL: &str = "payments_idempotency_key_reused_
 pub const KEYLESS_REQUESTS_TOTAL: &str = "payments_keyless_requests_total";
 
 /// Every counter the binaries export.
-pub const COUNTERS: [&str; 12] = [
+pub const COUNTERS: [&str; 13] = [
     HTTP_REQUESTS_TOTAL,
     IDEMPOTENT_REPLAYS_TOTAL,
     IDEMPOTENCY_CONFLICTS_TOTAL,
@@ -56,6 +57,7 @@ pub const COUNTERS: [&str; 12] = [
     ABANDONED_TOTAL,
     REFUNDS_TOTAL,
     RECONCILED_TOTAL,
+    REPLAY_CACHE_TOTAL,
     REAPER_RECORDS_TOTAL,
     PRUNED_RECORDS_TOTAL,
 ];

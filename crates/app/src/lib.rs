@@ -12,6 +12,7 @@
 //! - [`shutdown_signal`]: SIGINT or SIGTERM.
 #![forbid(unsafe_code)]
 
+pub mod answers;
 pub mod settings;
 pub mod telemetry;
 
@@ -71,11 +72,12 @@ pub async fn assemble(
         settings.gateway.gateway_timeout,
     )
     .context("building the provider client")?;
-    let service = Arc::new(ChargeService::new(
-        store.clone(),
-        Arc::new(gateway),
-        settings.policy(),
-    ));
+    let mut service = ChargeService::new(store.clone(), Arc::new(gateway), settings.policy());
+    if settings.charges.replay_cache_mb > 0 {
+        let bytes = settings.charges.replay_cache_mb.saturating_mul(1024 * 1024);
+        service = service.with_answers(Arc::new(answers::MokaAnswers::new(bytes)));
+    }
+    let service = Arc::new(service);
     Ok(Assembly {
         store,
         service,

@@ -259,6 +259,9 @@ pub struct IdempotencyRecord {
     pub expired: bool,
     /// How long ago the record was claimed, by the database's clock.
     pub age: std::time::Duration,
+    /// How long until `expires_at`, by the database's clock when it was
+    /// read (zero once past): what bounds a copy kept in memory.
+    pub ttl_left: std::time::Duration,
 }
 
 impl IdempotencyRecord {

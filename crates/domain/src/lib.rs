@@ -25,6 +25,7 @@
 //! - [`envelope`]: the JSON error envelope shared by stored and live answers.
 #![forbid(unsafe_code)]
 
+pub mod answers;
 pub mod charge;
 pub mod envelope;
 pub mod idempotency;

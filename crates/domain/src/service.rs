@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::answers::{self, AnswerCache};
 use crate::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId, InvalidRequest};
 use crate::envelope::ErrorEnvelope;
 use crate::idempotency::{
@@ -54,6 +55,9 @@ pub const REFUNDS_TOTAL: &str = "payments_refunds_total";
 /// settled as `succeeded`, `failed` or `not_made`, or left as `lagging`,
 /// `needs_person` or `lookup_failed`.
 pub const RECONCILED_TOTAL: &str = "payments_reconciled_total";
+/// Replays looked up in memory first, by `result`: `hit` (answered with no
+/// database round trip) or `miss`.
+pub const REPLAY_CACHE_TOTAL: &str = "payments_replay_cache_total";
 
 /// Seconds a client should wait before retrying a 409 or 503.
 pub const RETRY_AFTER_SECS: u64 = 2;
@@ -161,6 +165,7 @@ pub struct ChargeService {
     store: Arc<dyn Store>,
     gateway: Arc<dyn Gateway>,
     policy: Policy,
+    answers: Option<Arc<dyn AnswerCache>>,
 }
 
 impl ChargeService {
@@ -169,6 +174,16 @@ impl ChargeService {
             store,
             gateway,
             policy,
+            answers: None,
+        }
+    }
+
+    /// The same service, answering replays from `answers` when it holds
+    /// them ([`crate::answers`]).
+    pub fn with_answers(self, answers: Arc<dyn AnswerCache>) -> Self {
+        Self {
+            answers: Some(answers),
+            ..self
         }
     }
 
@@ -250,6 +265,12 @@ impl ChargeService {
             ttl: self.policy.ttl,
             operation,
         };
+        if let Some(record) = self.remembered(key, route) {
+            return self
+                .resume(record, customer, fingerprinted, &fingerprint)
+                .await;
+        }
+        let sent = std::time::Instant::now();
         match self.store.claim(&claim).await? {
             ClaimOutcome::Claimed {
                 record_id,
@@ -265,6 +286,7 @@ impl ChargeService {
                 .await
             }
             ClaimOutcome::Existing(record) => {
+                self.remember(&record, sent);
                 self.resume(*record, customer, fingerprinted, &fingerprint)
                     .await
             }
@@ -276,6 +298,24 @@ impl ChargeService {
                     replayed: false,
                 })
             }
+        }
+    }
+
+    /// A copy of the complete record of (key, route), if one is held: the
+    /// owner and fingerprint checks then run on it as on the stored one.
+    fn remembered(&self, key: &IdempotencyKey, route: &str) -> Option<IdempotencyRecord> {
+        let answers = self.answers.as_ref()?;
+        let found = answers.get(key.as_str(), route);
+        let result = if found.is_some() { "hit" } else { "miss" };
+        metrics::counter!(REPLAY_CACHE_TOTAL, "result" => result).increment(1);
+        found.map(|record| (*record).clone())
+    }
+
+    /// Keeps a copy of a complete record read by a query sent at `sent`,
+    /// for as long as [`answers::lifetime`] allows.
+    fn remember(&self, record: &IdempotencyRecord, sent: std::time::Instant) {
+        if let (Some(answers), Some(lifetime)) = (&self.answers, answers::lifetime(record, sent)) {
+            answers.insert(Arc::new(record.clone()), lifetime);
         }
     }
 

@@ -77,7 +77,7 @@ pub trait Dialect: Send + Sync + Sized + std::fmt::Debug + 'static {
 ///   milliseconds, as a stored time; `{json}`: the next parameter, as JSON;
 ///   `{json_text col}`: the text at the next parameter's key of JSON `col`;
 /// - `{record}`: a record's columns and what the clock says of it
-///   (`lease_live`, `expired`, `age_ms`);
+///   (`lease_live`, `expired`, `age_ms`, `ttl_left_ms`);
 /// - `{new_record}`, `{charge}`, `{refund}`: the nine values of a new
 ///   record, the twelve of a new charge and the nine of a new refund, in the
 ///   order the store binds them;
@@ -129,13 +129,15 @@ fn expand<D: Dialect>(template: &str, out: &mut String, next: &mut usize) {
             ("for_update", _) => out.push_str(D::FOR_UPDATE),
             ("metadata", column) => out.push_str(&D::metadata(column)),
             ("record", _) => out.push_str(&format!(
-                "{RECORD_COLUMNS}, {} AS lease_live, {} AS expired, {} AS age_ms",
+                "{RECORD_COLUMNS}, {} AS lease_live, {} AS expired, {} AS age_ms, \
+                 -({}) AS ttl_left_ms",
                 D::flag(&format!(
                     "locked_until IS NOT NULL AND locked_until > {}",
                     D::NOW
                 )),
                 D::flag(&format!("expires_at <= {}", D::NOW)),
                 D::ms_since("created_at"),
+                D::ms_since("expires_at"),
             )),
             ("new_record", _) => expand::<D>(
                 "{p}, {p}, {p}, {p}, 'in_progress', {p}, {now} + {ms}, {p}, {p}, {now}, {now} + {ms}",

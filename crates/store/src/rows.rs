@@ -37,7 +37,8 @@ impl Timestamp for DateTime<Utc> {
 }
 
 /// The columns of `idempotent_requests`, in `RecordRow` order; `{record}`
-/// adds `lease_live`, `expired` and `age_ms`, computed by the database.
+/// adds `lease_live`, `expired`, `age_ms` and `ttl_left_ms`, computed by the
+/// database.
 pub(crate) const RECORD_COLUMNS: &str = "id, idempotency_key, route, customer_id, request_hash, \
     state, lease_token, locked_until, charge_id, refund_id, response_status, response_body, \
     response_content_type, response_location, created_at, completed_at, expires_at";
@@ -64,6 +65,7 @@ pub(crate) struct RecordRow<T> {
     lease_live: i64,
     expired: i64,
     age_ms: i64,
+    ttl_left_ms: i64,
 }
 
 impl<T: Timestamp> TryFrom<RecordRow<T>> for IdempotencyRecord {
@@ -106,6 +108,7 @@ impl<T: Timestamp> TryFrom<RecordRow<T>> for IdempotencyRecord {
             lease_live: r.lease_live != 0,
             expired: r.expired != 0,
             age: std::time::Duration::from_millis(u64::try_from(r.age_ms).unwrap_or(0)),
+            ttl_left: std::time::Duration::from_millis(u64::try_from(r.ttl_left_ms).unwrap_or(0)),
         })
     }
 }
