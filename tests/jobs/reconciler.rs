@@ -244,10 +244,27 @@ async fn two_reconcilers_settle_each_charge_once(backend: Backend) {
     let (a, b) = tokio::join!(a.try_run_once(), b.try_run_once());
     let (a, b) = (a.unwrap(), b.unwrap());
     assert_eq!(a.succeeded + b.succeeded, 4, "{a:?} {b:?}");
-    assert_eq!(
-        a.already_settled + b.already_settled + a.succeeded + b.succeeded,
-        8
+    // A pass that read a charge the other settled first counts it as
+    // already settled; one that started after the other's writes does not
+    // see it at all (a busy machine can order the passes so).
+    assert!(
+        a.already_settled + b.already_settled <= 4,
+        "nothing is settled twice: {a:?} {b:?}"
     );
+    for report in [&a, &b] {
+        let ReconcileReport {
+            failed,
+            not_made,
+            lagging,
+            needs_person,
+            lookup_failed,
+            ..
+        } = *report;
+        assert_eq!(
+            (failed, not_made, lagging, needs_person, lookup_failed),
+            (0, 0, 0, 0, 0)
+        );
+    }
     assert_eq!(app.db.charges_with_status("succeeded").await, 4);
 }
 
