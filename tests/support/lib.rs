@@ -284,9 +284,19 @@ impl TestDb {
         if let (Some(cluster), Guard::Server(db)) = (cluster, &guard) {
             for admin_url in &cluster.urls[1..] {
                 let node_url = throwaway::with_database(admin_url, &db.name);
-                let store = MySqlStore::connect(&database_url(&node_url), &pool)
-                    .await
-                    .expect("open a galera node");
+                // The database was created on node 1; the other nodes apply
+                // the DDL a moment later, and a connect names it.
+                let mut attempts = 0;
+                let store = loop {
+                    match MySqlStore::connect(&database_url(&node_url), &pool).await {
+                        Ok(store) => break store,
+                        Err(e) if attempts < 100 && e.to_string().contains("1049") => {
+                            attempts += 1;
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        Err(e) => panic!("open a galera node: {e}"),
+                    }
+                };
                 assert_eq!(
                     store.cluster(),
                     Some("galera"),

@@ -157,7 +157,10 @@ impl From<sqlx::Error> for Error {
 /// SQLSTATE, never by message text:
 /// - a unique violation (PostgreSQL 23505, SQLite 2067/1555, MySQL 1062);
 /// - retryable: 40001 (PostgreSQL's serialization failure, MySQL's deadlock
-///   1213) and 40P01 (PostgreSQL's deadlock);
+///   1213), 40P01 (PostgreSQL's deadlock) and MySQL's lock wait timeout
+///   1205 (SQLSTATE HY000, so by its number: on Galera it also ends a local
+///   transaction that a replicated write set failed to abort; the whole
+///   transaction is rolled back and run again);
 /// - unavailable: the connection, not the statement, failed (I/O, pool
 ///   timeout, TLS; SQLSTATE class 08, which covers a Galera node not yet
 ///   synced, MariaDB's 1047 with 08S01; PostgreSQL's 57P01-57P03, a server
@@ -175,6 +178,8 @@ pub(crate) fn classify(e: impl Into<Error>) -> StoreError {
         sqlx::Error::Database(db) => db.code().map(|c| c.into_owned()),
         _ => None,
     };
+    let lock_wait_timeout = matches!(&e, sqlx::Error::Database(db)
+        if db.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>().is_some_and(|m| m.number() == 1205));
     let unavailable = matches!(
         e,
         sqlx::Error::Io(_)
@@ -188,6 +193,7 @@ pub(crate) fn classify(e: impl Into<Error>) -> StoreError {
     let boxed: BoxError = e.into();
     match code.as_deref() {
         Some("40001" | "40P01") => StoreError::Retryable(boxed),
+        _ if lock_wait_timeout => StoreError::Retryable(boxed),
         _ if unavailable => StoreError::Unavailable(boxed),
         _ => StoreError::Database(boxed),
     }
