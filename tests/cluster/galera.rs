@@ -11,27 +11,7 @@ use payments_tests::{Backend, Process, TestDb, charge_body, new_key};
 use serde_json::{Value, json};
 use sqlx::{Connection, MySqlConnection};
 
-use crate::load::{Load, sandbox, sandbox_json};
-
-/// A replica's environment: the database `url` (one node), the provider
-/// at `gateway`.
-fn api_env<'a>(url: &'a str, gateway: &'a str) -> [(&'static str, &'a str); 6] {
-    [
-        ("DATABASE_URL", url),
-        ("LISTEN_ADDR", "127.0.0.1:0"),
-        ("GATEWAY_URL", gateway),
-        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
-        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
-        // A replica whose node is gone answers 503 after this, not after
-        // the default 10 s.
-        ("DATABASE_ACQUIRE_TIMEOUT", "2s"),
-    ]
-}
-
-/// `payments-api` on the database `url` (one node), charging at `sandbox`.
-async fn replica(url: &str, sandbox: &Process) -> Process {
-    Process::start("payments-api", &[], &api_env(url, &sandbox.url)).await
-}
+use crate::load::{Load, api_env, replica, sandbox, sandbox_json};
 
 /// The status of a replica's `GET /readyz`.
 async fn readyz(api: &Process) -> u16 {

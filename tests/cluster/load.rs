@@ -178,6 +178,26 @@ impl Report {
     }
 }
 
+/// A replica's environment: the database `url` (one node), the provider
+/// at `gateway`.
+pub fn api_env<'a>(url: &'a str, gateway: &'a str) -> [(&'static str, &'a str); 6] {
+    [
+        ("DATABASE_URL", url),
+        ("LISTEN_ADDR", "127.0.0.1:0"),
+        ("GATEWAY_URL", gateway),
+        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+        // A replica whose node is gone answers 503 after this, not after
+        // the default 10 s.
+        ("DATABASE_ACQUIRE_TIMEOUT", "2s"),
+    ]
+}
+
+/// `payments-api` on the database `url` (one node), charging at `sandbox`.
+pub async fn replica(url: &str, sandbox: &Process) -> Process {
+    Process::start("payments-api", &[], &api_env(url, &sandbox.url)).await
+}
+
 /// The sandbox provider as a process, taking `latency_ms` per call.
 pub async fn sandbox(latency_ms: &str) -> Process {
     Process::start(

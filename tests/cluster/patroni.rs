@@ -4,13 +4,12 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use payments_api::config::DEV_JWT_SECRET;
 use payments_tests::patroni::{Patroni, timeline};
 use payments_tests::{Backend, Process, TestDb};
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
 
-use crate::load::{Load, sandbox};
+use crate::load::{Load, replica, sandbox};
 
 /// Operations in the failover load.
 const FAILOVER_OPS: usize = 1200;
@@ -43,17 +42,9 @@ async fn the_primary_killed_under_load_loses_and_doubles_nothing() {
     };
     let db = TestDb::on_server(Backend::Postgres, Some(stack.url.clone()), 2).await;
     let sandbox = sandbox("30").await;
-    let env = [
-        ("DATABASE_URL", db.url.as_str()),
-        ("LISTEN_ADDR", "127.0.0.1:0"),
-        ("GATEWAY_URL", sandbox.url.as_str()),
-        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
-        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
-        ("DATABASE_ACQUIRE_TIMEOUT", "2s"),
-    ];
     let replicas = [
-        Process::start("payments-api", &[], &env).await,
-        Process::start("payments-api", &[], &env).await,
+        replica(&db.url, &sandbox).await,
+        replica(&db.url, &sandbox).await,
     ];
     let jobs_env = [
         ("DATABASE_URL", db.url.as_str()),

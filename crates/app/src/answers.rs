@@ -67,12 +67,6 @@ impl MokaAnswers {
             .build();
         Self { cache }
     }
-
-    /// Entries held now (after pending evictions run).
-    pub fn entries(&self) -> u64 {
-        self.cache.run_pending_tasks();
-        self.cache.entry_count()
-    }
 }
 
 /// One string per (key, route): a key may hold any byte but NUL.
