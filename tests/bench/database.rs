@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use payments_tests::{Backend, TestDb};
-use sqlx::{AssertSqlSafe, Connection, PgConnection, SqliteConnection};
+use sqlx::{AssertSqlSafe, Connection, MySqlConnection, PgConnection, SqliteConnection};
 
 /// Rows per statement when seeding SQLite, each its own transaction.
 const SQLITE_SEED_BATCH: u64 = 50_000;
@@ -206,4 +206,106 @@ mod tests {
         assert_eq!(field(transactions), Some(8672.0));
         assert_eq!(field("number of failed transactions: "), Some(0.0));
     }
+}
+
+/// MariaDB made durable as production runs it: the redo log flushed at
+/// every commit (the tests' server flushes once a second), and a buffer
+/// pool that holds the bench's tables. Its version.
+pub async fn make_mysql_durable(admin_url: &str) -> Result<String> {
+    let mut admin = MySqlConnection::connect(admin_url).await?;
+    for sql in [
+        "SET GLOBAL innodb_flush_log_at_trx_commit = 1",
+        "SET GLOBAL innodb_buffer_pool_size = 268435456",
+    ] {
+        sqlx::raw_sql(sql).execute(&mut admin).await.context(sql)?;
+    }
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&mut admin)
+        .await?;
+    Ok(format!("MariaDB {version}"))
+}
+
+/// What the one-writer loop measured on SQLite.
+#[derive(Debug, Clone, Copy)]
+pub struct Ceiling {
+    pub charges: u64,
+    pub secs: f64,
+}
+
+impl Ceiling {
+    pub fn rate(&self) -> f64 {
+        self.charges as f64 / self.secs.max(f64::EPSILON)
+    }
+}
+
+/// SQLite's one-writer ceiling: a fresh file opened by the store as the
+/// server opens it (WAL, `synchronous=FULL`), with one connection for
+/// writes and group commit off (`write_batch` 1), and one loop that runs
+/// the store's own claim (the record and its charge, one transaction) and
+/// finish (the two updates, another), `charges` times, one after another.
+pub async fn sqlite_ceiling(charges: u64) -> Result<Ceiling> {
+    use payments_domain::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId};
+    use payments_domain::idempotency::{
+        CHARGES_ROUTE, IdempotencyKey, RecordState, RequestFingerprint, StoredResponse,
+    };
+    use payments_domain::store::{
+        ChargeOutcome, Claim, ClaimOutcome, Finish, NewLease, Operation, Outcome,
+    };
+    use payments_store::{DatabaseUrl, PoolSettings, SqliteStore};
+
+    let dir = std::env::temp_dir().join(format!("payments-ceiling-{}", uuid::Uuid::new_v4()));
+    let url: DatabaseUrl = format!("sqlite://{}/ceiling.db", dir.display())
+        .parse()
+        .map_err(|e: String| anyhow!(e))?;
+    let settings = PoolSettings {
+        max_connections: 1,
+        acquire_timeout: Duration::from_secs(30),
+        write_batch: 1,
+    };
+    let store = SqliteStore::connect(&url, &settings).await?;
+    payments_domain::store::Store::migrate(&store).await?;
+    let customer = CustomerId::parse("cus_ceiling").map_err(|e| anyhow!("{e:?}"))?;
+    let body =
+        serde_json::json!({"amount_cents": 100, "currency": "GBP", "card_token": "tok_visa"});
+    let request = ChargeRequest::from_json(&body, 1_000_000).map_err(|e| anyhow!("{e:?}"))?;
+    let started = std::time::Instant::now();
+    for n in 0..charges {
+        let charge = Charge::pending(&customer, &request);
+        let claim = Claim {
+            key: IdempotencyKey::parse(&format!("ceiling-{n}")).map_err(|e| anyhow!("{e:?}"))?,
+            route: CHARGES_ROUTE,
+            customer: customer.clone(),
+            fingerprint: RequestFingerprint::of(&body),
+            lease: NewLease::new(Duration::from_secs(60)),
+            ttl: Duration::from_secs(86_400),
+            operation: Operation::Charge(charge.clone()),
+        };
+        let store: &dyn payments_domain::store::Store = &store;
+        let ClaimOutcome::Claimed { record_id, .. } = store.claim(&claim).await? else {
+            anyhow::bail!("ceiling: key {n} was not claimed");
+        };
+        let finish = Finish {
+            record_id,
+            lease_token: claim.lease.token.clone(),
+            state: RecordState::Complete,
+            outcome: Outcome::Charge(ChargeOutcome {
+                charge_id: charge.id.clone(),
+                status: ChargeStatus::Succeeded,
+                gateway_charge_id: Some("ch_ceiling".into()),
+                decline_code: None,
+            }),
+            // A stored 201 of the size the API stores.
+            response: StoredResponse {
+                status: 201,
+                body: BODY.replace("' || n || '", &n.to_string()),
+                content_type: "application/json".into(),
+                location: Some(format!("/api/charges/{}", charge.id)),
+            },
+        };
+        store.finish(&finish).await?;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    drop(store);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(Ceiling { charges, secs })
 }

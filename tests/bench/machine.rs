@@ -1,14 +1,19 @@
 //! What the figures were measured on, best effort (a fact that cannot be
 //! read says so); and where a run's CPU went ([`Snapshot`]): user + system
 //! time of the API, the sandbox, the load generator (this process) and the
-//! PostgreSQL server processes, per charge. On this machine they all share
+//! database server's processes (PostgreSQL's, MariaDB's), per charge. On this machine they all share
 //! the same cores, which explains the ratio to the pgbench ceiling.
 
 use std::path::Path;
 use std::process::Command;
 
 /// The machine's facts as the markdown lists them, `commit` and `date` last.
-pub fn facts(root: &Path, postgres: String, sqlite: String) -> Vec<(&'static str, String)> {
+pub fn facts(
+    root: &Path,
+    postgres: String,
+    mariadb: String,
+    sqlite: String,
+) -> Vec<(&'static str, String)> {
     let read = |path| std::fs::read_to_string(path).unwrap_or_default();
     let cpuinfo = read("/proc/cpuinfo");
     let cpu = |key: &str| {
@@ -43,6 +48,7 @@ pub fn facts(root: &Path, postgres: String, sqlite: String) -> Vec<(&'static str
         ("load average at start", Some(load)),
         ("rustc", run("rustc --version")),
         ("PostgreSQL", Some(postgres)),
+        ("MariaDB", Some(mariadb)),
         ("SQLite", Some(sqlite)),
         ("commit", commit),
         ("date", Some(now.format("%Y-%m-%d %H:%M UTC").to_string())),
@@ -64,8 +70,8 @@ pub fn proc_kb(path: &str, key: &str) -> Option<u64> {
 const TICKS_PER_SEC: f64 = 100.0;
 
 /// CPU ticks so far: the API, the sandbox, this process (the load
-/// generator), and every process named `postgres` on the machine (SQLite
-/// runs inside the API).
+/// generator), and every database server process on the machine: named
+/// `postgres`, `mariadbd` or `mysqld` (SQLite runs inside the API).
 #[derive(Debug, Clone, Copy)]
 pub struct Snapshot([u64; 4]);
 
@@ -76,7 +82,7 @@ impl Snapshot {
         let pids = entries.filter_map(|entry| entry.file_name().into_string().ok());
         let postgres = pids.filter(|pid| {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"));
-            comm.is_ok_and(|comm| comm.trim() == "postgres")
+            comm.is_ok_and(|comm| matches!(comm.trim(), "postgres" | "mariadbd" | "mysqld"))
         });
         let postgres = postgres.map(|pid| ticks(&pid)).sum();
         Self([api, sandbox, ticks("self"), postgres])

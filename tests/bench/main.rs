@@ -12,6 +12,7 @@
 //! processes and databases are the tests' [`Process`] and [`TestDb`]: every
 //! child is killed and every database dropped on every exit path.
 
+mod chart;
 mod database;
 mod machine;
 mod markdown;
@@ -30,7 +31,7 @@ use payments_tests::{Backend, Process, TestDb, postgres::throwaway_admin_url};
 use serde_json::Value;
 
 use machine::Snapshot;
-use results::{BackendResults, Prune, Slow};
+use results::{BackendResults, CacheFull, Prune, Slow};
 use settings::{SLOW_POOL, Settings};
 
 /// The bench's own JWT secret (at least 32 bytes); the API is given the same.
@@ -104,7 +105,16 @@ async fn bench() -> Result<bool> {
     } else {
         (None, "not used".to_owned())
     };
-    let machine = machine::facts(&root, postgres, sqlite);
+    let (mysql_admin, mariadb) = if backends.contains(&Backend::Mysql) {
+        progress!("starting the throwaway MariaDB");
+        let url = tokio::task::spawn_blocking(payments_tests::mysql::throwaway_admin_url).await?;
+        let url = url.map_err(|skip| anyhow!("MariaDB is unavailable: {skip}"))?;
+        let version = database::make_mysql_durable(&url).await?;
+        (Some(url), version)
+    } else {
+        (None, "not used".to_owned())
+    };
+    let machine = machine::facts(&root, postgres, mariadb, sqlite);
     progress!("machine: {machine:?}");
 
     let log = Some(out_dir.join("sandbox.log"));
@@ -120,7 +130,9 @@ async fn bench() -> Result<bool> {
         sandbox,
         token,
         pg_admin,
+        mysql_admin,
         machine,
+        chart_name: String::new(),
         backends: Vec::new(),
         failures: Vec::new(),
     };
@@ -133,6 +145,15 @@ async fn bench() -> Result<bool> {
     }
 
     let out = root.join(&bench.settings.out);
+    if let Some(dir) = out.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if let Some(svg) = chart::render(&bench.backends) {
+        let path = out.with_extension("svg");
+        std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        bench.chart_name = name.unwrap_or_default();
+    }
     let existing = std::fs::read_to_string(&out).ok();
     let text = markdown::render(&bench, &markdown::kept_analysis(existing.as_deref()))?;
     std::fs::write(&out, text).with_context(|| format!("writing {}", out.display()))?;
@@ -148,6 +169,9 @@ struct Bench {
     sandbox: Process,
     token: String,
     pg_admin: Option<String>,
+    mysql_admin: Option<String>,
+    /// The chart's file name, beside the markdown (empty: none drawn).
+    chart_name: String,
     /// The machine's facts, as read at the start.
     machine: Vec<(&'static str, String)>,
     backends: Vec<BackendResults>,
@@ -167,11 +191,15 @@ impl Bench {
         result.map_err(|e| self.fail(what, e)).ok()
     }
 
-    /// A fresh, migrated database: a SQLite file, or on the PostgreSQL server.
+    /// A fresh, migrated database: a SQLite file, or on the PostgreSQL or
+    /// MariaDB server.
     async fn database(&self, backend: Backend) -> TestDb {
-        // There is a server whenever PostgreSQL is one of the backends.
-        let postgres = backend == Backend::Postgres;
-        let admin = self.pg_admin.clone().filter(|_| postgres);
+        // There is a server whenever its backend is one of the backends.
+        let admin = match backend {
+            Backend::Postgres => self.pg_admin.clone(),
+            Backend::Mysql => self.mysql_admin.clone(),
+            _ => None,
+        };
         let db = TestDb::on_server(backend, admin, 1).await;
         progress!("{}: {}", backend.name(), db.describe());
         db
@@ -184,7 +212,14 @@ impl Bench {
         let name = backend.name();
         results.backend = name;
         let db = self.database(backend).await;
-        if backend == Backend::Postgres && self.settings.runs("pgbench") {
+        if self.settings.runs_on("ceiling", backend) {
+            let charges = self.settings.ceiling_charges;
+            progress!("sqlite ceiling: {charges} charges, one writer, no batching");
+            let ceiling = database::sqlite_ceiling(charges).await;
+            results.ceiling = self.keep("sqlite ceiling", ceiling);
+            progress!("sqlite ceiling: {:?}", results.ceiling.map(|c| c.rate()));
+        }
+        if self.settings.runs_on("pgbench", backend) {
             // On a fresh database of its own: its rows stay out of `new`'s.
             let own = self.database(Backend::Postgres).await;
             let (clients, seconds) = (self.settings.concurrency, self.settings.pgbench_seconds);
@@ -195,18 +230,19 @@ impl Bench {
             progress!("pgbench: {:?}", results.pgbench);
         }
         self.main_group(&db, &mut results).await;
-        if self.settings.runs("slow") {
+        if self.settings.runs_on("slow", backend) {
             let slow = self.slow(&db).await;
             results.slow = self.keep(&format!("{name} slow"), slow);
         }
-        if self.settings.runs("prune") {
+        if self.settings.runs_on("prune", backend) {
             let prune = self.prune(&db).await;
             results.prune = self.keep(&format!("{name} prune"), prune);
         }
         self.backends.push(results);
     }
 
-    /// `new`, `replay`, `storm`, `refund` and `list` on one API process.
+    /// `new`, `health`, `replay`, `cache`, `storm`, `refund` and `list` on
+    /// one API process.
     async fn main_group(&mut self, db: &TestDb, results: &mut BackendResults) {
         let s = self.settings.clone();
         let replay = Scenario::Replay {
@@ -228,14 +264,26 @@ impl Bench {
             per_charge: s.refund_per_charge,
             concurrency: s.concurrency,
         };
+        let health = Scenario::Health {
+            requests: s.health_requests,
+            concurrency: s.replay_concurrency,
+        };
+        let cache = Scenario::Replay {
+            keys: s.cache_keys,
+            requests: s.cache_keys * 2,
+            concurrency: s.replay_concurrency,
+        };
         let mut scenarios = vec![
             ("new", new),
+            ("health", health),
             ("replay", replay),
+            ("cache", cache),
             ("storm", storm),
             ("refund", refund),
         ];
-        scenarios.retain(|(label, _)| s.runs(label));
-        if scenarios.is_empty() && !s.runs("list") {
+        let backend = db.backend;
+        scenarios.retain(|(label, _)| s.runs_on(label, backend));
+        if scenarios.is_empty() && !s.runs_on("list", backend) {
             return;
         }
         let name = db.backend.name();
@@ -244,18 +292,39 @@ impl Bench {
             return;
         };
         for (label, scenario) in scenarios {
+            let metrics_before = scrape(&api).await;
             let before = Snapshot::take(api.pid(), self.sandbox.pid());
             let report = self.load(db, label, &api, scenario, s.run_cap).await;
             let after = Snapshot::take(api.pid(), self.sandbox.pid());
+            let metrics = (metrics_before, scrape(&api).await);
             let Some(report) = self.keep(&format!("{name} {label}"), report) else {
                 continue;
             };
+            let (hits, misses) = (
+                delta(&metrics, "payments_replay_cache_total{result=\"hit\"}"),
+                delta(&metrics, "payments_replay_cache_total{result=\"miss\"}"),
+            );
             match label {
                 "new" => {
                     results.new_cpu = before.per_charge(&after, report.operations.charged);
+                    results.batches = batches(&metrics);
                     results.new = Some(report);
                 }
-                "replay" => results.replay = Some(report),
+                "health" => results.health = Some(report),
+                "replay" => {
+                    results.replay_cache = hits.zip(misses);
+                    results.replay = Some(report);
+                }
+                "cache" => {
+                    let status = format!("/proc/{}/status", api.pid());
+                    results.cache = Some(CacheFull {
+                        report,
+                        hits: hits.unwrap_or_default(),
+                        misses: misses.unwrap_or_default(),
+                        rss_kb: machine::proc_kb(&status, "VmRSS:"),
+                        hwm_kb: machine::proc_kb(&status, "VmHWM:"),
+                    });
+                }
                 "refund" => results.refund = Some(report),
                 _ => {
                     let requests = self.sandbox_requests().await;
@@ -264,7 +333,7 @@ impl Bench {
                 }
             }
         }
-        if s.runs("list") {
+        if s.runs_on("list", backend) {
             let list = self.list(db, &api).await;
             results.list = self.keep(&format!("{name} list"), list);
         }
@@ -304,7 +373,9 @@ impl Bench {
         let name = db.backend.name();
         let log = self.out_dir.join(format!("{name}-api-{label}.log"));
         let pool = pool.to_string();
+        let batch = self.settings.sqlite_write_batch.to_string();
         let env = [
+            ("SQLITE_WRITE_BATCH", batch.as_str()),
             ("DATABASE_URL", db.url.as_str()),
             ("DATABASE_MAX_CONNECTIONS", &pool),
             ("LISTEN_ADDR", "127.0.0.1:0"),
@@ -454,4 +525,52 @@ impl Bench {
             remaining,
         })
     }
+}
+
+/// The API's `/metrics` text, empty when it cannot be read (the figures
+/// that need it are then missing, not wrong).
+async fn scrape(api: &Process) -> String {
+    let text = async {
+        reqwest::get(format!("{}/metrics", api.url))
+            .await?
+            .text()
+            .await
+    };
+    text.await.unwrap_or_default()
+}
+
+/// A sample's value in Prometheus text: the line `series value`.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    let line = text
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '));
+    line?.trim().parse().ok()
+}
+
+/// How much `series` grew between two scrapes (a series first seen in the
+/// second grew from 0).
+fn delta((before, after): &(String, String), series: &str) -> Option<u64> {
+    let after = sample(after, series)?;
+    let before = sample(before, series).unwrap_or(0.0);
+    Some((after - before).max(0.0) as u64)
+}
+
+/// The group commit's batches between two scrapes, per bucket of the
+/// size histogram: (`le` bound, batches of at most that size but more than
+/// the previous bound). `None` when the API batched nothing (not SQLite).
+fn batches(metrics: &(String, String)) -> Option<Vec<(String, u64)>> {
+    let name = payments_store::WRITE_BATCH_SIZE;
+    let mut bounds: Vec<String> = payments_store::BATCH_BUCKETS
+        .iter()
+        .map(|b| b.to_string())
+        .collect();
+    bounds.push("+Inf".into());
+    let mut below = 0;
+    let mut out = Vec::new();
+    for bound in bounds {
+        let cumulative = delta(metrics, &format!("{name}_bucket{{le=\"{bound}\"}}"))?;
+        out.push((bound, cumulative.saturating_sub(below)));
+        below = cumulative;
+    }
+    (below > 0).then_some(out)
 }

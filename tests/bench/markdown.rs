@@ -10,7 +10,7 @@ use payments_loadtest::load::{Report, StreamReport};
 
 use crate::Bench;
 use crate::database::Pgbench;
-use crate::results::{BackendResults, Prune, Slow};
+use crate::results::{BackendResults, CacheFull, Prune, Slow};
 
 pub const ANALYSIS_START: &str = "<!-- analysis:start -->";
 pub const ANALYSIS_END: &str = "<!-- analysis:end -->";
@@ -106,7 +106,21 @@ pub fn render(r: &Bench, analysis: &str) -> Result<String> {
         ("lease", crate::LEASE.to_owned()),
         ("targets", sheet.targets.to_string()),
         ("figures", sheet.figures.to_string()),
+        (
+            "chart",
+            match r.chart_name.as_str() {
+                "" => String::new(),
+                name => format!("![Requests/s and p99 per scenario and backend]({name})\n\n"),
+            },
+        ),
         ("new", each(r, |b| Some(b.new.as_ref()?.markdown()))),
+        (
+            "batches",
+            each(r, |b| Some(batch_table(b.batches.as_ref()?))),
+        ),
+        ("ceiling", each(r, |b| b.ceiling.as_ref())),
+        ("health", each(r, |b| Some(b.health.as_ref()?.markdown()))),
+        ("cache", each(r, |b| b.cache.as_ref())),
         ("pgbench", each(r, |b| b.pgbench.as_ref())),
         ("replay", each(r, |b| Some(b.replay.as_ref()?.markdown()))),
         ("storm", each(r, |b| Some(b.storm.as_ref()?.markdown()))),
@@ -204,19 +218,79 @@ fn sheet(r: &Bench) -> Sheet<'_> {
         let measured = format!("{share:.0}% ({} / {} tps)", rate(rps), rate(tps));
         Some((measured, Some(rps / tps >= 0.60)))
     });
-    let cpu = "new: CPU per charge (API + sandbox + load + PostgreSQL)";
+    s.figure("SQLite one-writer ceiling: charges/s", |b| {
+        Some(rate(b.ceiling?.rate()))
+    });
+    let target = "new charges/s on SQLite >= 1.5x the one-writer ceiling";
+    s.judged("new ÷ one-writer ceiling", target, |b| {
+        let ceiling = b.ceiling?.rate();
+        let rps = new(b)?.throughput_rps;
+        let measured = format!(
+            "{:.2}x ({} / {} charges/s)",
+            rps / ceiling,
+            rate(rps),
+            rate(ceiling)
+        );
+        Some((measured, Some(rps >= 1.5 * ceiling)))
+    });
+    s.figure(
+        "new: charges per SQLite commit (mean; share of commits carrying 1 / 2-4 / 5+)",
+        |b| {
+            let batches = b.batches.as_ref()?;
+            Some(batch_summary(batches))
+        },
+    );
+    let cpu = "new: CPU per charge (API + sandbox + load + database server)";
     s.figure(cpu, |b| {
         let parts = b.new_cpu?;
         let each = parts.map(|us| format!("{us:.0} µs")).join(" + ");
         Some(format!("{each} = {:.0} µs", parts.iter().sum::<f64>()))
     });
-    let target = "replays >= 10,000 req/s and p99 < 10 ms";
-    s.judged("replay: req/s, p99", target, |b| {
+    s.figure("health: `/healthz` req/s, p99", |b| {
+        let health = b.health.as_ref()?.stream("health")?;
+        let p99 = health.latency_us?.p99;
+        Some(format!(
+            "{} req/s, p99 {}",
+            rate(health.throughput_rps),
+            ms(p99)
+        ))
+    });
+    let target = "replays >= 50% of the same server's /healthz rate, p99 < 5 ms";
+    s.judged("replay: req/s ÷ /healthz, p99", target, |b| {
         let replay = b.replay.as_ref()?.stream("replay")?;
         let (rps, p99) = (replay.throughput_rps, replay.latency_us?.p99);
-        let measured = format!("{} req/s, p99 {}", rate(rps), ms(p99));
-        Some((measured, Some(rps >= 10_000.0 && p99 < 10_000)))
+        let health = b.health.as_ref()?.stream("health")?.throughput_rps;
+        let share = rps / health;
+        let measured = format!(
+            "{:.0}% ({} / {} req/s), p99 {}",
+            share * 100.0,
+            rate(rps),
+            rate(health),
+            ms(p99)
+        );
+        Some((measured, Some(share >= 0.5 && p99 < 5_000)))
     });
+    s.figure("replay: cache hits / misses (hit rate)", |b| {
+        let (hits, misses) = b.replay_cache?;
+        Some(hit_rate(hits, misses))
+    });
+    let target = "replay cache full at its default size: API RSS < 150 MB";
+    s.judged(
+        "cache: keys past the cache's size, hit rate, API RSS",
+        target,
+        |b| {
+            let cache = b.cache.as_ref()?;
+            let rss = cache.rss_kb?;
+            let keys = cache.report.settings["keys"].as_u64().unwrap_or_default();
+            let measured = format!(
+                "{keys} keys, {}, RSS {} (peak {})",
+                hit_rate(cache.hits, cache.misses),
+                mb(rss),
+                show(cache.hwm_kb, mb)
+            );
+            Some((measured, Some(cache.hwm_kb.unwrap_or(rss) < 150 * 1024)))
+        },
+    );
     s.figure("refund: refunds/s, p99", |b| {
         let refund = b.refund.as_ref()?.stream("refund")?;
         let p99 = refund.latency_us?.p99;
@@ -306,6 +380,79 @@ fn sheet(r: &Bench) -> Sheet<'_> {
         Some(format!("{deleted} in {:.1} s", p.prune_wall_secs))
     });
     s
+}
+
+/// Hits and misses, and the share of hits.
+fn hit_rate(hits: u64, misses: u64) -> String {
+    let share = 100.0 * hits as f64 / (hits + misses).max(1) as f64;
+    format!("{hits} / {misses} ({share:.1}%)")
+}
+
+/// The mean batch and how commits split by size, from the histogram's
+/// per-bucket counts (a bucket's batches counted at its bound, so the mean
+/// is an upper estimate).
+fn batch_summary(batches: &[(String, u64)]) -> String {
+    let bound = |b: &str| {
+        b.parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite())
+            .unwrap_or(256.0)
+    };
+    let total: u64 = batches.iter().map(|(_, n)| n).sum();
+    let weighted: f64 = batches.iter().map(|(b, n)| bound(b) * *n as f64).sum();
+    let share = |keep: &dyn Fn(f64) -> bool| {
+        let n: u64 = batches
+            .iter()
+            .filter(|(b, _)| keep(bound(b)))
+            .map(|(_, n)| n)
+            .sum();
+        format!("{:.0}%", 100.0 * n as f64 / total.max(1) as f64)
+    };
+    format!(
+        "≤ {:.1}; {} / {} / {} of {total}",
+        weighted / total.max(1) as f64,
+        share(&|b| b <= 1.0),
+        share(&|b| b > 1.0 && b <= 4.0),
+        share(&|b| b > 4.0)
+    )
+}
+
+/// The group commit's batch sizes as a table.
+fn batch_table(batches: &[(String, u64)]) -> String {
+    let mut table = Table::new("claims and finishes per commit (at most) | commits");
+    for (bound, n) in batches.iter().filter(|(_, n)| *n > 0) {
+        table.row([bound.clone(), n.to_string()]);
+    }
+    table.to_string()
+}
+
+/// The one-writer ceiling.
+impl Display for crate::database::Ceiling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut table = Table::new("charges | seconds | charges/s | per charge");
+        let per = 1e6 * self.secs / self.charges.max(1) as f64;
+        table.row([
+            self.charges.to_string(),
+            format!("{:.2}", self.secs),
+            rate(self.rate()),
+            format!("{per:.0} µs"),
+        ]);
+        write!(f, "{table}")
+    }
+}
+
+/// The replay cache filled past its size.
+impl Display for CacheFull {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}Replay cache: {}. API memory after the run: RSS {}, peak {}.\n\n",
+            self.report.markdown(),
+            hit_rate(self.hits, self.misses),
+            show(self.rss_kb, mb),
+            show(self.hwm_kb, mb)
+        )
+    }
 }
 
 /// p99 of a stream, µs.

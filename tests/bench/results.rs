@@ -3,7 +3,7 @@
 
 use payments_loadtest::load::Report;
 
-use crate::database::Pgbench;
+use crate::database::{Ceiling, Pgbench};
 
 #[derive(Debug, Default)]
 pub struct BackendResults {
@@ -11,11 +11,22 @@ pub struct BackendResults {
     pub backend: &'static str,
     /// PostgreSQL only: the ceiling, run just before `new`.
     pub pgbench: Option<Pgbench>,
+    /// SQLite only: the one-writer ceiling, run just before `new`.
+    pub ceiling: Option<Ceiling>,
+    /// SQLite: during `new`, how many committed transactions carried each
+    /// number of claims and finishes (`le` bucket bound, batches).
+    pub batches: Option<Vec<(String, u64)>>,
+    /// `GET /healthz` on the same API, at `replay`'s concurrency.
+    pub health: Option<Report>,
     pub new: Option<Report>,
     /// CPU per charge during `new`, µs: the API, the sandbox, the load
     /// generator, PostgreSQL (see [`crate::machine::Snapshot`]).
     pub new_cpu: Option<[f64; 4]>,
     pub replay: Option<Report>,
+    /// The replay cache during `replay`: hits and misses.
+    pub replay_cache: Option<(u64, u64)>,
+    /// PostgreSQL only: more keys than the cache holds, each replayed twice.
+    pub cache: Option<CacheFull>,
     pub storm: Option<Report>,
     /// Charge requests the sandbox received during `storm` (after a
     /// reset): every provider call, retries and re-drives included.
@@ -25,6 +36,18 @@ pub struct BackendResults {
     pub list: Option<(Report, Report)>,
     pub slow: Option<Slow>,
     pub prune: Option<Prune>,
+}
+
+/// The replay cache filled past its size.
+#[derive(Debug)]
+pub struct CacheFull {
+    pub report: Report,
+    /// Hits and misses during the run.
+    pub hits: u64,
+    pub misses: u64,
+    /// The API's RSS after the run (`VmRSS`) and its peak (`VmHWM`), kB.
+    pub rss_kb: Option<u64>,
+    pub hwm_kb: Option<u64>,
 }
 
 #[derive(Debug)]

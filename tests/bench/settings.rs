@@ -13,7 +13,10 @@ use payments_tests::Backend;
 pub const SLOW_POOL: u64 = 10;
 
 /// The scenarios, in the order they run on each backend.
-const SCENARIOS: &str = "pgbench,new,replay,storm,refund,list,slow,prune";
+const SCENARIOS: &str = "pgbench,ceiling,new,health,replay,cache,storm,refund,list,slow,prune";
+
+/// The scenarios MariaDB runs: the hot path, new and replayed.
+pub const MYSQL_SCENARIOS: [&str; 3] = ["new", "health", "replay"];
 
 /// One knob as the markdown lists it.
 #[derive(Debug, Clone)]
@@ -45,11 +48,15 @@ macro_rules! knobs {
 }
 
 knobs! {
-    backends: Vec<Backend> = backends("BENCH_BACKENDS", "sqlite,postgres"), "backends, comma-separated";
+    backends: Vec<Backend> = backends("BENCH_BACKENDS", "sqlite,postgres,mysql"), "backends, comma-separated (`mysql`: the throwaway MariaDB, `new`, `health` and `replay` only)";
     scenarios: BTreeSet<String> = scenarios("BENCH_SCENARIOS", SCENARIOS), "scenarios to run, comma-separated";
     new_requests: u64 = count("BENCH_NEW_REQUESTS", "20000"), "`new`: charges";
     concurrency: u64 = count("BENCH_CONCURRENCY", "16"), "`new` (and `prune`) concurrency; pgbench clients";
     pool: u64 = count("BENCH_POOL", "10"), "the API's pool size (`slow` always uses 10)";
+    sqlite_write_batch: u64 = count("BENCH_SQLITE_WRITE_BATCH", "64"), "the API's `SQLITE_WRITE_BATCH` (group commit; 1: off)";
+    ceiling_charges: u64 = count("BENCH_CEILING_CHARGES", "20000"), "`ceiling` (SQLite): charges claimed and finished by the one-writer loop";
+    health_requests: u64 = count("BENCH_HEALTH_REQUESTS", "100000"), "`health`: reads of `/healthz`, at `replay`'s concurrency";
+    cache_keys: u64 = count("BENCH_CACHE_KEYS", "50000"), "`cache` (PostgreSQL): keys charged, then each replayed twice, more than the default replay cache holds";
     replay_keys: u64 = count("BENCH_REPLAY_KEYS", "100"), "`replay`: keys";
     replay_requests: u64 = count("BENCH_REPLAY_REQUESTS", "100000"), "`replay`: requests";
     replay_concurrency: u64 = count("BENCH_REPLAY_CONCURRENCY", "32"), "`replay`: concurrency";
@@ -116,9 +123,9 @@ fn list(value: &str) -> impl Iterator<Item = &str> {
 }
 
 fn backends(value: &str) -> Result<Vec<Backend>> {
-    let known = [Backend::Sqlite, Backend::Postgres];
+    let known = [Backend::Sqlite, Backend::Postgres, Backend::Mysql];
     if let Some(other) = list(value).find(|n| !known.iter().any(|b| b.name() == *n)) {
-        bail!("unknown backend {other:?} (known: sqlite, postgres)");
+        bail!("unknown backend {other:?} (known: sqlite, postgres, mysql)");
     }
     let named = |b: &Backend| list(value).any(|n| n == b.name());
     let named: Vec<Backend> = known.into_iter().filter(named).collect();
@@ -136,6 +143,17 @@ fn scenarios(value: &str) -> Result<BTreeSet<String>> {
 impl Settings {
     pub fn runs(&self, scenario: &str) -> bool {
         self.scenarios.contains(scenario)
+    }
+
+    /// Whether `scenario` runs on `backend`: `ceiling` on SQLite,
+    /// `pgbench` and `cache` on PostgreSQL, MariaDB only the hot path.
+    pub fn runs_on(&self, scenario: &str, backend: Backend) -> bool {
+        let on = match scenario {
+            "ceiling" => backend == Backend::Sqlite,
+            "pgbench" | "cache" => backend == Backend::Postgres,
+            _ => backend != Backend::Mysql || MYSQL_SCENARIOS.contains(&scenario),
+        };
+        on && self.runs(scenario)
     }
 
     /// Knobs whose value is not the default, as `NAME=value`, but for where

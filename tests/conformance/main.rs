@@ -16,7 +16,7 @@ use payments_domain::idempotency::{
 use payments_domain::refund::{Refund, RefundRequest};
 use payments_domain::store::{
     ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Operation,
-    Outcome, RefundOutcome, Store,
+    Outcome, RefundOutcome, Store, StoreError,
 };
 use payments_tests::{Backend, TestDb, backend_tests};
 use serde_json::{Value, json};
@@ -1045,3 +1045,80 @@ backend_tests!(
     concurrent_refunds_never_exceed_the_charge,
     refund_outcomes_move_the_reservation,
 );
+
+/// SQLite's group commit: concurrent claims and finishes share commits,
+/// and a write that fails inside a batch is rolled back alone. One finish
+/// among 40 names a charge that does not exist (its record's update
+/// succeeds, then the invariant check fails): its record is still in
+/// progress afterwards, while the 39 others, committed in the same
+/// batches, are finished with their charges settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_batches_roll_back_a_failing_write_alone() {
+    let Some(db) = db(Backend::Sqlite).await else {
+        return;
+    };
+    let sqlite = db.sqlite().expect("a SQLite store");
+    let store = db.store();
+    let before = sqlite.write_batches().expect("SQLite batches its writes");
+    let claims: Vec<Claim> = (0..40)
+        .map(|i| claim(&format!("batch-{i}"), "cus_batch", &body(100 + i)))
+        .collect();
+    let claiming: Vec<_> = claims
+        .iter()
+        .map(|c| {
+            let (store, c) = (store.clone(), c.clone());
+            tokio::spawn(async move { claimed(&store, &c).await })
+        })
+        .collect();
+    let mut records = Vec::new();
+    for task in claiming {
+        records.push(task.await.unwrap());
+    }
+    let bad = 17;
+    let finishing = claims.iter().zip(&records).enumerate().map(|(i, (c, id))| {
+        let store = store.clone();
+        let mut f = finish(c, *id, &c.lease.token, &format!("ch_batch_{i}"));
+        if i == bad {
+            let Outcome::Charge(outcome) = &mut f.outcome else {
+                unreachable!()
+            };
+            outcome.charge_id = "ch_does_not_exist".into();
+        }
+        tokio::spawn(async move { store.finish(&f).await })
+    });
+    let finishing: Vec<_> = finishing.collect();
+    let mut finished = Vec::new();
+    for task in finishing {
+        finished.push(task.await.unwrap());
+    }
+
+    for (i, outcome) in finished.iter().enumerate() {
+        if i == bad {
+            assert!(
+                matches!(outcome, Err(StoreError::Invariant(_))),
+                "{outcome:?}"
+            );
+        } else {
+            assert_eq!(
+                outcome.as_ref().ok(),
+                Some(&FinishOutcome::Finished),
+                "finish {i}"
+            );
+        }
+    }
+    let failed = store.record(records[bad]).await.unwrap().unwrap();
+    assert_eq!(
+        failed.state,
+        RecordState::InProgress,
+        "the failing finish rolled back"
+    );
+    assert!(failed.response.is_none());
+    assert_eq!(db.charges_with_status("succeeded").await, 39);
+    assert_eq!(db.charges_with_status("pending").await, 1);
+    let (batches, writes) = sqlite.write_batches().unwrap();
+    let (batches, writes) = (batches - before.0, writes - before.1);
+    assert!(
+        writes > batches,
+        "some commit carried more than one write: {writes} in {batches} commits"
+    );
+}

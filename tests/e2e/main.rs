@@ -4,6 +4,7 @@
 
 mod auth;
 mod cache;
+mod group_commit;
 mod skew;
 
 use payments_api::config::DEV_JWT_SECRET;

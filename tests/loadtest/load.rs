@@ -136,6 +136,23 @@ async fn list_reads_pages() {
     assert_eq!(real_counts(&app).await, (30, 30));
 }
 
+/// `health`: reads of `GET /healthz`, every answer 200, nothing charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn health_reads_the_liveness_probe() {
+    let app = sqlite_app(AppOptions::default()).await;
+    let scenario = Scenario::Health {
+        requests: 40,
+        concurrency: 4,
+    };
+
+    let report = load::run(&config_for(&app, scenario)).await.unwrap();
+
+    assert_correct(&report);
+    assert_eq!(statuses(&report, "health"), [(200, 40)]);
+    assert_eq!(report.operations.started, 0);
+    assert_eq!(real_counts(&app).await, (0, 0));
+}
+
 /// The database count reads `metadata` as text on every backend (JSONB on
 /// PostgreSQL, TEXT on SQLite and MySQL).
 async fn database_count(backend: Backend) {

@@ -223,6 +223,7 @@ impl TestDb {
         let pool = PoolSettings {
             max_connections: pool_size,
             acquire_timeout: Duration::from_secs(30),
+            write_batch: payments_store::DEFAULT_WRITE_BATCH,
         };
         let server = match (backend.engine(), admin_url) {
             (Some(engine), Some(admin_url)) => Some(TestDatabase::create(engine, admin_url).await),
@@ -395,6 +396,14 @@ impl TestDb {
             &[],
         )
         .await
+    }
+
+    /// The SQLite store, on that backend.
+    pub fn sqlite(&self) -> Option<&SqliteStore> {
+        match &self.concrete {
+            Concrete::Sqlite(store) => Some(store),
+            _ => None,
+        }
     }
 
     /// The PostgreSQL store, on that backend.

@@ -34,6 +34,19 @@ use super::throwaway::{
 };
 pub use super::throwaway::{Skip, TestDatabase};
 
+/// The admin URL of this process's throwaway server, started on first call,
+/// whatever `TEST_MYSQL_URL` says: for figures that must come from a known
+/// server configuration (`payments-bench`).
+///
+/// # Errors
+/// [`Skip`] when no server binaries are installed.
+///
+/// # Panics
+/// When the binaries exist but the server cannot start.
+pub fn throwaway_admin_url() -> Result<String, Skip> {
+    Engine::Mysql.throwaway_admin_url()
+}
+
 /// Ports can be taken between probing and the server binding them.
 const START_ATTEMPTS: usize = 4;
 /// How long a started server may take to answer `SELECT 1`.

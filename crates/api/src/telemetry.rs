@@ -22,6 +22,7 @@
 //! | [`REPLAY_CACHE_TOTAL`] | result | payments-domain |
 //! | [`REAPER_RECORDS_TOTAL`] | result | payments-jobs |
 //! | [`PRUNED_RECORDS_TOTAL`] | | payments-jobs |
+//! | [`WRITE_BATCH_SIZE`] (SQLite) | | payments-store |
 
 use std::time::Instant;
 
@@ -35,6 +36,7 @@ use payments_domain::service::{
 use payments_gateway::{PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS};
 use payments_jobs::pruner::PRUNED_RECORDS_TOTAL;
 use payments_jobs::reaper::REAPER_RECORDS_TOTAL;
+use payments_store::WRITE_BATCH_SIZE;
 
 pub use payments_app::telemetry::handle;
 
@@ -63,9 +65,10 @@ pub const COUNTERS: [&str; 13] = [
 ];
 
 /// Every histogram (read as `_bucket`, `_sum` and `_count`).
-pub const HISTOGRAMS: [&str; 2] = [
+pub const HISTOGRAMS: [&str; 3] = [
     HTTP_REQUEST_DURATION_SECONDS,
     PROVIDER_REQUEST_DURATION_SECONDS,
+    WRITE_BATCH_SIZE,
 ];
 
 /// `GET /metrics`: Prometheus text format.

@@ -112,12 +112,20 @@ pub struct DatabaseArgs {
     /// How long a caller waits for a pooled connection.
     #[arg(long, env = "DATABASE_ACQUIRE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub database_acquire_timeout: Duration,
+    /// SQLite: the most claims and finishes committed together in one
+    /// transaction (group commit: one fsync for the batch); 1 commits each
+    /// on its own.
+    #[arg(long, env = "SQLITE_WRITE_BATCH", default_value_t = payments_store::DEFAULT_WRITE_BATCH)]
+    pub sqlite_write_batch: u32,
 }
 
 impl DatabaseArgs {
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.database_max_connections == 0 {
             return Err("DATABASE_MAX_CONNECTIONS must be at least 1".into());
+        }
+        if self.sqlite_write_batch == 0 {
+            return Err("SQLITE_WRITE_BATCH must be at least 1".into());
         }
         Ok(())
     }
@@ -153,6 +161,7 @@ impl DatabaseArgs {
         let pool = PoolSettings {
             max_connections: self.database_max_connections,
             acquire_timeout: self.database_acquire_timeout,
+            write_batch: self.sqlite_write_batch,
         };
         payments_store::connect(&self.database_url, &pool)
             .await

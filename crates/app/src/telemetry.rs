@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Latency buckets, in seconds: from a replay (~1 ms) to a slow provider (30 s).
 const BUCKETS: &[f64] = &[
@@ -24,6 +24,10 @@ pub fn handle() -> Result<&'static PrometheusHandle, &'static str> {
         .get_or_init(|| {
             PrometheusBuilder::new()
                 .set_buckets(BUCKETS)
+                .and_then(|b| {
+                    let batch = Matcher::Full(payments_store::WRITE_BATCH_SIZE.to_owned());
+                    b.set_buckets_for_metric(batch, payments_store::BATCH_BUCKETS)
+                })
                 .map_err(|e| e.to_string())?
                 .install_recorder()
                 .map_err(|e| e.to_string())

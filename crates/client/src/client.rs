@@ -391,6 +391,12 @@ impl Client {
             .timeout(timeout)
     }
 
+    /// One `GET /healthz` (liveness: no database, no token), for tools that
+    /// measure what the server answers without any work.
+    pub fn health_request(&self, timeout: Duration) -> reqwest::RequestBuilder {
+        self.http.get(self.url(&["healthz"])).timeout(timeout)
+    }
+
     /// One POST of a JSON body to `url`, with `key` if given.
     fn post_json(
         &self,

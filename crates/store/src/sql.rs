@@ -27,6 +27,7 @@ use sqlx::{
     Row, Transaction, Type,
 };
 
+use crate::batch::Batcher;
 use crate::dialect::Dialect;
 use crate::rows::{ChargeRow, RecordRow, RefundRow, decode};
 use crate::{Error, millis, run};
@@ -363,6 +364,8 @@ pub struct SqlStore<D: Dialect> {
     writer: Pool<D::Db>,
     sql: Arc<Statements>,
     cluster: Option<&'static str>,
+    /// SQLite: claims and finishes committed in batches (group commit).
+    batch: Option<Batcher<D::Db>>,
 }
 
 impl<D: Dialect> Clone for SqlStore<D> {
@@ -372,6 +375,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
             writer: self.writer.clone(),
             sql: self.sql.clone(),
             cluster: self.cluster,
+            batch: self.batch.clone(),
         }
     }
 }
@@ -392,6 +396,7 @@ impl<D: Dialect> SqlStore<D> {
             writer,
             sql: Arc::new(Statements::render::<D>()),
             cluster: None,
+            batch: None,
         }
     }
 
@@ -401,6 +406,12 @@ impl<D: Dialect> SqlStore<D> {
             cluster: Some(name),
             ..self
         }
+    }
+
+    /// SQLite's group commit so far: batches committed, and the claims and
+    /// finishes they carried (`None` when writes are not batched).
+    pub fn write_batches(&self) -> Option<(u64, u64)> {
+        self.batch.as_ref().map(Batcher::committed)
     }
 
     /// The pool, for tests and tools that count rows.
@@ -473,6 +484,14 @@ macro_rules! sql_impl {
 }
 
 sql_impl! {{
+    /// The same store, its claims and finishes committed in batches of at
+    /// most `most` (see [`crate::batch`]); 1 commits each on its own.
+    pub(crate) fn batched(self, most: u32) -> Self {
+        let most = usize::try_from(most).unwrap_or(usize::MAX);
+        let batch = (most > 1).then(|| Batcher::start(self.writer.clone(), D::BEGIN_WRITE, most));
+        Self { batch, ..self }
+    }
+
     fn q<'q>(sql: &'q str) -> Q<'q, D> {
         sqlx::query(AssertSqlSafe(sql))
     }
@@ -590,16 +609,32 @@ sql_impl! {{
         row.map(|r| O::from_row(&r)).transpose()
     }
 
-    /// One claim attempt in a transaction: `Ok(None)` when the row it saw
-    /// changed under it (reclaimed by someone else, or pruned between the
-    /// insert and the read).
+    /// One claim attempt in a transaction (a batch's savepoint, on
+    /// SQLite): `Ok(None)` when the row it saw changed under it (reclaimed
+    /// by someone else, or pruned between the insert and the read).
     async fn try_claim(&self, c: &Claim) -> Result<Option<ClaimOutcome>, Error> {
+        if let Some(batch) = &self.batch {
+            let (store, c) = (self.clone(), c.clone());
+            return batch.run(move |conn| Box::pin(async move { store.claim_in(conn, &c).await })).await;
+        }
         let mut tx = self.begin_write().await?;
+        let outcome = self.claim_in(&mut tx, c).await?;
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// A claim attempt's statements, in the caller's transaction; an error
+    /// leaves it to be rolled back.
+    async fn claim_in(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        c: &Claim,
+    ) -> Result<Option<ClaimOutcome>, Error> {
         let insert = Self::new_record(Self::q(&self.sql.insert_record), c);
         let stamp = || Self::keyed(&self.sql.stamp_by_key, c);
         // Without ON CONFLICT (MySQL), a duplicate key is the error; InnoDB
         // rolls back only the failed statement.
-        let inserted: Option<(i64, D::Ts)> = match Self::stamped(&mut tx, insert, stamp()).await {
+        let inserted: Option<(i64, D::Ts)> = match Self::stamped(conn, insert, stamp()).await {
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => None,
             other => other?,
         };
@@ -607,15 +642,14 @@ sql_impl! {{
             Some(row) => row,
             None => {
                 let by_key = Self::keyed(&self.sql.record_by_key, c);
-                let Some(existing) = Self::read_record(&mut *tx, by_key).await? else {
+                let Some(existing) = Self::read_record(&mut *conn, by_key).await? else {
                     return Ok(None);
                 };
                 if !existing.reclaimable() {
-                    tx.rollback().await?;
                     return Ok(Some(ClaimOutcome::Existing(Box::new(existing))));
                 }
                 let reclaim = Self::claimant(Self::q(&self.sql.reclaim), c).bind(existing.id.0);
-                match Self::stamped(&mut tx, reclaim, stamp()).await? {
+                match Self::stamped(conn, reclaim, stamp()).await? {
                     Some(row) => row,
                     None => return Ok(None),
                 }
@@ -626,27 +660,25 @@ sql_impl! {{
             Operation::Charge(charge) => {
                 Self::charge_values(Self::q(&self.sql.insert_claimed_charge), charge)
                     .bind(record_id.0)
-                    .execute(&mut *tx)
+                    .execute(&mut *conn)
                     .await?;
                 Operation::Charge(stored(charge, at))
             }
             Operation::Refund(refund) => {
-                let Some(amount) = self.reserve(&mut tx, refund).await? else {
-                    let left = self.refundable(&mut tx, refund).await?;
+                let Some(amount) = self.reserve(conn, refund).await? else {
+                    let left = self.refundable(conn, refund).await?;
                     let answer = Refund::exceeds_charge(&refund.charge_id, left);
                     let refuse = Self::answer(&self.sql.refuse_record, RecordState::Complete, &answer);
-                    refuse.bind(record_id.0).bind(c.lease.token.as_str()).execute(&mut *tx).await?;
-                    tx.commit().await?;
+                    refuse.bind(record_id.0).bind(c.lease.token.as_str()).execute(&mut *conn).await?;
                     return Ok(Some(ClaimOutcome::Refused(answer)));
                 };
                 Self::refund_values(Self::q(&self.sql.insert_claimed_refund), refund, amount)
                     .bind(record_id.0)
-                    .execute(&mut *tx)
+                    .execute(&mut *conn)
                     .await?;
                 Operation::Refund(stored_refund(refund, amount, at))
             }
         };
-        tx.commit().await?;
         Ok(Some(claimed(record_id, operation)))
     }
 
@@ -654,11 +686,11 @@ sql_impl! {{
     /// (`FOR UPDATE`; SQLite's writer holds the only lock).
     async fn refundable(
         &self,
-        tx: &mut Transaction<'static, D::Db>,
+        conn: &mut <D::Db as Database>::Connection,
         refund: &Refund,
     ) -> Result<i64, Error> {
         let row = Self::q(&self.sql.refundable).bind(refund.charge_id.as_str());
-        let row = row.fetch_optional(&mut **tx).await?.ok_or_else(|| {
+        let row = row.fetch_optional(&mut *conn).await?.ok_or_else(|| {
             Error::Invariant(format!("charge {} is not refundable", refund.charge_id))
         })?;
         Ok(row.try_get::<i64, _>(0)?.max(0))
@@ -669,15 +701,15 @@ sql_impl! {{
     /// does not fit.
     async fn reserve(
         &self,
-        tx: &mut Transaction<'static, D::Db>,
+        conn: &mut <D::Db as Database>::Connection,
         refund: &Refund,
     ) -> Result<Option<i64>, Error> {
         let amount = match refund.amount_cents {
-            0 => self.refundable(tx, refund).await?,
+            0 => self.refundable(conn, refund).await?,
             asked => asked,
         };
         let reserve = Self::q(&self.sql.reserve).bind(amount).bind(refund.charge_id.as_str());
-        let reserved = D::rows_affected(&reserve.bind(amount).execute(&mut **tx).await?);
+        let reserved = D::rows_affected(&reserve.bind(amount).execute(&mut *conn).await?);
         Ok((amount > 0 && reserved == 1).then_some(amount))
     }
 
@@ -740,33 +772,46 @@ sql_impl! {{
     }
 
     async fn finish(&self, f: &Finish) -> Result<FinishOutcome, Error> {
-        let record = |sql| {
-            Self::answer(sql, f.state, &f.response)
-                .bind(f.record_id.0)
-                .bind(f.lease_token.as_str())
+        if let (Some(sql), Outcome::Charge(outcome)) = (&self.sql.finish_one, &f.outcome) {
+            let row = Self::settle(Self::finishing(sql, f), outcome).fetch_one(&self.pool).await?;
+            return Self::finished(f, Self::count(&row, 0)?, Self::count(&row, 1)?);
+        }
+        if let Some(batch) = &self.batch {
+            let (store, f) = (self.clone(), f.clone());
+            return batch.run(move |conn| Box::pin(async move { store.finish_in(conn, &f).await })).await;
+        }
+        let mut tx = self.begin_write().await?;
+        let outcome = self.finish_in(&mut tx, f).await?;
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    /// `finish_record` or `finish_one` with the finish's answer, record
+    /// and lease bound.
+    fn finishing<'q>(sql: &'q str, f: &'q Finish) -> Q<'q, D> {
+        Self::answer(sql, f.state, &f.response).bind(f.record_id.0).bind(f.lease_token.as_str())
+    }
+
+    /// A finish's statements, in the caller's transaction; an error leaves
+    /// it to be rolled back.
+    async fn finish_in(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        f: &Finish,
+    ) -> Result<FinishOutcome, Error> {
+        let done = Self::finishing(&self.sql.finish_record, f).execute(&mut *conn).await?;
+        let finished = D::rows_affected(&done);
+        let settled = if finished == 1 {
+            self.settle_in(conn, &f.outcome, Guard::Any).await?
+        } else {
+            0
         };
-        let (finished, settled) = match (&self.sql.finish_one, &f.outcome) {
-            (Some(sql), Outcome::Charge(outcome)) => {
-                let row = Self::settle(record(sql), outcome).fetch_one(&self.pool).await?;
-                (Self::count(&row, 0)?, Self::count(&row, 1)?)
-            }
-            _ => {
-                let mut tx = self.begin_write().await?;
-                let done = record(&self.sql.finish_record).execute(&mut *tx).await?;
-                let finished = D::rows_affected(&done);
-                let settled = if finished == 1 {
-                    self.settle_in(&mut tx, &f.outcome, Guard::Any).await?
-                } else {
-                    0
-                };
-                if (finished, settled) == (1, 1) {
-                    tx.commit().await?;
-                } else {
-                    tx.rollback().await?;
-                }
-                (finished, settled)
-            }
-        };
+        Self::finished(f, finished, settled)
+    }
+
+    /// What a finish that changed `finished` records and `settled`
+    /// operations means.
+    fn finished(f: &Finish, finished: u64, settled: u64) -> Result<FinishOutcome, Error> {
         match (finished, settled) {
             (0, _) => Ok(FinishOutcome::Lost),
             (1, 1) => Ok(FinishOutcome::Finished),
@@ -786,14 +831,14 @@ sql_impl! {{
     /// charges or refunds changed.
     async fn settle_in(
         &self,
-        tx: &mut Transaction<'static, D::Db>,
+        conn: &mut <D::Db as Database>::Connection,
         outcome: &Outcome,
         guard: Guard,
     ) -> Result<u64, Error> {
         let o = match outcome {
             Outcome::Charge(o) => {
                 let q = Self::settle(Self::q(&self.sql.settle[guard as usize]), o);
-                return Ok(D::rows_affected(&q.execute(&mut **tx).await?));
+                return Ok(D::rows_affected(&q.execute(&mut *conn).await?));
             }
             Outcome::Refund(o) => o,
         };
@@ -802,7 +847,7 @@ sql_impl! {{
             .bind(&o.gateway_refund_id)
             .bind(&o.failure_code)
             .bind(o.refund_id.as_str());
-        let settled = D::rows_affected(&q.execute(&mut **tx).await?);
+        let settled = D::rows_affected(&q.execute(&mut *conn).await?);
         let charge = match o.status {
             ChargeStatus::Succeeded => Some(&self.sql.refunded),
             ChargeStatus::Failed => Some(&self.sql.unreserve),
@@ -810,7 +855,7 @@ sql_impl! {{
         };
         if let Some(sql) = charge.filter(|_| settled == 1) {
             let q = Self::q(sql).bind(o.amount_cents).bind(o.charge_id.as_str());
-            if D::rows_affected(&q.execute(&mut **tx).await?) != 1 {
+            if D::rows_affected(&q.execute(&mut *conn).await?) != 1 {
                 return Err(Error::Invariant(format!(
                     "refund {} settled but its charge {} is missing",
                     o.refund_id, o.charge_id
@@ -940,7 +985,7 @@ sql_impl! {#[async_trait] Store for {
     async fn settle(&self, outcome: &Outcome) -> Result<bool, StoreError> {
         run(|| async {
             let mut tx = self.begin_write().await?;
-            let settled = self.settle_in(&mut tx, outcome, Guard::Pending).await?;
+            let settled = self.settle_in(&mut *tx, outcome, Guard::Pending).await?;
             tx.commit().await?;
             Ok(settled > 0)
         })
@@ -978,7 +1023,7 @@ sql_impl! {#[async_trait] Store for {
         let rewrite = &self.sql.rewrite_abandoned[usize::from(matches!(outcome, Outcome::Refund(_)))];
         run(|| async {
             let mut tx = self.begin_write().await?;
-            if self.settle_in(&mut tx, outcome, Guard::Unknown).await? == 0 {
+            if self.settle_in(&mut *tx, outcome, Guard::Unknown).await? == 0 {
                 tx.rollback().await?;
                 return Ok(false);
             }

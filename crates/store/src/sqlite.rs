@@ -11,7 +11,9 @@
 //! before it writes starts with `BEGIN IMMEDIATE`, taking the lock up
 //! front, so it cannot fail with `SQLITE_BUSY_SNAPSHOT` when another write
 //! commits between its read and its write; a single write statement takes
-//! the lock when it starts.
+//! the lock when it starts. Claims and finishes are committed in batches
+//! through that connection (group commit, [`crate::batch`]): one fsync for
+//! every claim and finish that queued behind the last commit.
 //!
 //! Time: the clock of the process that opens the file, so one SQLite
 //! database has one clock. Times are integer Unix milliseconds.
@@ -79,6 +81,6 @@ impl SqliteStore {
         let open = |max| settings.options(max).connect_with(options.clone());
         let writer = open(1).await.map_err(classify)?;
         let pool = open(settings.max_connections).await.map_err(classify)?;
-        Ok(Self::new(pool, writer))
+        Ok(Self::new(pool, writer).batched(settings.write_batch))
     }
 }

@@ -53,7 +53,7 @@ pub use report::{
 pub use stream::{Count, Latency, StreamReport};
 
 use crate::tool::{self, PreflightError};
-use operation::{OpRecord, Run, Violations};
+use operation::{OpRecord, Read, Run, Violations};
 use sandbox::Sandbox;
 
 /// What to run, and the `payments-load` subcommand that says it: the first
@@ -172,6 +172,19 @@ pub enum Scenario {
         #[arg(long)]
         starting_after: Option<String>,
     },
+    /// Reads of `GET /healthz`, timed: what the server answers with no work
+    /// behind the answer, the ceiling a replay is measured against.
+    ///
+    /// `requests` reads, `concurrency` at a time; every answer 200.
+    #[command(long_about = None)]
+    Health {
+        /// Reads in all.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+        requests: u64,
+        /// Reads at a time.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+        concurrency: u64,
+    },
 }
 
 impl Scenario {
@@ -183,6 +196,7 @@ impl Scenario {
             Self::Slow { .. } => "slow",
             Self::Refund { .. } => "refund",
             Self::List { .. } => "list",
+            Self::Health { .. } => "health",
         }
     }
 
@@ -227,6 +241,10 @@ impl Scenario {
                 starting_after,
             } => json!({"requests": requests, "concurrency": concurrency, "limit": limit,
                 "starting_after": starting_after}),
+            Self::Health {
+                requests,
+                concurrency,
+            } => json!({"requests": requests, "concurrency": concurrency}),
         }
     }
 
@@ -277,6 +295,10 @@ impl Scenario {
                 requests,
                 concurrency,
                 ..
+            }
+            | Self::Health {
+                requests,
+                concurrency,
             } => &[("requests", *requests), ("concurrency", *concurrency)],
         };
         match counts.iter().find(|(_, n)| *n == 0) {
@@ -478,8 +500,12 @@ pub async fn run(config: &Config) -> Result<Report, LoadError> {
                 starting_after: starting_after.clone(),
                 ..ChargeQuery::default()
             };
-            scenarios::list(&run, requests, concurrency, &query).await?
+            scenarios::reads(&run, Read::Page(query), requests, concurrency).await?
         }
+        Scenario::Health {
+            requests,
+            concurrency,
+        } => scenarios::reads(&run, Read::Health, requests, concurrency).await?,
     };
     let elapsed = started.elapsed();
 

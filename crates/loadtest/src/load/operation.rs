@@ -22,6 +22,15 @@ use tokio::time::Instant;
 
 use super::stream::{Stream, TransportError};
 
+/// What a read-only scenario reads.
+#[derive(Debug, Clone)]
+pub(crate) enum Read {
+    /// A page of `GET /api/charges`.
+    Page(ChargeQuery),
+    /// `GET /healthz`: the server's answer with no work behind it.
+    Health,
+}
+
 /// How many violation messages a report keeps (all are counted).
 const KEPT_VIOLATIONS: usize = 20;
 
@@ -204,9 +213,13 @@ impl Run {
         })
     }
 
-    /// One `GET /api/charges` of `query`, timed into `stream`.
-    pub(crate) async fn list(&self, query: &ChargeQuery, stream: &Stream) -> Seen {
-        let request = self.client.list_charges_request(query, self.timeout);
+    /// One read (a page of `GET /api/charges`, or `GET /healthz`), timed
+    /// into `stream`.
+    pub(crate) async fn read(&self, read: &Read, stream: &Stream) -> Seen {
+        let request = match read {
+            Read::Page(query) => self.client.list_charges_request(query, self.timeout),
+            Read::Health => self.client.health_request(self.timeout),
+        };
         self.timed(stream, exchange(request)).await
     }
 

@@ -6,13 +6,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use payments_client::model::{ChargeQuery, ChargeStatus};
+use payments_client::model::ChargeStatus;
 use tokio::sync::{Barrier, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::LoadError;
-use super::operation::{Looked, OpRecord, Operation, Run, Seen};
+use super::operation::{Looked, OpRecord, Operation, Read, Run, Seen};
 use super::sandbox::Sandbox;
 use super::stream::{Stream, TransportError};
 
@@ -356,22 +356,26 @@ pub(crate) async fn refunds(
     })
 }
 
-/// `list`: `requests` reads of one page of `GET /api/charges`,
-/// `concurrency` at a time; every answer must be 200.
-pub(crate) async fn list(
+/// `list` and `health`: `requests` reads of one page of `GET /api/charges`
+/// or of `GET /healthz`, `concurrency` at a time; every answer must be 200.
+pub(crate) async fn reads(
     run: &Arc<Run>,
+    read: Read,
     requests: u64,
     concurrency: u64,
-    query: &ChargeQuery,
 ) -> Result<Outcome, LoadError> {
-    let pages = stream("list", &[200])?;
+    let name = match read {
+        Read::Page(_) => "list",
+        Read::Health => "health",
+    };
+    let pages = stream(name, &[200])?;
     let next = Arc::new(AtomicU64::new(0));
     let mut workers = JoinSet::new();
     for _ in 0..concurrency.min(requests) {
-        let (run, next, pages, query) = (run.clone(), next.clone(), pages.clone(), query.clone());
+        let (run, next, pages, read) = (run.clone(), next.clone(), pages.clone(), read.clone());
         workers.spawn(async move {
             while run.open() && next.fetch_add(1, Ordering::Relaxed) < requests {
-                run.list(&query, &pages).await;
+                run.read(&read, &pages).await;
             }
         });
     }
