@@ -374,8 +374,10 @@ impl Bench {
         let log = self.out_dir.join(format!("{name}-api-{label}.log"));
         let pool = pool.to_string();
         let batch = self.settings.sqlite_write_batch.to_string();
+        let cache = self.settings.replay_cache_mb.to_string();
         let env = [
             ("SQLITE_WRITE_BATCH", batch.as_str()),
+            ("REPLAY_CACHE_MB", cache.as_str()),
             ("DATABASE_URL", db.url.as_str()),
             ("DATABASE_MAX_CONNECTIONS", &pool),
             ("LISTEN_ADDR", "127.0.0.1:0"),

@@ -54,6 +54,7 @@ knobs! {
     concurrency: u64 = count("BENCH_CONCURRENCY", "16"), "`new` (and `prune`) concurrency; pgbench clients";
     pool: u64 = count("BENCH_POOL", "10"), "the API's pool size (`slow` always uses 10)";
     sqlite_write_batch: u64 = count("BENCH_SQLITE_WRITE_BATCH", "64"), "the API's `SQLITE_WRITE_BATCH` (group commit; 1: off)";
+    replay_cache_mb: u64 = number("BENCH_REPLAY_CACHE_MB", "32"), "the API's `REPLAY_CACHE_MB` (the replay cache; 0: off)";
     ceiling_charges: u64 = count("BENCH_CEILING_CHARGES", "20000"), "`ceiling` (SQLite): charges claimed and finished by the one-writer loop";
     health_requests: u64 = count("BENCH_HEALTH_REQUESTS", "100000"), "`health`: reads of `/healthz`, at `replay`'s concurrency";
     cache_keys: u64 = count("BENCH_CACHE_KEYS", "50000"), "`cache` (PostgreSQL): keys charged, then each replayed twice, more than the default replay cache holds";
@@ -108,6 +109,14 @@ fn count(value: &str) -> Result<u64> {
     let n = n.context("not a whole number")?;
     ensure!(n > 0, "must be at least 1");
     Ok(n)
+}
+
+/// A size that may be 0 (a feature turned off).
+fn number(value: &str) -> Result<u64> {
+    value
+        .replace('_', "")
+        .parse::<u64>()
+        .context("not a whole number")
 }
 
 fn duration(value: &str) -> Result<Duration> {

@@ -97,7 +97,7 @@ impl RequestFingerprint {
     /// (only optional fields can be null in a valid request), then hashed.
     pub fn of(body: &Value) -> Self {
         match body {
-            Value::Object(fields) if fields.values().any(Value::is_null) => {
+            Value::Object(fields) if Self::drops_nulls(body) => {
                 let present: serde_json::Map<String, Value> = fields
                     .iter()
                     .filter(|(_, v)| !v.is_null())
@@ -107,6 +107,12 @@ impl RequestFingerprint {
             }
             _ => Self::of_v1(body),
         }
+    }
+
+    /// Whether version 2 hashes something other than `body` as sent (it has
+    /// top-level `null` fields): only then do the two versions differ.
+    pub fn drops_nulls(body: &Value) -> bool {
+        matches!(body, Value::Object(fields) if fields.values().any(Value::is_null))
     }
 
     /// The first version, over the body exactly as sent: records written
