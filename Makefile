@@ -26,9 +26,10 @@ test:
 	  $(CARGO) test --workspace --all-targets 2>&1 | tee target/test.log
 	@./scripts/test-summary target/test.log
 
-## Benchmarks of the release binaries on SQLite and PostgreSQL (a throwaway
-## cluster, made durable) with a pgbench ceiling: rewrites docs/benchmarks.md
-## (keeping its analysis section) and target/bench/*.json.
+## Benchmarks of the release binaries on SQLite, PostgreSQL and MariaDB
+## (throwaway servers, made durable) against their ceilings: rewrites
+## docs/benchmarks.md (keeping its analysis section), docs/benchmarks.svg and
+## target/bench/*.json.
 ## BENCH_* variables size the runs; the list is in docs/benchmarks.md.
 bench:
 	$(CARGO) build --release --workspace --bins

@@ -1,6 +1,7 @@
 //! `docs/benchmarks.svg`: throughput and p99 of each scenario on each
-//! backend, two bar charts side by side, drawn straight from the load
-//! [`Report`]s the markdown's tables come from (no second renderer).
+//! backend, two bar charts side by side (requests/s on a log scale, since
+//! new charges and replays differ tenfold; p99 linear), drawn straight from
+//! the load [`Report`]s the markdown's tables come from (no second renderer).
 
 use std::fmt::Write as _;
 
@@ -71,10 +72,11 @@ pub fn render(backends: &[BackendResults]) -> Option<String> {
     panel(
         &mut svg,
         40.0,
-        "requests/s",
+        "requests/s (log scale)",
         &measured,
         backends,
         &rps,
+        Scale::Log,
         &|v| format!("{v:.0}"),
     );
     panel(
@@ -84,6 +86,7 @@ pub fn render(backends: &[BackendResults]) -> Option<String> {
         &measured,
         backends,
         &p99,
+        Scale::Linear,
         &|v| format!("{v:.1}"),
     );
     for (i, b) in backends.iter().enumerate() {
@@ -108,8 +111,18 @@ fn figures(series: &Series, b: &BackendResults) -> Option<(f64, f64)> {
     Some((stream.throughput_rps, p99_ms))
 }
 
+/// How a panel maps values to bar heights.
+#[derive(Clone, Copy)]
+enum Scale {
+    Linear,
+    /// From 10 to the next power of ten above the largest value, with a
+    /// grid line at each power.
+    Log,
+}
+
 /// One bar chart: a group of bars per scenario, one bar per backend, each
 /// labelled with its value.
+#[allow(clippy::too_many_arguments)]
 fn panel(
     svg: &mut String,
     left: f64,
@@ -117,6 +130,7 @@ fn panel(
     series: &[&Series],
     backends: &[BackendResults],
     value: &dyn Fn(&Series, &BackendResults) -> Option<f64>,
+    scale: Scale,
     label: &dyn Fn(f64) -> String,
 ) {
     let values = series
@@ -124,6 +138,25 @@ fn panel(
         .flat_map(|s| backends.iter().filter_map(|b| value(s, b)));
     let max = values.fold(0.0_f64, f64::max).max(f64::EPSILON);
     let bottom = TOP + PLOT;
+    let decades = max.log10().ceil().max(2.0);
+    let height = |v: f64| match scale {
+        Scale::Linear => PLOT * v / max,
+        Scale::Log => PLOT * ((v.max(10.0).log10() - 1.0) / (decades - 1.0)),
+    };
+    if let Scale::Log = scale {
+        for power in 1..=decades as u32 {
+            let y = bottom - height(10f64.powi(power as i32));
+            let _ = writeln!(
+                svg,
+                "<line x1=\"{left}\" y1=\"{y:.1}\" x2=\"{}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+                 <text x=\"{}\" y=\"{:.1}\" font-size=\"9\" text-anchor=\"end\">{}</text>",
+                left + PANEL,
+                left - 2.0,
+                y + 3.0,
+                10u64.pow(power)
+            );
+        }
+    }
     let _ = writeln!(
         svg,
         "<text x=\"{left}\" y=\"{}\" font-weight=\"bold\">{title}</text>\n\
@@ -137,7 +170,7 @@ fn panel(
         let x0 = left + g as f64 * group + 8.0;
         for (i, b) in backends.iter().enumerate() {
             let Some(v) = value(s, b) else { continue };
-            let h = PLOT * v / max;
+            let h = height(v);
             let (x, y) = (x0 + i as f64 * bar, bottom - h);
             let colour = COLOURS[i % COLOURS.len()];
             let _ = writeln!(

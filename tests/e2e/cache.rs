@@ -3,11 +3,10 @@
 
 use std::time::Duration;
 
-use payments_api::config::DEV_JWT_SECRET;
 use payments_tests::{Backend, Process, TestDb, backend_tests, charge_body, new_key};
 use serde_json::Value;
 
-use super::{mint, post};
+use super::{api_env, mint, post};
 
 /// The TTL of these tests' keys: a copy lives this less the one-minute
 /// margin, about 5 s.
@@ -45,14 +44,7 @@ async fn replays_come_from_memory_until_their_record_expires(backend: Backend) {
     };
     let sandbox = Process::start("payments-sandbox", &["--listen", "127.0.0.1:0"], &[]).await;
     let ttl = format!("{TTL_SECS}s");
-    let env = [
-        ("DATABASE_URL", db.url.as_str()),
-        ("LISTEN_ADDR", "127.0.0.1:0"),
-        ("GATEWAY_URL", sandbox.url.as_str()),
-        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
-        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
-        ("IDEMPOTENCY_TTL", ttl.as_str()),
-    ];
+    let env = api_env(&db, &sandbox, &[("IDEMPOTENCY_TTL", ttl.as_str())]);
     let (a, b) = (
         Process::start("payments-api", &[], &env).await,
         Process::start("payments-api", &[], &env).await,

@@ -45,15 +45,8 @@ async fn a_kill_9_mid_batch_loses_no_answered_charge_and_splits_no_request() {
         return;
     };
     let sandbox = Process::start("payments-sandbox", &["--listen", "127.0.0.1:0"], &[]).await;
-    let env = [
-        ("DATABASE_URL", db.url.as_str()),
-        ("LISTEN_ADDR", "127.0.0.1:0"),
-        ("GATEWAY_URL", sandbox.url.as_str()),
-        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
-        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
-        ("SQLITE_WRITE_BATCH", "64"),
-        ("RUST_LOG", "warn"),
-    ];
+    let extra = [("SQLITE_WRITE_BATCH", "64"), ("RUST_LOG", "warn")];
+    let env = super::api_env(&db, &sandbox, &extra);
     let mut api = Process::start("payments-api", &[], &env).await;
     let token =
         payments_api::auth::mint_hs256(DEV_JWT_SECRET, "cus_batch", Duration::from_secs(600))

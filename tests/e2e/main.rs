@@ -15,6 +15,25 @@ async fn post(api: &Process, token: &str, key: &str, body: &str) -> reqwest::Res
     api.post_charge(token, key, body).await.unwrap()
 }
 
+/// What every API process of these tests is started with: the test's
+/// database, a free loopback port, the sandbox as the provider and the
+/// development JWT secret; then `extra`.
+fn api_env<'a>(
+    db: &'a TestDb,
+    sandbox: &'a Process,
+    extra: &[(&'a str, &'a str)],
+) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        ("DATABASE_URL", db.url.as_str()),
+        ("LISTEN_ADDR", "127.0.0.1:0"),
+        ("GATEWAY_URL", sandbox.url.as_str()),
+        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+    ];
+    env.extend_from_slice(extra);
+    env
+}
+
 async fn mint(customer: &str) -> String {
     let (ok, stdout, stderr) = run_binary(
         "payments-api",
@@ -198,13 +217,7 @@ async fn two_api_processes_share_one_database(backend: Backend) {
         &[],
     )
     .await;
-    let env = [
-        ("DATABASE_URL", db.url.as_str()),
-        ("LISTEN_ADDR", "127.0.0.1:0"),
-        ("GATEWAY_URL", sandbox.url.as_str()),
-        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
-        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
-    ];
+    let env = api_env(&db, &sandbox, &[]);
     let apis = std::sync::Arc::new([
         Process::start("payments-api", &[], &env).await,
         Process::start("payments-api", &[], &env).await,

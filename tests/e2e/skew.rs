@@ -30,16 +30,9 @@ struct Replicas {
 }
 
 fn api_env<'a>(db: &'a TestDb, sandbox: &'a Process) -> Vec<(&'a str, &'a str)> {
-    vec![
-        ("DATABASE_URL", &db.url),
-        ("LISTEN_ADDR", "127.0.0.1:0"),
-        ("GATEWAY_URL", &sandbox.url),
-        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
-        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
-        ("IDEMPOTENCY_TTL", "1h"),
-        // These tests age records by SQL: no copies in memory.
-        ("REPLAY_CACHE_MB", "0"),
-    ]
+    // These tests age records by SQL: no copies in memory.
+    let extra = [("IDEMPOTENCY_TTL", "1h"), ("REPLAY_CACHE_MB", "0")];
+    super::api_env(db, sandbox, &extra)
 }
 
 async fn replicas(backend: Backend, skew: Skew) -> Option<Replicas> {
