@@ -11,7 +11,7 @@ DEV_JWT_SECRET := dev-only-secret-do-not-use-in-production
 ## Serve on http://127.0.0.1:8080 with SQLite and the built-in sandbox.
 run:
 	JWT_HS256_SECRET="$${JWT_HS256_SECRET:-$(DEV_JWT_SECRET)}" \
-	$(CARGO) run --quiet -p payments-api --bin payments-api
+	$(CARGO) run -p payments-api --bin payments-api
 
 ## Every test on every backend: SQLite; PostgreSQL and MariaDB from
 ## TEST_POSTGRES_URL / TEST_MYSQL_URL, else throwaway servers from the local
