@@ -188,6 +188,13 @@ async fn bad_configuration_is_refused_at_start() {
             ],
             "unsupported",
         ),
+        (
+            &[
+                ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+                ("SQLITE_WRITE_BATCH", "0"),
+            ],
+            "SQLITE_WRITE_BATCH must be at least 1",
+        ),
     ];
     for (env, needle) in cases {
         let mut env = env.to_vec();
