@@ -375,9 +375,12 @@ impl Bench {
         let pool = pool.to_string();
         let batch = self.settings.sqlite_write_batch.to_string();
         let cache = self.settings.replay_cache_mb.to_string();
+        let rate = self.settings.rate_limit_per_minute.to_string();
         let env = [
             ("SQLITE_WRITE_BATCH", batch.as_str()),
             ("REPLAY_CACHE_MB", cache.as_str()),
+            ("RATE_LIMIT_PER_MINUTE", rate.as_str()),
+            ("RATE_LIMIT_BURST", rate.as_str()),
             ("DATABASE_URL", db.url.as_str()),
             ("DATABASE_MAX_CONNECTIONS", &pool),
             ("LISTEN_ADDR", "127.0.0.1:0"),

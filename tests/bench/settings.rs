@@ -55,6 +55,7 @@ knobs! {
     pool: u64 = count("BENCH_POOL", "10"), "the API's pool size (`slow` always uses 10)";
     sqlite_write_batch: u64 = count("BENCH_SQLITE_WRITE_BATCH", "64"), "the API's `SQLITE_WRITE_BATCH` (group commit; 1: off)";
     replay_cache_mb: u64 = number("BENCH_REPLAY_CACHE_MB", "32"), "the API's `REPLAY_CACHE_MB` (the replay cache; 0: off)";
+    rate_limit_per_minute: u64 = number("BENCH_RATE_LIMIT_PER_MINUTE", "100000000"), "the API's `RATE_LIMIT_PER_MINUTE`, and its `RATE_LIMIT_BURST` too: on, and too high to refuse any of the load, so its cost is in the figures (0: off)";
     ceiling_charges: u64 = count("BENCH_CEILING_CHARGES", "20000"), "`ceiling` (SQLite): charges claimed and finished by the one-writer loop";
     health_requests: u64 = count("BENCH_HEALTH_REQUESTS", "100000"), "`health`: reads of `/healthz`, at `replay`'s concurrency";
     cache_keys: u64 = count("BENCH_CACHE_KEYS", "50000"), "`cache` (PostgreSQL): keys charged, then each replayed twice, more than the default replay cache holds";

@@ -425,3 +425,70 @@ async fn a_bad_token_is_rejected_and_an_unknown_charge_is_none() {
     let id = &theirs.charge().unwrap().id;
     assert_eq!(client.get_charge(id).await.unwrap(), None);
 }
+
+#[tokio::test]
+async fn retry_after_of_a_429_is_honoured() {
+    let (url, server) = stand_in(|attempt| match attempt {
+        0 => canned(429, Some(1), &error_body("rate_limited")),
+        _ => canned(201, None, &charge_body("ch_1")),
+    })
+    .await;
+    let outcome = fast_client(&url).charge(&visa()).await.unwrap();
+    assert_eq!(outcome.attempts, 2);
+    let seen = server.seen();
+    assert_eq!(seen[0].key, seen[1].key, "the same key after a 429");
+    let waited = seen[1].at - seen[0].at;
+    assert!(
+        waited >= Duration::from_secs(1),
+        "waited {waited:?}, Retry-After said 1 s"
+    );
+}
+
+/// Over the customer's rate, the real server answers 429 with
+/// `Retry-After`; the client waits as told and its retry, with the same
+/// key, is admitted: one charge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rate_limited_charge_is_retried_after_the_wait_and_made_once() {
+    let app = app(AppOptions {
+        // Burst 1, one a second.
+        rate_limit: (60, 1),
+        ..AppOptions::default()
+    })
+    .await;
+    let client = Client::new(&app.base_url, app.token("cus_fast")).unwrap();
+    let first = client.charge(&visa()).await.unwrap();
+    assert_eq!(first.attempts, 1);
+    let second = client.charge(&visa()).await.unwrap();
+    assert!(second.charge().is_some(), "{second:?}");
+    assert!(second.attempts >= 2, "the first attempt was over the rate");
+    assert_ne!(first.key, second.key);
+    assert_eq!(app.sandbox_charges().await.len(), 2);
+    assert_eq!(app.db.charges().await, 2);
+}
+
+/// The provider refusing the request itself (an unknown card token) is
+/// final: one attempt, 502 `provider_rejected_request` with the provider's
+/// code, and the key is kept (its answer is stored).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_the_provider_rejects_is_final() {
+    let app = app(AppOptions::default()).await;
+    let client = Client::new(&app.base_url, app.token("cus_gil")).unwrap();
+    let err = client
+        .charge(&ChargeRequest::new(100, "GBP", "tok_doesNotExist"))
+        .await
+        .unwrap_err();
+    let ClientError::Rejected {
+        status,
+        error,
+        attempts,
+        ..
+    } = &err
+    else {
+        panic!("expected Rejected, got {err:?}");
+    };
+    assert_eq!((*status, *attempts), (502, 1));
+    assert_eq!(error.code, "provider_rejected_request");
+    assert_eq!(error.provider_code.as_deref(), Some("resource_missing"));
+    assert!(!err.outcome_unknown());
+    assert!(app.sandbox_charges().await.is_empty());
+}

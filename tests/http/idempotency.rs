@@ -84,6 +84,7 @@ async fn sequential_retry_replays_byte_for_byte(backend: Backend) {
     let first = app.post_charge("cus_1", Some(&key), body).await;
     assert_eq!(first.status(), 201);
     assert!(first.headers().get("idempotent-replay").is_none());
+    assert!(first.headers().get("idempotent-replayed").is_none());
     let location = first.headers()["location"].to_str().unwrap().to_owned();
     let first_bytes = first.bytes().await.unwrap();
     let charge: Value = serde_json::from_slice(&first_bytes).unwrap();
@@ -107,6 +108,8 @@ async fn sequential_retry_replays_byte_for_byte(backend: Backend) {
         let again = app.post_charge("cus_1", Some(&key), body).await;
         assert_eq!(again.status(), 201);
         assert_eq!(again.headers()["idempotent-replay"], "true");
+        // Stripe's name too, which its SDKs read.
+        assert_eq!(again.headers()["idempotent-replayed"], "true");
         assert_eq!(again.headers()["location"].to_str().unwrap(), location);
         assert_eq!(again.headers()["content-type"], "application/json");
         assert_eq!(
@@ -352,24 +355,117 @@ backend_tests!(
     different_keys_are_different_charges,
 );
 
-/// A card token the provider does not know is a final refusal (nothing was
-/// charged, a retry would get the same answer): a stored 402, not a 503 loop.
-async fn unknown_card_token_is_a_final_refusal(backend: Backend) {
+/// A card token the provider does not know is the provider refusing the
+/// request (Stripe's 400 `invalid_request_error`), not a declined card:
+/// a stored 502 `provider_rejected_request` with the provider's code and
+/// message, final (nothing was charged, a retry would get the same
+/// answer), never a 402 `card_declined` and never a 503 loop.
+async fn a_request_the_provider_rejects_is_final_and_not_a_decline(backend: Backend) {
     let Some(app) = spawn_app(backend, AppOptions::default()).await else {
         return;
     };
     let key = new_key();
     let body = charge_body(4900, "tok_doesNotExist");
     let first = app.post_charge("cus_1", Some(&key), &body).await;
-    assert_eq!(first.status(), 402);
+    assert_eq!(first.status(), 502);
+    assert!(
+        first.headers().get("retry-after").is_none(),
+        "final: no retry"
+    );
     let error: Value = first.json().await.unwrap();
-    assert_eq!(error["error"]["code"], "card_declined");
-    assert_eq!(error["error"]["decline_code"], "resource_missing");
+    assert_eq!(
+        error["error"]["code"], "provider_rejected_request",
+        "{error}"
+    );
+    assert_eq!(error["error"]["provider_code"], "resource_missing");
+    assert!(error["error"].get("decline_code").is_none(), "{error}");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("No such token"),
+        "the provider's message: {message}"
+    );
+    let charge_id = error["error"]["charge_id"].as_str().unwrap();
     let again = app.post_charge("cus_1", Some(&key), &body).await;
-    assert_eq!(again.status(), 402);
+    assert_eq!(again.status(), 502);
     assert_eq!(again.headers()["idempotent-replay"], "true");
+    let replayed: Value = again.json().await.unwrap();
+    assert_eq!(replayed, error, "the stored answer, replayed");
     assert_eq!(app.db.charges_with_status("failed").await, 1);
+    assert_eq!(app.db.charges().await, 1);
+    let read = app
+        .get_as("cus_1", &format!("/api/charges/{charge_id}"))
+        .await;
+    assert_eq!(read.body["status"], "failed", "{}", read.body);
     assert_eq!(app.sandbox_charges().await.len(), 0);
+    assert_eq!(app.sandbox_stats().await["requests"], 1, "called once");
 }
 
-backend_tests!(unknown_card_token_is_a_final_refusal);
+/// An amount below the provider's minimum for its currency is refused up
+/// front: 400 `invalid_request` on `amount_cents`, nothing stored, the
+/// provider never called; the same key then works with a valid amount.
+async fn an_amount_below_the_providers_minimum_is_refused_up_front(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let key = new_key();
+    let below = r#"{"amount_cents":49,"currency":"USD","card_token":"tok_visa"}"#;
+    let refused = app.post_charge("cus_1", Some(&key), below).await;
+    assert_eq!(refused.status(), 400);
+    let error: Value = refused.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "invalid_request");
+    assert_eq!(error["error"]["param"], "amount_cents");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at least 50 for USD")
+    );
+    assert_eq!(app.db.charges().await, 0);
+    assert_eq!(app.db.records().await, 0);
+    assert_eq!(app.sandbox_stats().await["requests"], 0);
+    let at = r#"{"amount_cents":50,"currency":"USD","card_token":"tok_visa"}"#;
+    assert_eq!(app.post_charge("cus_1", Some(&key), at).await.status(), 201);
+}
+
+/// A 503 says why the outcome is unknown: a timeout, a dropped connection
+/// or a provider error, each with the same code and the same advice.
+async fn an_unknown_outcome_says_why(backend: Backend) {
+    let Some(app) = spawn_app(
+        backend,
+        AppOptions {
+            gateway_timeout: Duration::from_secs(1),
+            ..AppOptions::default()
+        },
+    )
+    .await
+    else {
+        return;
+    };
+    let cases = [
+        (json!({"latency_ms": 2500}), "did not answer in time"),
+        (
+            json!({"drop_after_charge": true}),
+            "connection to the payment provider was lost",
+        ),
+        (json!({"error_rate": 1.0}), "answered with an error"),
+    ];
+    for (config, says) in cases {
+        app.configure_sandbox(config.clone()).await;
+        let answer = app
+            .post_charge("cus_1", Some(&new_key()), &charge_body(4900, "tok_visa"))
+            .await;
+        assert_eq!(answer.status(), 503, "{config}");
+        assert_eq!(answer.headers()["retry-after"], "2");
+        let error: Value = answer.json().await.unwrap();
+        assert_eq!(error["error"]["code"], "gateway_unavailable");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{config}: {message}");
+        assert!(message.contains("same idempotency key"), "{message}");
+    }
+}
+
+backend_tests!(
+    a_request_the_provider_rejects_is_final_and_not_a_decline,
+    an_amount_below_the_providers_minimum_is_refused_up_front,
+    an_unknown_outcome_says_why,
+);

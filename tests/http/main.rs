@@ -7,6 +7,7 @@ mod hardening;
 mod idempotency;
 mod incident;
 mod lifecycle;
+mod limits;
 mod observability;
 mod time;
 mod validation;

@@ -10,7 +10,7 @@ use payments_tests::{
 use serde_json::Value;
 
 /// The sum of every sample of `name` (all label sets) in `/metrics`.
-async fn metric(app: &TestApp, name: &str) -> f64 {
+pub(crate) async fn metric(app: &TestApp, name: &str) -> f64 {
     let text = app.metrics_text().await;
     text.lines()
         .filter(|l| !l.starts_with('#'))

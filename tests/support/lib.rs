@@ -690,6 +690,9 @@ pub struct AppOptions {
     /// test that ages records by SQL turns it off: a copy's lifetime is the
     /// TTL the database reported, which aging shortens behind its back.
     pub replay_cache: bool,
+    /// `RATE_LIMIT_PER_MINUTE` and `RATE_LIMIT_BURST`: off (0) unless a
+    /// test sets it, set explicitly so the default never throttles a test.
+    pub rate_limit: (u32, u32),
 }
 
 impl Default for AppOptions {
@@ -703,6 +706,7 @@ impl Default for AppOptions {
             key_mode: KeyMode::Required,
             http: payments_api::server::HttpTimeouts::default(),
             replay_cache: true,
+            rate_limit: (0, 0),
         }
     }
 }
@@ -766,6 +770,10 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
     if !options.replay_cache {
         settings.core.charges.replay_cache_mb = 0;
     }
+    (
+        settings.core.charges.rate_limit_per_minute,
+        settings.core.charges.rate_limit_burst,
+    ) = options.rate_limit;
     let provider = Provider::Remote {
         url: sandbox.url(),
         secret_key: SANDBOX_SECRET_KEY.into(),
@@ -1158,6 +1166,7 @@ impl Process {
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
+            .env(RATE_LIMIT_OFF.0, RATE_LIMIT_OFF.1)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(stderr)
@@ -1431,13 +1440,19 @@ pub async fn run_binary_skewed(
     Some((ok, stdout, stderr))
 }
 
+/// Tests set the rate limit explicitly: every process a test starts has it
+/// off, unless the test's own environment sets `RATE_LIMIT_PER_MINUTE`
+/// (applied after this), so that no test is throttled by the default.
+pub const RATE_LIMIT_OFF: (&str, &str) = ("RATE_LIMIT_PER_MINUTE", "0");
+
 /// Runs a workspace binary to completion: (exit success, stdout, stderr).
 pub async fn run_binary(name: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let mut command = tokio::process::Command::new(binary(name));
     command
         .args(args)
         .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default());
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env(RATE_LIMIT_OFF.0, RATE_LIMIT_OFF.1);
     for (k, v) in env {
         command.env(k, v);
     }

@@ -6,6 +6,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use payments_domain::charge::InvalidRequest;
 use payments_domain::envelope::ErrorEnvelope;
+use payments_domain::provider::Doubt;
 use payments_domain::service::{ChargeError, RETRY_AFTER_SECS};
 use payments_domain::store::StoreError;
 
@@ -46,8 +47,16 @@ pub enum ApiError {
     KeyReused,
     #[error("a request with this idempotency key is still in progress; retry later")]
     InProgress,
-    #[error("the payment provider did not answer in time; retry with the same idempotency key")]
-    GatewayUnavailable,
+    /// Over the customer's rate of new operations; the wait, rounded up to
+    /// whole seconds, goes in `Retry-After`.
+    #[error(
+        "too many new payments from this customer; retry after {0} seconds (the same idempotency key is safe to reuse: nothing was stored)"
+    )]
+    RateLimited(u64),
+    /// The provider's outcome is unknown; the message says why (a timeout,
+    /// a dropped connection, ...).
+    #[error("{}", .0.message())]
+    GatewayUnavailable(Doubt),
     /// The database could not be reached (a dropped connection, a pool
     /// timeout, a server restarting). Nothing half-done is visible to a
     /// retry with the same key; the driver's text goes to the log only.
@@ -78,7 +87,8 @@ impl ApiError {
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Self::KeyReused => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused"),
             Self::InProgress => (StatusCode::CONFLICT, "request_in_progress"),
-            Self::GatewayUnavailable => (StatusCode::SERVICE_UNAVAILABLE, "gateway_unavailable"),
+            Self::RateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
+            Self::GatewayUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "gateway_unavailable"),
             Self::DatabaseUnavailable(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable")
             }
@@ -95,7 +105,13 @@ impl From<ChargeError> for ApiError {
             ChargeError::Invalid(invalid) => Self::Invalid(invalid),
             ChargeError::KeyReused => Self::KeyReused,
             ChargeError::InProgress => Self::InProgress,
-            ChargeError::ProviderUnavailable(_) => Self::GatewayUnavailable,
+            ChargeError::RateLimited { retry_after } => {
+                // Whole seconds, rounded up: a client that waits as told is
+                // admitted.
+                let secs = retry_after.as_millis().div_ceil(1000).max(1);
+                Self::RateLimited(u64::try_from(secs).unwrap_or(u64::MAX))
+            }
+            ChargeError::ProviderUnavailable { doubt, .. } => Self::GatewayUnavailable(doubt),
             ChargeError::ChargeNotFound => Self::NotFound,
             ChargeError::NotRefundable(status) => Self::NotRefundable(status.as_str()),
             ChargeError::Store(e) => e.into(),
@@ -144,9 +160,12 @@ impl IntoResponse for ApiError {
         );
         if matches!(
             self,
-            Self::InProgress | Self::GatewayUnavailable | Self::DatabaseUnavailable(_)
+            Self::InProgress | Self::GatewayUnavailable(_) | Self::DatabaseUnavailable(_)
         ) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        if let Self::RateLimited(secs) = self {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         match self {
             Self::Unauthorized => {

@@ -49,6 +49,9 @@ pub async fn create_charge(
     if keyless {
         // Rollout mode: tell the client, in a header its logs will show,
         // that this request was unprotected and keys become mandatory.
+        // RFC 9111 obsoletes `Warning`, but HTTP clients and proxies still
+        // pass it through and log it; the real signal for the server's owner
+        // is the `payments_keyless_requests_total` counter.
         let warning = format!(
             "299 - \"Idempotency-Key will be required; see {}\"",
             state.client_guide_url
@@ -96,6 +99,11 @@ async fn spawned(
     Ok(reply_response(reply))
 }
 
+/// Marks a replayed answer (the design's name).
+pub const REPLAY_HEADER: &str = "idempotent-replay";
+/// Marks a replayed answer (Stripe's name, which its SDKs read).
+pub const STRIPE_REPLAY_HEADER: &str = "idempotent-replayed";
+
 /// A stored answer, byte for byte, with its content type and location.
 fn reply_response(reply: Reply) -> Response {
     let stored = reply.response;
@@ -111,7 +119,10 @@ fn reply_response(reply: Reply) -> Response {
     }
     if reply.replayed {
         metrics::counter!(crate::telemetry::IDEMPOTENT_REPLAYS_TOTAL).increment(1);
-        headers.insert("idempotent-replay", HeaderValue::from_static("true"));
+        // The design's name, and Stripe's: its SDKs read `Idempotent-Replayed`,
+        // so a client written against Stripe sees replays without changes.
+        headers.insert(REPLAY_HEADER, HeaderValue::from_static("true"));
+        headers.insert(STRIPE_REPLAY_HEADER, HeaderValue::from_static("true"));
     }
     response
 }

@@ -20,6 +20,7 @@
 //! | [`REFUNDS_TOTAL`] | outcome | payments-domain |
 //! | [`RECONCILED_TOTAL`] | operation, outcome | payments-domain (run by payments-jobs) |
 //! | [`REPLAY_CACHE_TOTAL`] | result | payments-domain |
+//! | [`RATE_LIMITED_TOTAL`] (429) | route | payments-domain |
 //! | [`REAPER_RECORDS_TOTAL`] | result | payments-jobs |
 //! | [`PRUNED_RECORDS_TOTAL`] | | payments-jobs |
 //! | [`WRITE_BATCH_SIZE`] (SQLite) | | payments-store |
@@ -30,6 +31,7 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
+use payments_domain::limits::RATE_LIMITED_TOTAL;
 use payments_domain::service::{
     ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, RECONCILED_TOTAL, REFUNDS_TOTAL, REPLAY_CACHE_TOTAL,
 };
@@ -48,7 +50,7 @@ pub const IDEMPOTENCY_KEY_REUSED_TOTAL: &str = "payments_idempotency_key_reused_
 pub const KEYLESS_REQUESTS_TOTAL: &str = "payments_keyless_requests_total";
 
 /// Every counter the binaries export.
-pub const COUNTERS: [&str; 13] = [
+pub const COUNTERS: [&str; 14] = [
     HTTP_REQUESTS_TOTAL,
     IDEMPOTENT_REPLAYS_TOTAL,
     IDEMPOTENCY_CONFLICTS_TOTAL,
@@ -60,6 +62,7 @@ pub const COUNTERS: [&str; 13] = [
     REFUNDS_TOTAL,
     RECONCILED_TOTAL,
     REPLAY_CACHE_TOTAL,
+    RATE_LIMITED_TOTAL,
     REAPER_RECORDS_TOTAL,
     PRUNED_RECORDS_TOTAL,
 ];

@@ -13,6 +13,7 @@
 #![forbid(unsafe_code)]
 
 pub mod answers;
+pub mod limits;
 pub mod settings;
 pub mod telemetry;
 
@@ -76,6 +77,9 @@ pub async fn assemble(
     if settings.charges.replay_cache_mb > 0 {
         let bytes = settings.charges.replay_cache_mb.saturating_mul(1024 * 1024);
         service = service.with_answers(Arc::new(answers::MokaAnswers::new(bytes)));
+    }
+    if let Some((per_minute, burst)) = settings.charges.rate_limit() {
+        service = service.with_rate_limit(Arc::new(limits::GovernorLimit::new(per_minute, burst)));
     }
     let service = Arc::new(service);
     Ok(Assembly {

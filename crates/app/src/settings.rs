@@ -3,6 +3,7 @@
 //! that refuse a dangerous combination before anything starts.
 
 use std::io::IsTerminal;
+use std::num::NonZeroU32;
 use std::time::Duration;
 
 use clap::Args;
@@ -71,6 +72,13 @@ impl Settings {
         if self.charges.max_amount_cents <= 0 {
             return Err("MAX_AMOUNT_CENTS must be greater than 0".into());
         }
+        if self.charges.rate_limit_per_minute > 0 && self.charges.rate_limit_burst == 0 {
+            return Err(
+                "RATE_LIMIT_BURST must be at least 1 while RATE_LIMIT_PER_MINUTE is set \
+                 (RATE_LIMIT_PER_MINUTE=0 turns the limit off)"
+                    .into(),
+            );
+        }
         Ok(())
     }
 }
@@ -89,6 +97,25 @@ pub struct ChargeArgs {
     /// about 60,000 recent keys.
     #[arg(long, env = "REPLAY_CACHE_MB", default_value_t = 32)]
     pub replay_cache_mb: u64,
+    /// New charges and refunds (a key with no record yet) each customer may
+    /// start per minute, per replica; 0: no limit. Over it: 429
+    /// `rate_limited`. Replays, 409s and 422s are never limited.
+    #[arg(long, env = "RATE_LIMIT_PER_MINUTE", default_value_t = 30)]
+    pub rate_limit_per_minute: u32,
+    /// How many of them a customer may start at once before the
+    /// per-minute rate applies.
+    #[arg(long, env = "RATE_LIMIT_BURST", default_value_t = 10)]
+    pub rate_limit_burst: u32,
+}
+
+impl ChargeArgs {
+    /// The rate limit's (per minute, burst), or `None` when it is off.
+    pub fn rate_limit(&self) -> Option<(NonZeroU32, NonZeroU32)> {
+        Some((
+            NonZeroU32::new(self.rate_limit_per_minute)?,
+            NonZeroU32::new(self.rate_limit_burst)?,
+        ))
+    }
 }
 
 /// How long Stripe remembers its idempotency keys: the default of

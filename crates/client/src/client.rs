@@ -615,6 +615,11 @@ pub const REQUEST_ABANDONED: &str = "request_abandoned";
 /// never made the operation: stored and replayed, final.
 pub const NOT_MADE: [&str; 2] = ["charge_not_made", "refund_not_made"];
 
+/// The code a 502 carries when the provider refused the request itself
+/// (an unknown card token, an amount below its minimum): stored and
+/// replayed, final; nothing was made.
+pub const PROVIDER_REJECTED: &str = "provider_rejected_request";
+
 fn judge<T: DeserializeOwned>(exchange: &Exchange) -> Step<T> {
     let status = exchange.status;
     let body = &exchange.body;
@@ -647,13 +652,12 @@ fn judge<T: DeserializeOwned>(exchange: &Exchange) -> Step<T> {
             }
         }
         // 502 charge_not_made / refund_not_made: reconciliation found the
-        // provider never made it; final (a new operation needs a new key).
-        502 if NOT_MADE.contains(&ApiError::from_response(status, body).code.as_str()) => {
-            Step::Rejected {
-                status,
-                error: ApiError::from_response(status, body),
-            }
-        }
+        // provider never made it; provider_rejected_request: the provider
+        // refused the request itself. Final (a new operation needs a new key).
+        502 if is_final_502(&ApiError::from_response(status, body).code) => Step::Rejected {
+            status,
+            error: ApiError::from_response(status, body),
+        },
         // 503 gateway_unavailable and any other 5xx (a proxy's 502/504
         // included): the outcome is unknown and the key stays recoverable.
         501..=599 => retry(),
@@ -666,6 +670,12 @@ fn judge<T: DeserializeOwned>(exchange: &Exchange) -> Step<T> {
             detail: snippet(body),
         },
     }
+}
+
+/// A 502 this server stored as the operation's answer, rather than a
+/// proxy's.
+fn is_final_502(code: &str) -> bool {
+    NOT_MADE.contains(&code) || code == PROVIDER_REJECTED
 }
 
 fn describe_transport_error(e: &reqwest::Error, timeout: Duration) -> String {
@@ -740,6 +750,14 @@ mod tests {
             judge::<Charge>(&exchange(
                 502,
                 r#"{"error":{"code":"charge_not_made","message":"x"}}"#,
+                None
+            )),
+            Step::Rejected { status: 502, .. }
+        ));
+        assert!(matches!(
+            judge::<Charge>(&exchange(
+                502,
+                r#"{"error":{"code":"provider_rejected_request","message":"x"}}"#,
                 None
             )),
             Step::Rejected { status: 502, .. }

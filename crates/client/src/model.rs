@@ -189,6 +189,10 @@ pub struct ApiError {
     /// What is left to refund (400 `refund_exceeds_charge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refundable_amount_cents: Option<i64>,
+    /// The provider's own error code (502 `provider_rejected_request`),
+    /// e.g. `resource_missing`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_code: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -215,6 +219,7 @@ impl ApiError {
             charge_id: None,
             refund_id: None,
             refundable_amount_cents: None,
+            provider_code: None,
         })
     }
 }

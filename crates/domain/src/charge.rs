@@ -122,7 +122,48 @@ impl Currency {
     pub fn code(self) -> &'static str {
         self.0.code()
     }
+
+    /// The smallest charge the provider accepts in this currency, in minor
+    /// units, where it publishes one (Stripe's table of minimum charge
+    /// amounts). Elsewhere the provider's minimum is a converted amount
+    /// this server cannot know, and a charge below it gets the provider's
+    /// own refusal (502 `provider_rejected_request`).
+    pub fn minimum_charge(self) -> Option<i64> {
+        MINIMUM_CHARGE
+            .iter()
+            .find(|(code, _)| *code == self.code())
+            .map(|(_, minimum)| *minimum)
+    }
 }
+
+/// Stripe's minimum charge amounts, in minor units (USD 0.50, GBP 0.30,
+/// JPY 50, HUF 175.00, ...).
+const MINIMUM_CHARGE: [(&str, i64); 24] = [
+    ("AED", 200),
+    ("AUD", 50),
+    ("BGN", 100),
+    ("BRL", 50),
+    ("CAD", 50),
+    ("CHF", 50),
+    ("CZK", 1500),
+    ("DKK", 250),
+    ("EUR", 50),
+    ("GBP", 30),
+    ("HKD", 400),
+    ("HUF", 17500),
+    ("INR", 50),
+    ("JPY", 50),
+    ("MXN", 1000),
+    ("MYR", 200),
+    ("NOK", 300),
+    ("NZD", 50),
+    ("PLN", 200),
+    ("RON", 200),
+    ("SEK", 300),
+    ("SGD", 50),
+    ("THB", 1000),
+    ("USD", 50),
+];
 
 /// The provider's card token (`tok_visa`). 1-255 of `[A-Za-z0-9_]`.
 #[derive(Clone, PartialEq, Eq)]
@@ -223,6 +264,20 @@ impl ChargeRequest {
                 ));
             }
         };
+        // Checked last, so a request with another bad field is told about
+        // that field first.
+        if let Some(minimum) = currency.minimum_charge()
+            && amount.get() < minimum
+        {
+            return Err(InvalidRequest::param(
+                "amount_cents",
+                format!(
+                    "amount_cents must be at least {minimum} for {}: the payment provider's \
+                     smallest charge in that currency",
+                    currency.code()
+                ),
+            ));
+        }
         Ok(Self {
             amount,
             currency,
@@ -447,7 +502,7 @@ mod tests {
 
     #[test]
     fn names_the_bad_param() {
-        let base = json!({"amount_cents": 1, "currency": "GBP", "card_token": "tok_visa"});
+        let base = json!({"amount_cents": 100, "currency": "GBP", "card_token": "tok_visa"});
         let with = |k: &str, v: Value| {
             let mut b = base.clone();
             b[k] = v;
@@ -508,10 +563,30 @@ mod tests {
     }
 
     #[test]
+    fn amounts_below_the_providers_minimum_are_refused() {
+        let body = |amount: i64, currency: &str| json!({"amount_cents": amount, "currency": currency, "card_token": "tok_visa"});
+        for (below, at, currency) in [(29, 30, "GBP"), (49, 50, "JPY"), (17_499, 17_500, "HUF")] {
+            let refused = parse(body(below, currency)).expect_err("below the minimum");
+            assert_eq!(refused.param.as_deref(), Some("amount_cents"));
+            assert!(
+                refused.message.contains(&at.to_string()),
+                "{}",
+                refused.message
+            );
+            assert!(parse(body(at, currency)).is_ok(), "{at} {currency}");
+        }
+        // No published minimum: left to the provider.
+        assert!(parse(body(1, "ISK")).is_ok());
+        // Another bad field is named first.
+        let bad_token = json!({"amount_cents": 1, "currency": "GBP", "card_token": "x-y"});
+        assert_eq!(param_of(bad_token).as_deref(), Some("card_token"));
+    }
+
+    #[test]
     fn provider_key_comes_from_the_charge_id() {
         let customer = CustomerId::parse("cus_1").expect("valid");
         let request =
-            parse(json!({"amount_cents": 1, "currency": "JPY", "card_token": "tok_visa"}))
+            parse(json!({"amount_cents": 100, "currency": "JPY", "card_token": "tok_visa"}))
                 .expect("valid");
         let a = Charge::pending(&customer, &request);
         let b = Charge::pending(&customer, &request);

@@ -26,6 +26,9 @@ pub struct ErrorBody {
     /// What is left to refund of a charge (`refund_exceeds_charge`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub refundable_amount_cents: Option<i64>,
+    /// The provider's own error code (`provider_rejected_request`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_code: Option<String>,
 }
 
 impl ErrorEnvelope {
@@ -39,6 +42,7 @@ impl ErrorEnvelope {
                 charge_id: None,
                 refund_id: None,
                 refundable_amount_cents: None,
+                provider_code: None,
             },
         }
     }

@@ -29,6 +29,7 @@ pub mod answers;
 pub mod charge;
 pub mod envelope;
 pub mod idempotency;
+pub mod limits;
 pub mod list;
 pub mod provider;
 pub mod refund;

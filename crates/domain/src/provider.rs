@@ -66,24 +66,83 @@ impl ProviderRefundRequest {
     }
 }
 
-/// Every provider answer is one of these. Only `Succeeded` and `Declined`
-/// are final; anything that leaves the outcome in doubt is `Unknown`, and
-/// the same call is re-driven later with the same key.
+/// Every provider answer is one of these. `Succeeded`, `Declined` and
+/// `Rejected` are final; anything that leaves the outcome in doubt is
+/// `Unknown`, and the same call is re-driven later with the same key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProviderOutcome {
     /// The provider's id of the charge or refund.
     Succeeded {
         provider_id: String,
     },
+    /// The card was declined, or the refund failed.
     Declined {
         code: String,
         decline_code: Option<String>,
         message: String,
         provider_id: Option<String>,
     },
+    /// The provider refused the request itself (Stripe's
+    /// `invalid_request_error`: an unknown card token, an amount below its
+    /// minimum). Nothing was made, and the same call gets the same answer;
+    /// it says nothing about the card.
+    Rejected {
+        code: String,
+        message: String,
+    },
     Unknown {
+        doubt: Doubt,
         reason: String,
     },
+}
+
+/// Why a provider call's outcome is unknown: what the 503 tells the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Doubt {
+    /// No answer within the gateway timeout: the call may be running still.
+    Timeout,
+    /// The connection was lost after the request was sent, before the
+    /// whole answer arrived: the call may have been made.
+    Dropped,
+    /// No connection could be made: the request was not sent.
+    Unreachable,
+    /// The provider answered, with an error or something unreadable
+    /// (a 5xx, a 429, our own call still running there).
+    ProviderError,
+}
+
+impl Doubt {
+    /// One sentence for the client, ending in what to do.
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::Timeout => {
+                "the payment provider did not answer in time, so the outcome is unknown; \
+                 retry with the same idempotency key, which never charges twice"
+            }
+            Self::Dropped => {
+                "the connection to the payment provider was lost before its answer arrived, \
+                 so the outcome is unknown; retry with the same idempotency key, which never \
+                 charges twice"
+            }
+            Self::Unreachable => {
+                "the payment provider could not be reached; retry with the same idempotency key"
+            }
+            Self::ProviderError => {
+                "the payment provider answered with an error, so the outcome is unknown; retry \
+                 with the same idempotency key, which never charges twice"
+            }
+        }
+    }
+
+    /// Its label in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Dropped => "dropped",
+            Self::Unreachable => "unreachable",
+            Self::ProviderError => "provider_error",
+        }
+    }
 }
 
 /// What the provider's records say of one of our operations, looked up by

@@ -29,9 +29,10 @@ use crate::idempotency::{
     CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, LeaseToken, REFUNDS_ROUTE, RecordId,
     RecordState, RequestFingerprint, StoredResponse,
 };
+use crate::limits::{RATE_LIMITED_TOTAL, RateLimit};
 use crate::list::{self, ChargeQuery, Cursor, List};
 use crate::provider::{
-    Gateway, Lookup, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest,
+    Doubt, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest,
 };
 use crate::refund::{Refund, RefundRequest};
 use crate::store::{
@@ -92,8 +93,12 @@ pub enum ChargeError {
     InProgress,
     /// The provider's outcome is unknown; the key stays claimed and the
     /// next retry (or the reaper) re-drives the same provider call.
-    #[error("the payment provider's outcome is unknown: {0}")]
-    ProviderUnavailable(String),
+    #[error("the payment provider's outcome is unknown ({}): {reason}", .doubt.as_str())]
+    ProviderUnavailable { doubt: Doubt, reason: String },
+    /// The customer started more new operations than its rate allows;
+    /// `retry_after` is when the next would be admitted. Not stored.
+    #[error("too many new operations from this customer")]
+    RateLimited { retry_after: Duration },
     /// The charge to refund does not exist or is another customer's.
     #[error("no such charge")]
     ChargeNotFound,
@@ -152,6 +157,10 @@ impl Decision {
 /// The decline code of an operation reconciliation found was never made.
 pub const NOT_MADE: [&str; 2] = ["charge_not_made", "refund_not_made"];
 
+/// The code of the stored 502 answer when the provider refused the request
+/// itself (Stripe's `invalid_request_error`).
+pub const PROVIDER_REJECTED: &str = "provider_rejected_request";
+
 /// A final answer: fresh, or replayed from the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
@@ -166,6 +175,7 @@ pub struct ChargeService {
     gateway: Arc<dyn Gateway>,
     policy: Policy,
     answers: Option<Arc<dyn AnswerCache>>,
+    rate_limit: Option<Arc<dyn RateLimit>>,
 }
 
 impl ChargeService {
@@ -175,6 +185,16 @@ impl ChargeService {
             gateway,
             policy,
             answers: None,
+            rate_limit: None,
+        }
+    }
+
+    /// The same service, admitting each customer's new operations at
+    /// `limit`'s rate ([`crate::limits`]).
+    pub fn with_rate_limit(self, limit: Arc<dyn RateLimit>) -> Self {
+        Self {
+            rate_limit: Some(limit),
+            ..self
         }
     }
 
@@ -271,6 +291,22 @@ impl ChargeService {
                 .await;
         }
         let sent = std::time::Instant::now();
+        if let Some(limit) = &self.rate_limit {
+            // Only a new operation counts against the customer's rate: a
+            // key that already has a record goes to its replay, 409 or 422
+            // (or its takeover) and uses none of it. A record past its TTL
+            // is as absent: its key starts a new operation.
+            let found = self.store.record_by_key(key, route).await?;
+            if let Some(record) = found.filter(|r| !r.reclaimable()) {
+                self.remember(&record, sent);
+                return self
+                    .resume(record, customer, fingerprinted, &fingerprint)
+                    .await;
+            }
+            limit
+                .admit(customer)
+                .map_err(|retry_after| self.limited(route, retry_after))?;
+        }
         match self.store.claim(&claim).await? {
             ClaimOutcome::Claimed {
                 record_id,
@@ -299,6 +335,17 @@ impl ChargeService {
                 })
             }
         }
+    }
+
+    /// The refusal of a request over its customer's rate, counted.
+    fn limited(&self, route: &'static str, retry_after: Duration) -> ChargeError {
+        metrics::counter!(RATE_LIMITED_TOTAL, "route" => route).increment(1);
+        tracing::info!(
+            route,
+            retry_after_ms = retry_after.as_millis() as u64,
+            "over the customer's rate; answered 429"
+        );
+        ChargeError::RateLimited { retry_after }
     }
 
     /// A copy of the complete record of (key, route), if one is held: the
@@ -517,12 +564,12 @@ impl ChargeService {
         };
         let (outcome, response) = match settle(&operation, outcome) {
             Ok(settled) => settled,
-            Err(reason) => {
-                tracing::warn!(%record_id, operation = operation.id(), %reason, ?on_unknown, "provider outcome unknown");
+            Err((doubt, reason)) => {
+                tracing::warn!(%record_id, operation = operation.id(), doubt = doubt.as_str(), %reason, ?on_unknown, "provider outcome unknown");
                 if on_unknown == OnUnknown::ReleaseLease {
                     self.store.release(record_id, lease_token).await?;
                 }
-                return Err(ChargeError::ProviderUnavailable(reason));
+                return Err(ChargeError::ProviderUnavailable { doubt, reason });
             }
         };
         let finish = Finish {
@@ -661,7 +708,7 @@ impl ChargeService {
         match lookup {
             Lookup::Found(found) => match settle(&unsettled.operation, found) {
                 Ok((outcome, answer)) => Decision::Settle { outcome, answer },
-                Err(reason) => Decision::LookupFailed(reason),
+                Err((_, reason)) => Decision::LookupFailed(reason),
             },
             Lookup::Unknown { reason } => Decision::LookupFailed(reason),
             Lookup::NotFound => match unsettled.lag_passed {
@@ -733,6 +780,12 @@ impl ChargeService {
         body: &Value,
     ) -> Result<Reply, ChargeError> {
         let request = ChargeRequest::from_json(body, self.policy.max_amount_cents)?;
+        // Always a new operation: there is no key to have a record.
+        if let Some(limit) = &self.rate_limit {
+            limit
+                .admit(customer)
+                .map_err(|retry_after| self.limited(CHARGES_ROUTE, retry_after))?;
+        }
         let charge = Charge::pending(customer, &request);
         tracing::warn!(charge_id = %charge.id, "charge without an Idempotency-Key: a retry would charge again");
         let charge = self.store.insert_charge(&charge).await?;
@@ -748,8 +801,8 @@ impl ChargeService {
                     replayed: false,
                 })
             }
-            Err(reason) => {
-                tracing::error!(charge_id = %charge.id, %reason, "keyless charge outcome unknown; marked unknown for reconciliation");
+            Err((doubt, reason)) => {
+                tracing::error!(charge_id = %charge.id, doubt = doubt.as_str(), %reason, "keyless charge outcome unknown; marked unknown for reconciliation");
                 self.store
                     .settle(&Outcome::Charge(ChargeOutcome {
                         charge_id: charge.id.clone(),
@@ -758,7 +811,7 @@ impl ChargeService {
                         decline_code: None,
                     }))
                     .await?;
-                Err(ChargeError::ProviderUnavailable(reason))
+                Err(ChargeError::ProviderUnavailable { doubt, reason })
             }
         }
     }
@@ -813,11 +866,12 @@ fn no_such(cursor: &Cursor, what: &str) -> InvalidRequest {
 
 /// A final provider answer as the operation's new state and the stored
 /// response: a charge's 201 or 402 `card_declined`, a refund's 201 or 402
-/// `refund_failed`; `Err` with the reason when the outcome is unknown.
+/// `refund_failed`, either's 502 `provider_rejected_request`; `Err` with
+/// the doubt and the reason when the outcome is unknown.
 fn settle(
     operation: &Operation,
     outcome: ProviderOutcome,
-) -> Result<(Outcome, StoredResponse), String> {
+) -> Result<(Outcome, StoredResponse), (Doubt, String)> {
     match operation {
         Operation::Charge(charge) => settle_charge(charge, outcome),
         Operation::Refund(refund) => settle_refund(refund, outcome),
@@ -827,19 +881,23 @@ fn settle(
 fn settle_charge(
     charge: &Charge,
     outcome: ProviderOutcome,
-) -> Result<(Outcome, StoredResponse), String> {
+) -> Result<(Outcome, StoredResponse), (Doubt, String)> {
     let mut charge = charge.clone();
     let final_ = Final::of(outcome)?;
     charge.status = final_.status;
     charge.gateway_charge_id = final_.provider_id;
     let response = match final_.refusal {
         None => created(charge.to_json(), charge.location()),
-        Some((code, message)) => {
+        Some(Refusal::Declined { code, message }) => {
             charge.decline_code = Some(code);
             let mut envelope = ErrorEnvelope::new("card_declined", message);
             envelope.error.decline_code = charge.decline_code.clone();
             envelope.error.charge_id = Some(charge.id.clone());
             refused(&envelope)
+        }
+        Some(Refusal::Rejected { code, message }) => {
+            charge.decline_code = Some(code.clone());
+            rejected(code, &message, &charge.id)
         }
     };
     let outcome = Outcome::Charge(ChargeOutcome {
@@ -854,14 +912,17 @@ fn settle_charge(
 fn settle_refund(
     refund: &Refund,
     outcome: ProviderOutcome,
-) -> Result<(Outcome, StoredResponse), String> {
+) -> Result<(Outcome, StoredResponse), (Doubt, String)> {
     let mut refund = refund.clone();
     let final_ = Final::of(outcome)?;
     refund.status = final_.status;
     refund.gateway_refund_id = final_.provider_id;
     let response = match final_.refusal {
         None => created(refund.to_json(), refund.location()),
-        Some((code, message)) => {
+        // A refund the provider refuses outright (`charge_already_refunded`)
+        // or fails is the same answer to the caller: the refund failed,
+        // with the provider's reason. Neither says anything about a card.
+        Some(Refusal::Declined { code, message } | Refusal::Rejected { code, message }) => {
             refund.failure_code = Some(code);
             let mut envelope = ErrorEnvelope::new("refund_failed", message);
             envelope.error.decline_code = refund.failure_code.clone();
@@ -875,17 +936,25 @@ fn settle_refund(
 }
 
 /// A final provider answer, whichever operation it answers: the status, the
-/// provider's id, and for a refusal its code (the decline code, else the
-/// error code) and message.
+/// provider's id, and for a refusal its kind, code and message.
 struct Final {
     status: ChargeStatus,
     provider_id: Option<String>,
-    refusal: Option<(String, String)>,
+    refusal: Option<Refusal>,
+}
+
+/// Why a final answer is not a success.
+enum Refusal {
+    /// The card was declined or the refund failed: the decline code, else
+    /// the error code.
+    Declined { code: String, message: String },
+    /// The provider refused the request itself: its error code.
+    Rejected { code: String, message: String },
 }
 
 impl Final {
-    /// `Err` with the reason when the outcome is unknown.
-    fn of(outcome: ProviderOutcome) -> Result<Self, String> {
+    /// `Err` with the doubt and the reason when the outcome is unknown.
+    fn of(outcome: ProviderOutcome) -> Result<Self, (Doubt, String)> {
         Ok(match outcome {
             ProviderOutcome::Succeeded { provider_id } => Self {
                 status: ChargeStatus::Succeeded,
@@ -900,9 +969,17 @@ impl Final {
             } => Self {
                 status: ChargeStatus::Failed,
                 provider_id,
-                refusal: Some((decline_code.unwrap_or(code), message)),
+                refusal: Some(Refusal::Declined {
+                    code: decline_code.unwrap_or(code),
+                    message,
+                }),
             },
-            ProviderOutcome::Unknown { reason } => return Err(reason),
+            ProviderOutcome::Rejected { code, message } => Self {
+                status: ChargeStatus::Failed,
+                provider_id: None,
+                refusal: Some(Refusal::Rejected { code, message }),
+            },
+            ProviderOutcome::Unknown { doubt, reason } => return Err((doubt, reason)),
         })
     }
 }
@@ -926,6 +1003,28 @@ fn created(body: String, location: String) -> StoredResponse {
         body,
         content_type: JSON.to_owned(),
         location: Some(location),
+    }
+}
+
+/// 502 `provider_rejected_request`: the provider refused the charge request
+/// itself (its `code`, e.g. `resource_missing`, and its message). Final and
+/// stored: the same call would get the same answer, and nothing was made.
+fn rejected(code: String, message: &str, charge_id: &str) -> StoredResponse {
+    let mut envelope = ErrorEnvelope::new(
+        PROVIDER_REJECTED,
+        format!(
+            "the payment provider rejected the request: {}. Nothing was charged; fix the \
+             request and send it with a new idempotency key",
+            message.trim_end_matches('.')
+        ),
+    );
+    envelope.error.provider_code = Some(code);
+    envelope.error.charge_id = Some(charge_id.to_owned());
+    StoredResponse {
+        status: 502,
+        body: envelope.to_json(),
+        content_type: JSON.to_owned(),
+        location: None,
     }
 }
 

@@ -345,6 +345,13 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// A record by id.
     async fn record(&self, record_id: RecordId) -> Result<Option<IdempotencyRecord>, StoreError>;
 
+    /// The record of (key, route), if there is one; writes nothing.
+    async fn record_by_key(
+        &self,
+        key: &IdempotencyKey,
+        route: &str,
+    ) -> Result<Option<IdempotencyRecord>, StoreError>;
+
     /// A charge by id.
     async fn charge(&self, charge_id: &str) -> Result<Option<Charge>, StoreError>;
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use payments_domain::provider::{
-    Gateway, Lookup, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest,
+    Doubt, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest,
 };
 use secrecy::{ExposeSecret, SecretString};
 
@@ -249,20 +249,20 @@ impl HttpGateway {
                 match response.bytes().await {
                     Ok(body) => classify(status, &body),
                     Err(e) => ProviderOutcome::Unknown {
+                        doubt: doubt_of(&e),
                         reason: format!("reading the provider's {status} answer failed: {e}"),
                     },
                 }
             }
-            Err(e) if e.is_timeout() => ProviderOutcome::Unknown {
-                reason: format!("provider timed out: {e}"),
-            },
             Err(e) => ProviderOutcome::Unknown {
-                reason: format!("provider unreachable: {e}"),
+                doubt: doubt_of(&e),
+                reason: format!("provider call failed: {}", error_chain(&e)),
             },
         };
         let label = match &outcome {
             ProviderOutcome::Succeeded { .. } => "succeeded",
             ProviderOutcome::Declined { .. } => "declined",
+            ProviderOutcome::Rejected { .. } => "rejected",
             ProviderOutcome::Unknown { .. } => "unknown",
         };
         let elapsed = started.elapsed();
@@ -280,9 +280,34 @@ impl HttpGateway {
     }
 }
 
+/// Why a call that got no whole answer is in doubt: a timeout, a connection
+/// that could not be made, or one lost after the request went out.
+fn doubt_of(e: &reqwest::Error) -> Doubt {
+    if e.is_timeout() {
+        Doubt::Timeout
+    } else if e.is_connect() {
+        Doubt::Unreachable
+    } else {
+        Doubt::Dropped
+    }
+}
+
+/// An error and its sources, for the log: reqwest's own text says only
+/// "error sending request".
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// Classifies one provider answer. Only a 200 charge or refund object that
-/// says `succeeded` (or, for a refund, `failed`) and a 402 card error are
-/// final; an idempotency conflict (409:
+/// says `succeeded` (or, for a refund, `failed`), a 402 card error and a
+/// 400 request error are final; an idempotency conflict (409:
 /// our own earlier call is still running there; 400: a parameter mismatch),
 /// a rate limit, a 5xx or anything unparseable leaves the outcome unknown,
 /// and the call is re-driven later under the same key.
@@ -299,20 +324,35 @@ pub fn classify(status: u16, body: &[u8]) -> ProviderOutcome {
             // A refund still `pending` at the provider is settled later,
             // by a re-drive or by reconciliation.
             Ok(o) => ProviderOutcome::Unknown {
+                doubt: Doubt::ProviderError,
                 reason: format!("provider object {} is {:?}, not final", o.id, o.status),
             },
             Err(e) => ProviderOutcome::Unknown {
+                doubt: Doubt::ProviderError,
                 reason: format!("unparseable provider object: {e}"),
             },
         },
         402 => declined(serde_json::from_slice::<wire::ErrorEnvelope>(body).ok()),
         // A request error (an unknown card token, an amount below the
         // provider's minimum) proves nothing was charged, and retrying the
-        // same call gets the same answer: final, like a decline. An
-        // idempotency error is not: it is about our own earlier call.
+        // same call gets the same answer: final, but not a decline, which
+        // would tell the customer their card was refused. An idempotency
+        // error is not final: it is about our own earlier call.
         400 => match serde_json::from_slice::<wire::ErrorEnvelope>(body) {
-            Ok(e) if e.error.kind.as_deref() == Some("invalid_request_error") => declined(Some(e)),
+            Ok(e) if e.error.kind.as_deref() == Some("invalid_request_error") => {
+                ProviderOutcome::Rejected {
+                    code: e
+                        .error
+                        .code
+                        .unwrap_or_else(|| "invalid_request_error".to_owned()),
+                    message: e
+                        .error
+                        .message
+                        .unwrap_or_else(|| "the request was invalid".to_owned()),
+                }
+            }
             _ => ProviderOutcome::Unknown {
+                doubt: Doubt::ProviderError,
                 reason: format!("provider answered 400: {}", String::from_utf8_lossy(body)),
             },
         },
@@ -328,6 +368,7 @@ pub fn classify(status: u16, body: &[u8]) -> ProviderOutcome {
                 })
                 .unwrap_or_default();
             ProviderOutcome::Unknown {
+                doubt: Doubt::ProviderError,
                 reason: format!("provider answered {status} {detail}"),
             }
         }
@@ -404,11 +445,9 @@ mod tests {
         );
         assert_eq!(
             unknown_token,
-            ProviderOutcome::Declined {
+            ProviderOutcome::Rejected {
                 code: "resource_missing".to_owned(),
-                decline_code: None,
                 message: "No such token: 'tok_x'".to_owned(),
-                provider_id: None,
             }
         );
     }

@@ -251,7 +251,7 @@ impl Reaper {
                 );
                 Handled::Reaped
             }
-            Err(ChargeError::ProviderUnavailable(reason)) => {
+            Err(ChargeError::ProviderUnavailable { reason, .. }) => {
                 // The record's age is the database's, read when it was taken.
                 if record.age < self.settings.abandon_after {
                     tracing::warn!(record_id = %record.id, operation = %id, %reason, "provider unreachable; left for the next pass");

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use payments_domain::charge::CustomerId;
 use payments_domain::charge::{Charge, ChargeStatus};
 use payments_domain::idempotency::{
-    IdempotencyRecord, LeaseToken, RecordId, RecordState, StoredResponse,
+    IdempotencyKey, IdempotencyRecord, LeaseToken, RecordId, RecordState, StoredResponse,
 };
 use payments_domain::list::{ChargeQuery, Cursor, Page};
 use payments_domain::refund::Refund;
@@ -514,7 +514,12 @@ sql_impl! {{
 
     /// The statement `sql` with the claim's key and route bound.
     fn keyed<'q>(sql: &'q str, c: &'q Claim) -> Q<'q, D> {
-        Self::q(sql).bind(c.key.as_str()).bind(c.route)
+        Self::keyed_by(sql, c.key.as_str(), c.route)
+    }
+
+    /// `sql` with a key and a route bound.
+    fn keyed_by<'q>(sql: &'q str, key: &'q str, route: &'q str) -> Q<'q, D> {
+        Self::q(sql).bind(key).bind(route)
     }
 
     /// A new record's nine values (`{new_record}` in `Statements::render`).
@@ -1107,6 +1112,15 @@ sql_impl! {#[async_trait] Store for {
 
     async fn record(&self, record_id: RecordId) -> Result<Option<IdempotencyRecord>, StoreError> {
         run(|| Self::read_record(&self.pool, Self::q(&self.sql.record_by_id).bind(record_id.0)))
+            .await
+    }
+
+    async fn record_by_key(
+        &self,
+        key: &IdempotencyKey,
+        route: &str,
+    ) -> Result<Option<IdempotencyRecord>, StoreError> {
+        run(|| Self::read_record(&self.pool, Self::keyed_by(&self.sql.record_by_key, key.as_str(), route)))
             .await
     }
 
