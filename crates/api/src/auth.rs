@@ -1,14 +1,17 @@
 //! Bearer JWT authentication: `sub` is the customer id. HS256 with a shared
-//! secret, or RS256 with the issuer's public key.
+//! secret, RS256 or ES256 with the issuer's public key, or the RS256 and
+//! ES256 keys of an identity provider's JWK set ([`crate::jwks`]).
 //!
 //! A token is accepted when its signature verifies with the configured
-//! algorithm, `exp` is present and not past, `exp` is at most
+//! algorithm (with a JWK set: the token's `kid` names the key, and the key
+//! decides the algorithm; the header's `alg` must be that one), `exp` is present and not past, `exp` is at most
 //! [`JwtRules::max_lifetime`] ahead, `nbf` (when present) is not in the
 //! future, `iat` (when present) is not in the future, and, when configured,
 //! `iss` equals the issuer and `aud` contains the audience. Clock checks allow
 //! [`JwtRules::leeway`]. The reason for a refusal is logged at info level; the
 //! token never is.
 
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::extract::FromRequestParts;
@@ -24,6 +27,7 @@ use secrecy::ExposeSecret;
 
 use crate::config::{ConfigError, JwtKey};
 use crate::error::ApiError;
+use crate::jwks::{Jwks, VerifyingKey};
 
 /// What `mint_hs256` signs.
 #[derive(Debug, Serialize)]
@@ -78,17 +82,29 @@ impl Default for JwtRules {
 /// Verifies bearer tokens.
 #[derive(Clone)]
 pub struct Authenticator {
-    key: DecodingKey,
+    keys: Keys,
+    /// The rules as jsonwebtoken checks them; `algorithms` is set per key.
     validation: Validation,
     rules: JwtRules,
 }
 
+/// Where the verifying key comes from.
+#[derive(Clone)]
+enum Keys {
+    /// One key, one algorithm.
+    Static(VerifyingKey),
+    /// The token's `kid` picks one of the identity provider's keys.
+    Jwks(Arc<Jwks>),
+}
+
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Authenticator")
-            .field("algorithms", &self.validation.algorithms)
-            .field("rules", &self.rules)
-            .finish()
+        let mut debug = f.debug_struct("Authenticator");
+        match &self.keys {
+            Keys::Static(key) => debug.field("algorithm", &key.algorithm),
+            Keys::Jwks(jwks) => debug.field("jwks", jwks),
+        };
+        debug.field("rules", &self.rules).finish()
     }
 }
 
@@ -98,25 +114,36 @@ impl Authenticator {
         Self::with_rules(key, JwtRules::default())
     }
 
-    /// An authenticator with the configured rules.
+    /// An authenticator with the configured rules. With a JWK set nothing is
+    /// fetched yet: see [`Self::jwks`].
     pub fn with_rules(key: &JwtKey, rules: JwtRules) -> Result<Self, ConfigError> {
-        let (key, algorithm) = match key {
-            JwtKey::Hs256(secret) => (
-                DecodingKey::from_secret(secret.expose_secret().as_bytes())
+        let keys = match key {
+            JwtKey::Hs256(secret) => Keys::Static(VerifyingKey {
+                key: DecodingKey::from_secret(secret.expose_secret().as_bytes())
                     .map_err(|e| ConfigError(format!("JWT_HS256_SECRET: {e}")))?,
-                Algorithm::HS256,
-            ),
-            JwtKey::Rs256(pem) => (
-                DecodingKey::from_rsa_pem(pem.as_bytes()).map_err(|e| {
+                algorithm: Algorithm::HS256,
+            }),
+            JwtKey::Rs256(pem) => Keys::Static(VerifyingKey {
+                key: DecodingKey::from_rsa_pem(pem.as_bytes()).map_err(|e| {
                     ConfigError(format!(
                         "JWT_RS256_PUBLIC_KEY is not an RSA public key PEM: {e}"
                     ))
                 })?,
-                Algorithm::RS256,
-            ),
+                algorithm: Algorithm::RS256,
+            }),
+            JwtKey::Es256(pem) => Keys::Static(VerifyingKey {
+                key: DecodingKey::from_ec_pem(pem.as_bytes()).map_err(|e| {
+                    ConfigError(format!(
+                        "JWT_ES256_PUBLIC_KEY is not an EC public key PEM: {e}"
+                    ))
+                })?,
+                algorithm: Algorithm::ES256,
+            }),
+            JwtKey::Jwks(settings) => Keys::Jwks(Arc::new(Jwks::new(settings.clone())?)),
         };
-        // Only the configured algorithm is accepted.
-        let mut validation = Validation::new(algorithm);
+        // Only the key's algorithm is accepted (set per token in `decode`).
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.algorithms.clear();
         validation.leeway = rules.leeway.as_secs();
         validation.validate_exp = true;
         validation.validate_nbf = true;
@@ -137,24 +164,57 @@ impl Authenticator {
         }
         validation.set_required_spec_claims(&required);
         Ok(Self {
-            key,
+            keys,
             validation,
             rules,
         })
     }
 
+    /// The JWK set cache, when keys come from JWT_JWKS_URL: `payments-api`
+    /// fetches it before serving and keeps it fresh ([`Jwks::start`]).
+    pub fn jwks(&self) -> Option<&Arc<Jwks>> {
+        match &self.keys {
+            Keys::Jwks(jwks) => Some(jwks),
+            Keys::Static(_) => None,
+        }
+    }
+
     /// The customer a bearer token speaks for. A refusal is logged at info
     /// level with its reason, never with the token.
-    pub fn verify(&self, token: &str) -> Result<CustomerId, ApiError> {
-        self.check(token).map_err(|reason| {
+    pub async fn verify(&self, token: &str) -> Result<CustomerId, ApiError> {
+        let checked = match &self.keys {
+            Keys::Static(key) => self.check_with(token, key),
+            Keys::Jwks(jwks) => self.check_jwks(token, jwks).await,
+        };
+        checked.map_err(|reason| {
             tracing::info!(reason, "bearer token refused");
             ApiError::Unauthorized
         })
     }
 
-    /// The customer, or why the token is refused.
-    fn check(&self, token: &str) -> Result<CustomerId, &'static str> {
-        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation)
+    /// With a JWK set: the key the token's `kid` names, whose algorithm must
+    /// be the header's `alg`; then the checks of every key.
+    async fn check_jwks(&self, token: &str, jwks: &Jwks) -> Result<CustomerId, &'static str> {
+        let header = jsonwebtoken::decode_header(token).map_err(|e| reason(e.kind()))?;
+        // Before any lookup: no fetch for a token no key could verify.
+        if !matches!(header.alg, Algorithm::RS256 | Algorithm::ES256) {
+            return Err("wrong algorithm");
+        }
+        // Even when the set holds a single key: a kid-less token would
+        // otherwise work until the provider's first rotation.
+        let kid = header.kid.as_deref().ok_or("no kid")?;
+        let key = jwks.key(kid).await?;
+        if key.algorithm != header.alg {
+            return Err("wrong algorithm");
+        }
+        self.check_with(token, &key)
+    }
+
+    /// The customer, or why the token is refused, with `key`.
+    fn check_with(&self, token: &str, key: &VerifyingKey) -> Result<CustomerId, &'static str> {
+        let mut validation = self.validation.clone();
+        validation.algorithms = vec![key.algorithm];
+        let data = jsonwebtoken::decode::<Claims>(token, &key.key, &validation)
             .map_err(|e| reason(e.kind()))?;
         let claims = data.claims;
         let now = SystemTime::now()
@@ -173,6 +233,15 @@ impl Authenticator {
         }
         let sub = claims.sub.ok_or("missing sub")?;
         CustomerId::parse(&sub).map_err(|_| "invalid sub")
+    }
+
+    /// The static key's verdict, for the unit tests.
+    #[cfg(test)]
+    fn check(&self, token: &str) -> Result<CustomerId, &'static str> {
+        match &self.keys {
+            Keys::Static(key) => self.check_with(token, key),
+            Keys::Jwks(_) => Err("a JWK set needs verify"),
+        }
     }
 }
 
@@ -249,7 +318,7 @@ impl FromRequestParts<AppState> for Customer {
             tracing::info!(reason = "not a bearer token", "bearer token refused");
             return Err(ApiError::NoCredentials);
         }
-        state.auth.verify(token.trim()).map(Customer)
+        state.auth.verify(token.trim()).await.map(Customer)
     }
 }
 
@@ -295,7 +364,7 @@ mod tests {
     fn rs256_tokens_verify_with_the_public_key() {
         let auth = Authenticator::new(&JwtKey::Rs256(PUBLIC.to_owned())).expect("public key");
         let customer = auth
-            .verify(&rs256_token("cus_rs", in_an_hour()))
+            .check(&rs256_token("cus_rs", in_an_hour()))
             .expect("valid");
         assert_eq!(customer.as_str(), "cus_rs");
         assert_eq!(
@@ -310,10 +379,33 @@ mod tests {
     }
 
     #[test]
+    fn es256_tokens_verify_with_the_public_key() {
+        const EC_PRIVATE: &str = include_str!("../tests/fixtures/jwt-es256-private.pem");
+        const EC_PUBLIC: &str = include_str!("../tests/fixtures/jwt-es256-public.pem");
+        let auth = Authenticator::new(&JwtKey::Es256(EC_PUBLIC.to_owned())).expect("public key");
+        let key = EncodingKey::from_ec_pem(EC_PRIVATE.as_bytes()).expect("test key");
+        let claims = MintedClaims {
+            sub: "cus_es",
+            exp: in_an_hour(),
+        };
+        let token =
+            jsonwebtoken::encode(&Header::new(Algorithm::ES256), &claims, &key).expect("sign");
+        assert_eq!(auth.check(&token).expect("valid").as_str(), "cus_es");
+        assert_eq!(
+            auth.check(&rs256_token("cus_es", in_an_hour())).err(),
+            Some("wrong algorithm")
+        );
+        let forged = mint_hs256(EC_PUBLIC, "cus_es", Duration::from_secs(60)).expect("sign");
+        assert_eq!(auth.check(&forged).err(), Some("wrong algorithm"));
+        assert!(Authenticator::new(&JwtKey::Es256(PUBLIC.to_owned())).is_err());
+        assert!(Authenticator::new(&JwtKey::Rs256(EC_PUBLIC.to_owned())).is_err());
+    }
+
+    #[test]
     fn hs256_tokens_verify_with_the_secret_only() {
         let auth = Authenticator::new(&JwtKey::Hs256(SECRET.into())).expect("secret");
         let token = mint_hs256(SECRET, "cus_hs", Duration::from_secs(60)).expect("sign");
-        assert_eq!(auth.verify(&token).expect("valid").as_str(), "cus_hs");
+        assert_eq!(auth.check(&token).expect("valid").as_str(), "cus_hs");
         let other = mint_hs256(
             "another-secret-another-secret-xx",
             "cus_hs",
@@ -323,7 +415,7 @@ mod tests {
         assert_eq!(auth.check(&other).err(), Some("bad signature"));
         assert_eq!(auth.check("not.a.jwt").err(), Some("malformed token"));
         assert!(
-            auth.verify(&rs256_token("cus_hs", in_an_hour())).is_err(),
+            auth.check(&rs256_token("cus_hs", in_an_hour())).is_err(),
             "wrong algorithm"
         );
         let empty_sub = mint_hs256(SECRET, "", Duration::from_secs(60)).expect("sign");

@@ -108,6 +108,23 @@ pub struct Settings {
     /// RS256 public key for bearer JWTs: PEM text, or the path of a PEM file.
     #[arg(long, env = "JWT_RS256_PUBLIC_KEY")]
     pub jwt_rs256_public_key: Option<String>,
+    /// ES256 (P-256) public key for bearer JWTs: PEM text, or the path of a PEM file.
+    #[arg(long, env = "JWT_ES256_PUBLIC_KEY")]
+    pub jwt_es256_public_key: Option<String>,
+    /// The identity provider's JWK set (`https://...`; `http` only on
+    /// loopback): RS256 and ES256 keys, chosen by the token's `kid`.
+    #[arg(long, env = "JWT_JWKS_URL")]
+    pub jwt_jwks_url: Option<String>,
+    /// How long one fetch of JWT_JWKS_URL may take.
+    #[arg(long, env = "JWT_JWKS_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub jwt_jwks_timeout: Duration,
+    /// How often the JWK set is fetched again.
+    #[arg(long, env = "JWT_JWKS_REFRESH", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub jwt_jwks_refresh: Duration,
+    /// The shortest time between two fetches of the JWK set: a token with an
+    /// unknown `kid` fetches it again at most this often.
+    #[arg(long, env = "JWT_JWKS_MIN_REFRESH", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub jwt_jwks_min_refresh: Duration,
     /// The longest a token may still be valid for: a token whose `exp` is
     /// further ahead is refused (a leaked year-long token is a year-long key).
     #[arg(long, env = "JWT_MAX_LIFETIME", default_value = "24h", value_parser = humantime::parse_duration)]
@@ -132,33 +149,126 @@ pub enum JwtKey {
     Hs256(SecretString),
     /// PEM text of the public key.
     Rs256(String),
+    /// PEM text of the P-256 public key.
+    Es256(String),
+    /// The identity provider's JWK set.
+    Jwks(JwksSettings),
+}
+
+/// Where the JWK set is fetched from, and how often.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JwksSettings {
+    pub url: reqwest::Url,
+    /// One fetch.
+    pub timeout: Duration,
+    /// Between scheduled fetches.
+    pub refresh: Duration,
+    /// Between any two fetches started by unknown `kid`s.
+    pub min_refresh: Duration,
 }
 
 impl Settings {
     /// The JWT key, or why there is none.
     pub fn jwt_key(&self) -> Result<JwtKey, ConfigError> {
-        match (&self.jwt_hs256_secret, &self.jwt_rs256_public_key) {
-            (Some(_), Some(_)) => Err(ConfigError(
-                "set either JWT_HS256_SECRET or JWT_RS256_PUBLIC_KEY, not both".into(),
-            )),
-            (None, None) => Err(ConfigError(
-                "no JWT key: set JWT_HS256_SECRET (at least 32 bytes) or JWT_RS256_PUBLIC_KEY \
-                 (`make run` sets a development secret)"
-                    .into(),
-            )),
-            (Some(secret), None) if secret.expose_secret().len() < MIN_HS256_SECRET_BYTES => {
-                Err(ConfigError(format!(
-                    "JWT_HS256_SECRET must be at least {MIN_HS256_SECRET_BYTES} bytes"
-                )))
-            }
-            (Some(secret), None) => Ok(JwtKey::Hs256(secret.clone())),
-            (None, Some(key)) if key.trim_start().starts_with("-----BEGIN") => {
-                Ok(JwtKey::Rs256(key.clone()))
-            }
-            (None, Some(path)) => std::fs::read_to_string(path)
-                .map(JwtKey::Rs256)
-                .map_err(|e| ConfigError(format!("JWT_RS256_PUBLIC_KEY: cannot read {path}: {e}"))),
+        let sources = [
+            ("JWT_HS256_SECRET", self.jwt_hs256_secret.is_some()),
+            ("JWT_RS256_PUBLIC_KEY", self.jwt_rs256_public_key.is_some()),
+            ("JWT_ES256_PUBLIC_KEY", self.jwt_es256_public_key.is_some()),
+            ("JWT_JWKS_URL", self.jwt_jwks_url.is_some()),
+        ];
+        let set: Vec<&str> = sources
+            .iter()
+            .filter(|(_, set)| *set)
+            .map(|(name, _)| *name)
+            .collect();
+        if set.len() > 1 {
+            return Err(ConfigError(format!(
+                "set only one JWT key source, not several ({} are set)",
+                set.join(", ")
+            )));
         }
+        if let Some(secret) = &self.jwt_hs256_secret {
+            if secret.expose_secret().len() < MIN_HS256_SECRET_BYTES {
+                return Err(ConfigError(format!(
+                    "JWT_HS256_SECRET must be at least {MIN_HS256_SECRET_BYTES} bytes"
+                )));
+            }
+            return Ok(JwtKey::Hs256(secret.clone()));
+        }
+        if let Some(key) = &self.jwt_rs256_public_key {
+            return pem("JWT_RS256_PUBLIC_KEY", key).map(JwtKey::Rs256);
+        }
+        if let Some(key) = &self.jwt_es256_public_key {
+            return pem("JWT_ES256_PUBLIC_KEY", key).map(JwtKey::Es256);
+        }
+        if let Some(url) = &self.jwt_jwks_url {
+            return self.jwks(url).map(JwtKey::Jwks);
+        }
+        Err(ConfigError(
+            "no JWT key: set JWT_HS256_SECRET (at least 32 bytes), JWT_RS256_PUBLIC_KEY, \
+             JWT_ES256_PUBLIC_KEY or JWT_JWKS_URL (`make run` sets a development secret)"
+                .into(),
+        ))
+    }
+
+    /// JWT_JWKS_URL and its timings, or why they are refused.
+    fn jwks(&self, raw: &str) -> Result<JwksSettings, ConfigError> {
+        let url = reqwest::Url::parse(raw)
+            .map_err(|e| ConfigError(format!("JWT_JWKS_URL {raw:?} is not a URL: {e}")))?;
+        let loopback = url
+            .host()
+            .is_some_and(|host| payments_app::settings::host_is_loopback(&host));
+        match url.scheme() {
+            "https" => {}
+            "http" if loopback => {}
+            "http" => {
+                return Err(ConfigError(format!(
+                    "JWT_JWKS_URL must be https (plain http only on loopback): keys fetched \
+                     over plain http can be replaced on the way, and with them anyone could \
+                     mint tokens (got a URL whose host is {:?})",
+                    url.host_str().unwrap_or_default()
+                )));
+            }
+            scheme => {
+                return Err(ConfigError(format!(
+                    "JWT_JWKS_URL {raw:?} is not an http(s) URL (scheme {scheme:?})"
+                )));
+            }
+        }
+        if url.host().is_none() {
+            return Err(ConfigError(format!("JWT_JWKS_URL {raw:?} has no host")));
+        }
+        if !url.username().is_empty() || url.password().is_some() {
+            return Err(ConfigError(
+                "JWT_JWKS_URL must not contain user info (user:password@): the URL is logged \
+                 when a fetch fails"
+                    .into(),
+            ));
+        }
+        let show = |d: Duration| humantime::format_duration(d).to_string();
+        if self.jwt_jwks_timeout.is_zero() {
+            return Err(ConfigError(
+                "JWT_JWKS_TIMEOUT must be greater than 0".into(),
+            ));
+        }
+        if self.jwt_jwks_refresh.is_zero() {
+            return Err(ConfigError(
+                "JWT_JWKS_REFRESH must be greater than 0".into(),
+            ));
+        }
+        if self.jwt_jwks_min_refresh > self.jwt_jwks_refresh {
+            return Err(ConfigError(format!(
+                "JWT_JWKS_MIN_REFRESH ({}) must be at most JWT_JWKS_REFRESH ({})",
+                show(self.jwt_jwks_min_refresh),
+                show(self.jwt_jwks_refresh)
+            )));
+        }
+        Ok(JwksSettings {
+            url,
+            timeout: self.jwt_jwks_timeout,
+            refresh: self.jwt_jwks_refresh,
+            min_refresh: self.jwt_jwks_min_refresh,
+        })
     }
 
     /// How tokens are validated besides their signature, or why the
@@ -233,6 +343,15 @@ impl Settings {
         self.with_jobs
             .unwrap_or(self.core.gateway.gateway_url.is_none())
     }
+}
+
+/// A public key setting: PEM text, or the path of a PEM file.
+fn pem(name: &str, value: &str) -> Result<String, ConfigError> {
+    if value.trim_start().starts_with("-----BEGIN") {
+        return Ok(value.to_owned());
+    }
+    std::fs::read_to_string(value)
+        .map_err(|e| ConfigError(format!("{name}: cannot read {value}: {e}")))
 }
 
 #[cfg(test)]
@@ -370,6 +489,118 @@ mod tests {
         assert!(refused(&[SECRET, "--jwt-max-lifetime=0s"]).contains("JWT_MAX_LIFETIME"));
         assert!(refused(&[SECRET, "--jwt-leeway=1h"]).contains("JWT_LEEWAY"));
         assert!(refused(&[SECRET, "--jwt-audience= "]).contains("JWT_AUDIENCE"));
+    }
+
+    #[test]
+    fn exactly_one_jwt_key_source() {
+        let refused = |args: &[&str]| settings(args).validate().expect_err("refused").0;
+        let jwks = "--jwt-jwks-url=https://idp.example/.well-known/jwks.json";
+        let rs = "--jwt-rs256-public-key=-----BEGIN PUBLIC KEY-----";
+        let es = "--jwt-es256-public-key=-----BEGIN PUBLIC KEY-----";
+        for (args, named) in [
+            (
+                &[SECRET, jwks][..],
+                &["JWT_HS256_SECRET", "JWT_JWKS_URL"][..],
+            ),
+            (&[rs, jwks], &["JWT_RS256_PUBLIC_KEY", "JWT_JWKS_URL"]),
+            (&[es, jwks], &["JWT_ES256_PUBLIC_KEY", "JWT_JWKS_URL"]),
+            (&[SECRET, rs], &["JWT_HS256_SECRET", "JWT_RS256_PUBLIC_KEY"]),
+            (&[rs, es], &["JWT_RS256_PUBLIC_KEY", "JWT_ES256_PUBLIC_KEY"]),
+            (
+                &[SECRET, rs, es, jwks],
+                &[
+                    "JWT_HS256_SECRET",
+                    "JWT_RS256_PUBLIC_KEY",
+                    "JWT_ES256_PUBLIC_KEY",
+                    "JWT_JWKS_URL",
+                ],
+            ),
+        ] {
+            let message = refused(args);
+            assert!(message.contains("only one JWT key source"), "{message}");
+            for name in named {
+                assert!(message.contains(name), "{args:?}: {message}");
+            }
+        }
+        let none = refused(&[]);
+        assert!(
+            none.contains("no JWT key") && none.contains("JWT_JWKS_URL"),
+            "{none}"
+        );
+        let JwtKey::Jwks(jwks) = settings(&[jwks]).jwt_key().expect("a JWKS key") else {
+            panic!("not a JWKS source");
+        };
+        assert_eq!(
+            jwks,
+            JwksSettings {
+                url: "https://idp.example/.well-known/jwks.json"
+                    .parse()
+                    .expect("a URL"),
+                timeout: Duration::from_secs(5),
+                refresh: Duration::from_secs(600),
+                min_refresh: Duration::from_secs(30),
+            }
+        );
+        let es_path = settings(&["--jwt-es256-public-key=/no/such/key.pem"]);
+        let message = es_path.jwt_key().expect_err("refused").0;
+        assert!(message.contains("JWT_ES256_PUBLIC_KEY"), "{message}");
+    }
+
+    #[test]
+    fn jwks_urls_are_https_or_loopback_http() {
+        let key = |url: &str| settings(&[&format!("--jwt-jwks-url={url}")]).jwt_key();
+        for url in [
+            "https://idp.example/.well-known/jwks.json",
+            "https://idp.example:8443/keys",
+            "http://127.0.0.1:9000/jwks",
+            "http://localhost/jwks",
+            "http://[::1]:9000/jwks",
+        ] {
+            assert!(key(url).is_ok(), "{url}: {:?}", key(url));
+        }
+        for (url, needle) in [
+            ("http://idp.example/jwks", "https"),
+            ("http://10.0.0.1/jwks", "https"),
+            ("http://localhost.idp.example/jwks", "https"),
+            ("ftp://idp.example/jwks", "http(s)"),
+            ("file:///etc/jwks.json", "http(s)"),
+            ("idp.example/jwks", "not a URL"),
+            ("", "not a URL"),
+            ("https://user:pass@idp.example/jwks", "user info"),
+        ] {
+            let message = key(url).expect_err(url).0;
+            assert!(
+                message.contains("JWT_JWKS_URL") && message.contains(needle),
+                "{url}: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn jwks_timings_are_checked() {
+        let url = "--jwt-jwks-url=https://idp.example/jwks";
+        let refused = |args: &[&str]| {
+            let mut all = vec![url];
+            all.extend_from_slice(args);
+            settings(&all).validate().expect_err("refused").0
+        };
+        assert!(refused(&["--jwt-jwks-timeout=0s"]).contains("JWT_JWKS_TIMEOUT"));
+        assert!(refused(&["--jwt-jwks-refresh=0s"]).contains("JWT_JWKS_REFRESH"));
+        let inverted = refused(&["--jwt-jwks-refresh=1m", "--jwt-jwks-min-refresh=5m"]);
+        assert!(inverted.contains("JWT_JWKS_MIN_REFRESH"), "{inverted}");
+        let JwtKey::Jwks(jwks) = settings(&[
+            url,
+            "--jwt-jwks-timeout=1500ms",
+            "--jwt-jwks-refresh=1m",
+            "--jwt-jwks-min-refresh=0s",
+        ])
+        .jwt_key()
+        .expect("valid") else {
+            panic!("not a JWKS source");
+        };
+        assert_eq!(jwks.timeout, Duration::from_millis(1500));
+        assert_eq!(jwks.refresh, Duration::from_secs(60));
+        assert_eq!(jwks.min_refresh, Duration::ZERO);
     }
 
     #[test]

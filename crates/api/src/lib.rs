@@ -6,6 +6,8 @@
 //!
 //! - [`config`]: flags and environment variables, validated at start-up.
 //! - [`auth`]: bearer JWTs; the `Customer` extractor.
+//! - [`jwks`]: an identity provider's signing keys (JWT_JWKS_URL), fetched,
+//!   cached and refreshed.
 //! - [`extract`]: the `Idempotency-Key` header and the JSON body, with
 //!   rejections in our error envelope.
 //! - [`routes`]: thin handlers.
@@ -21,6 +23,7 @@ pub mod auth;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod jwks;
 pub mod routes;
 pub mod server;
 pub mod telemetry;

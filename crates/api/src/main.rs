@@ -77,6 +77,12 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         }))
     });
     let state = AppState::new(&settings, app.service)?;
+    // With JWT_JWKS_URL: the keys are fetched before serving (a failure is
+    // logged and retried; tokens are refused until keys arrive).
+    let jwks = match state.auth.jwks() {
+        Some(jwks) => Some(jwks.start().await),
+        None => None,
+    };
     let listener = tokio::net::TcpListener::bind(settings.listen_addr)
         .await
         .with_context(|| format!("binding {}", settings.listen_addr))?;
@@ -84,6 +90,9 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     tracing::info!(%addr, database = %settings.core.database.database_url, gateway = %app.provider_url, "serving");
     println!("payments-api listening on http://{addr}");
     serve(listener, state, shutdown_signal()).await?;
+    if let Some(jwks) = jwks {
+        jwks.abort();
+    }
     // The jobs finish the pass in hand, then stop.
     let _ = stop_jobs.send(());
     if let Some(jobs) = jobs {
