@@ -13,7 +13,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use payments_client::{Answer, ChargeRequest, Client, ClientError, IdempotencyKey};
+use payments_client::{Answer, ApiError, ChargeRequest, Client, ClientError, IdempotencyKey};
 use payments_tests::{AppOptions, Backend, TestApp, spawn_app};
 
 // ---------------------------------------------------------------------------
@@ -302,6 +302,23 @@ async fn connection_errors_are_retried_then_reported() {
 // ---------------------------------------------------------------------------
 // The real API in front of the real sandbox.
 
+/// `err` is a final refusal with `status` after one attempt, the outcome
+/// known: its error and the key it kept.
+fn final_rejection(err: &ClientError, status: u16) -> (&ApiError, &Option<IdempotencyKey>) {
+    let ClientError::Rejected {
+        status: got,
+        error,
+        attempts,
+        key,
+    } = err
+    else {
+        panic!("expected Rejected, got {err:?}");
+    };
+    assert_eq!((*got, *attempts), (status, 1), "{err:?}");
+    assert!(!err.outcome_unknown());
+    (error, key)
+}
+
 async fn app(options: AppOptions) -> TestApp {
     spawn_app(Backend::Sqlite, options)
         .await
@@ -377,19 +394,9 @@ async fn a_validation_error_is_final_with_its_param() {
         .charge(&ChargeRequest::new(100, "ZZZ", "tok_visa"))
         .await
         .unwrap_err();
-    let ClientError::Rejected {
-        status,
-        error,
-        attempts,
-        key,
-    } = &err
-    else {
-        panic!("expected Rejected, got {err:?}");
-    };
-    assert_eq!((*status, *attempts), (400, 1));
+    let (error, key) = final_rejection(&err, 400);
     assert_eq!(error.code, "invalid_request");
     assert_eq!(error.param.as_deref(), Some("currency"));
-    assert!(!err.outcome_unknown());
 
     // Validation failures are not stored: the fixed request may reuse the key.
     let fixed = client
@@ -477,18 +484,8 @@ async fn a_request_the_provider_rejects_is_final() {
         .charge(&ChargeRequest::new(100, "GBP", "tok_doesNotExist"))
         .await
         .unwrap_err();
-    let ClientError::Rejected {
-        status,
-        error,
-        attempts,
-        ..
-    } = &err
-    else {
-        panic!("expected Rejected, got {err:?}");
-    };
-    assert_eq!((*status, *attempts), (502, 1));
+    let (error, _) = final_rejection(&err, 502);
     assert_eq!(error.code, "provider_rejected_request");
     assert_eq!(error.provider_code.as_deref(), Some("resource_missing"));
-    assert!(!err.outcome_unknown());
     assert!(app.sandbox_charges().await.is_empty());
 }

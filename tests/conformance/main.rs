@@ -574,7 +574,7 @@ async fn existing_records_carry_owner_and_fingerprint(backend: Backend) {
     let record_id = claimed(&store, &c).await;
     let live = existing(
         store
-            .claim(&claim("owned-key", "cus_2", &body(5)))
+            .claim(&claim("owned-key", "cus_2", &body(50)))
             .await
             .unwrap(),
     );
@@ -585,7 +585,7 @@ async fn existing_records_carry_owner_and_fingerprint(backend: Backend) {
     db.age(Some("owned-key"), secs(20)).await;
     let expired = existing(
         store
-            .claim(&claim("owned-key", "cus_2", &body(5)))
+            .claim(&claim("owned-key", "cus_2", &body(50)))
             .await
             .unwrap(),
     );
@@ -597,7 +597,7 @@ async fn existing_records_carry_owner_and_fingerprint(backend: Backend) {
     assert_eq!(store.finish(&done).await.unwrap(), FinishOutcome::Finished);
     let complete = existing(
         store
-            .claim(&claim("owned-key", "cus_2", &body(5)))
+            .claim(&claim("owned-key", "cus_2", &body(50)))
             .await
             .unwrap(),
     );

@@ -746,22 +746,16 @@ mod tests {
             )),
             Step::Abandoned(_)
         ));
-        assert!(matches!(
-            judge::<Charge>(&exchange(
-                502,
-                r#"{"error":{"code":"charge_not_made","message":"x"}}"#,
-                None
-            )),
-            Step::Rejected { status: 502, .. }
-        ));
-        assert!(matches!(
-            judge::<Charge>(&exchange(
-                502,
-                r#"{"error":{"code":"provider_rejected_request","message":"x"}}"#,
-                None
-            )),
-            Step::Rejected { status: 502, .. }
-        ));
+        for code in ["charge_not_made", "provider_rejected_request"] {
+            let body = format!(r#"{{"error":{{"code":"{code}","message":"x"}}}}"#);
+            assert!(
+                matches!(
+                    judge::<Charge>(&exchange(502, &body, None)),
+                    Step::Rejected { status: 502, .. }
+                ),
+                "{code} is final"
+            );
+        }
         assert!(matches!(
             judge::<Charge>(&exchange(502, "<html>", None)),
             Step::Retry { .. }

@@ -256,7 +256,9 @@ impl HttpGateway {
             }
             Err(e) => ProviderOutcome::Unknown {
                 doubt: doubt_of(&e),
-                reason: format!("provider call failed: {}", error_chain(&e)),
+                // reqwest's Display says only "error sending request"; its
+                // Debug carries the kind and the cause (refused, reset, ...).
+                reason: format!("provider call failed: {e:?}"),
             },
         };
         let label = match &outcome {
@@ -290,19 +292,6 @@ fn doubt_of(e: &reqwest::Error) -> Doubt {
     } else {
         Doubt::Dropped
     }
-}
-
-/// An error and its sources, for the log: reqwest's own text says only
-/// "error sending request".
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Classifies one provider answer. Only a 200 charge or refund object that

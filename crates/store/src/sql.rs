@@ -27,7 +27,7 @@ use sqlx::{
     Row, Transaction, Type,
 };
 
-use crate::batch::Batcher;
+use crate::batch::{Batcher, BoxFut};
 use crate::dialect::Dialect;
 use crate::rows::{ChargeRow, RecordRow, RefundRow, decode};
 use crate::{Error, millis, run};
@@ -618,12 +618,25 @@ sql_impl! {{
     /// SQLite): `Ok(None)` when the row it saw changed under it (reclaimed
     /// by someone else, or pruned between the insert and the read).
     async fn try_claim(&self, c: &Claim) -> Result<Option<ClaimOutcome>, Error> {
+        let (store, c) = (self.clone(), c.clone());
+        self.in_write_tx(move |conn| Box::pin(async move { store.claim_in(conn, &c).await })).await
+    }
+
+    /// Runs `work`'s statements in a write transaction: a batch's savepoint
+    /// when SQLite batches its writes (committed with the batch), else a
+    /// transaction of its own, committed when `work` succeeds.
+    async fn in_write_tx<T, F>(&self, work: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: for<'c> FnOnce(&'c mut <D::Db as Database>::Connection) -> BoxFut<'c, Result<T, Error>>
+            + Send
+            + 'static,
+    {
         if let Some(batch) = &self.batch {
-            let (store, c) = (self.clone(), c.clone());
-            return batch.run(move |conn| Box::pin(async move { store.claim_in(conn, &c).await })).await;
+            return batch.run(work).await;
         }
         let mut tx = self.begin_write().await?;
-        let outcome = self.claim_in(&mut tx, c).await?;
+        let outcome = work(&mut tx).await?;
         tx.commit().await?;
         Ok(outcome)
     }
@@ -781,14 +794,8 @@ sql_impl! {{
             let row = Self::settle(Self::finishing(sql, f), outcome).fetch_one(&self.pool).await?;
             return Self::finished(f, Self::count(&row, 0)?, Self::count(&row, 1)?);
         }
-        if let Some(batch) = &self.batch {
-            let (store, f) = (self.clone(), f.clone());
-            return batch.run(move |conn| Box::pin(async move { store.finish_in(conn, &f).await })).await;
-        }
-        let mut tx = self.begin_write().await?;
-        let outcome = self.finish_in(&mut tx, f).await?;
-        tx.commit().await?;
-        Ok(outcome)
+        let (store, f) = (self.clone(), f.clone());
+        self.in_write_tx(move |conn| Box::pin(async move { store.finish_in(conn, &f).await })).await
     }
 
     /// `finish_record` or `finish_one` with the finish's answer, record
