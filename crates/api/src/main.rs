@@ -1,7 +1,9 @@
 //! `payments-api`: serve (default), `migrate`, or `token --customer ID`.
 
+use std::sync::LazyLock;
+
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use payments_api::auth;
 use payments_api::config::{Cli, Command, Settings};
 use payments_api::{AppState, serve};
@@ -10,9 +12,17 @@ use payments_app::{init_logging, shutdown_signal};
 use payments_jobs::runner::Jobs;
 use secrecy::{ExposeSecret, SecretString};
 
+/// `--version`: the version and the git commit, `0.1.0 (abc1234)`.
+static VERSION: LazyLock<String> =
+    LazyLock::new(|| payments_app::telemetry::version(env!("CARGO_PKG_VERSION")));
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().version(VERSION.as_str()).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let result = match cli.command {
         None => run(cli.settings).await,
         Some(Command::Serve(settings)) => run(*settings).await,

@@ -3,15 +3,23 @@
 //! configuration is refused; `run` stops cleanly on SIGTERM/SIGINT after the
 //! pass in hand.
 
-use clap::{Parser, ValueEnum};
-use payments_app::{Settings, init_logging, shutdown_signal, telemetry};
+use std::io::IsTerminal;
+use std::sync::LazyLock;
+
+use anyhow::Context;
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use payments_app::settings::LogFormat;
+use payments_app::telemetry::{self, Binary};
+use payments_app::{Settings, init_logging, shutdown_signal};
 use payments_jobs::runner::Jobs;
 use payments_jobs::settings::JobArgs;
+
+/// `--version`: the version and the git commit, `0.1.0 (abc1234)`.
+static VERSION: LazyLock<String> = LazyLock::new(|| telemetry::version(env!("CARGO_PKG_VERSION")));
 
 #[derive(Debug, Parser)]
 #[command(
     name = "payments-jobs",
-    version,
     about = "Recovers stuck charges, reconciles unknown outcomes and prunes old idempotency keys"
 )]
 struct Cli {
@@ -25,7 +33,8 @@ struct Cli {
     #[arg(long)]
     dry_run: bool,
     /// Serve Prometheus metrics (reaped, abandoned, pruned, provider calls)
-    /// on this address at /metrics while `run` runs.
+    /// on this address at /metrics while `run` runs. Accepted, and not
+    /// served, with --once or --dry-run.
     #[arg(long, env = "METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     #[command(flatten)]
@@ -49,10 +58,19 @@ enum Job {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.settings.log.log_format);
-    // Installed first, so every pass is counted.
-    if let Err(e) = telemetry::handle() {
+    let matches = Cli::command().version(VERSION.as_str()).get_matches();
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let format = cli.settings.log.log_format;
+    init_logging(format);
+    // A bar only for a person at a terminal: never in a log file, never
+    // amid JSON lines.
+    cli.jobs.progress_bar = format == LogFormat::Text && std::io::stderr().is_terminal();
+    // Installed first, so every pass is counted, and every metric is
+    // described and at zero before the first.
+    if let Err(e) = telemetry::install(Binary::Jobs, env!("CARGO_PKG_VERSION")) {
         tracing::warn!(error = %e, "metrics recorder unavailable");
     }
     match run(cli).await {
@@ -80,6 +98,20 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
              GATEWAY_URL and GATEWAY_SECRET_KEY as for payments-api"
         );
     }
+    // Bound before any work, so a taken or refused address stops the start.
+    let one_pass = cli.once || cli.dry_run;
+    let metrics = match cli.metrics_addr {
+        Some(addr) if !one_pass => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding METRICS_ADDR {addr} for /metrics"))?,
+        ),
+        Some(addr) => {
+            tracing::info!(%addr, "one pass: METRICS_ADDR is not served");
+            None
+        }
+        None => None,
+    };
     let store = cli.settings.database.open().await?;
     let service = match provider.filter(|_| reap || reconcile) {
         Some(provider) => {
@@ -95,7 +127,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let reconciler = service
         .filter(|_| reconcile)
         .map(|service| cli.jobs.reconciler(service));
-    let pruner = prune.then(|| cli.jobs.pruner(store));
+    let pruner = prune.then(|| cli.jobs.pruner(store.clone()));
 
     if cli.dry_run {
         if let Some(reaper) = &reaper {
@@ -115,6 +147,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         tracing::info!(?outcome, "pass complete");
         return Ok(());
     }
+    let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+    let metrics = metrics.map(|listener| {
+        tokio::spawn(telemetry::serve_metrics(listener, async move {
+            let _ = metrics_stopped.await;
+        }))
+    });
     tracing::info!(
         reap,
         prune,
@@ -122,5 +160,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         "payments-jobs running; SIGTERM or SIGINT stops it after the pass in hand"
     );
     jobs.run_until_stopped(shutdown_signal()).await;
+    let _ = stop_metrics.send(());
+    if let Some(server) = metrics {
+        match server.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "the /metrics server failed"),
+            Err(e) => tracing::warn!(error = %e, "the /metrics server task failed"),
+        }
+    }
     Ok(())
 }

@@ -26,9 +26,9 @@ use payments_domain::service::{ABANDONED_TOTAL, ChargeError, ChargeService, OnUn
 use payments_domain::store::{ClaimAge, NewLease, Operation, Store, StoreError};
 use payments_domain::time;
 
-/// The reaper's records, by `result` (a metric name, listed with the others
-/// in `payments_api::telemetry`).
-pub const REAPER_RECORDS_TOTAL: &str = "payments_reaper_records_total";
+/// The reaper's records, by `result` (a metric name, defined and described
+/// with the others in `payments_app::telemetry`).
+pub use payments_app::telemetry::REAPER_RECORDS_TOTAL;
 
 /// What one reaper pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
