@@ -217,6 +217,17 @@ async fn bad_job_settings_are_refused() {
     )
     .await;
     assert!(!ok && stderr.contains("GATEWAY_URL"), "{stderr}");
+    // The reconciler's dry run asks the provider: it needs one too, and says why.
+    let (ok, _, stderr) = run_binary(
+        "payments-jobs",
+        &["reconcile", "--dry-run"],
+        &[("DATABASE_URL", "sqlite::memory:")],
+    )
+    .await;
+    assert!(
+        !ok && stderr.contains("GATEWAY_URL") && stderr.contains("dry run"),
+        "{stderr}"
+    );
     // The pruner alone needs no provider.
     let (ok, _, stderr) = run_binary(
         "payments-jobs",
@@ -232,6 +243,32 @@ async fn sqlite_db() -> TestDb {
     TestDb::new(Backend::Sqlite, 2)
         .await
         .expect("SQLite is always there")
+}
+
+/// `payments-jobs reap --dry-run` only reads the database: it needs no
+/// GATEWAY_URL, lists what a pass would take over, and changes nothing.
+#[tokio::test]
+async fn reap_dry_run_needs_no_gateway() {
+    let db = sqlite_db().await;
+    // An in-progress record whose lease expired long ago.
+    db.execute(
+        "INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
+         state, lease_token, locked_until, charge_id, created_at, expires_at) \
+         VALUES ('stuck-1', 'POST /api/charges', 'cus_old', \
+         '0000000000000000000000000000000000000000000000000000000000000000', 'in_progress', \
+         'token', 0, 'ch_stuck_1', 0, 1)",
+        "",
+        "",
+    )
+    .await;
+    let env = [("DATABASE_URL", db.url.as_str())];
+    let (ok, _, stderr) = run_binary("payments-jobs", &["reap", "--dry-run"], &env).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("dry run: would take over") && stderr.contains("would_reap=1"),
+        "{stderr}"
+    );
+    assert_eq!(db.records_for_key("stuck-1", "in_progress", None).await, 1);
 }
 
 /// The address `payments-jobs` logged it serves /metrics on.

@@ -10,7 +10,8 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use payments_app::settings::LogFormat;
 use payments_app::telemetry::{self, Binary};
-use payments_app::{Settings, init_logging, shutdown_signal};
+use payments_app::{Settings, init_logging, report_exit_error, shutdown_signal};
+use payments_jobs::reaper;
 use payments_jobs::runner::Jobs;
 use payments_jobs::settings::JobArgs;
 
@@ -29,7 +30,9 @@ struct Cli {
     /// One pass, then exit (non-zero if it failed).
     #[arg(long)]
     once: bool,
-    /// Report what a pass would do; change nothing (implies --once).
+    /// Report what a pass would do; change nothing (implies --once). `reap
+    /// --dry-run` and `prune --dry-run` only read the database and need no
+    /// GATEWAY_URL; `reconcile --dry-run` asks the provider.
     #[arg(long)]
     dry_run: bool,
     /// Serve Prometheus metrics (reaped, abandoned, pruned, provider calls)
@@ -76,8 +79,7 @@ async fn main() -> std::process::ExitCode {
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("payments-jobs: {e:#}");
+            report_exit_error("payments-jobs", &e);
             std::process::ExitCode::FAILURE
         }
     }
@@ -90,13 +92,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     cli.settings.validate()?;
     cli.jobs.validate(&cli.settings.gateway)?;
     // The reaper and the reconciler talk to the provider, so they need one;
-    // the pruner only talks to the database.
+    // the pruner only talks to the database, and so does the reaper's dry
+    // run. The reconciler's dry run looks each operation up at the provider.
     let provider = cli.settings.gateway.remote()?;
-    if (reap || reconcile) && provider.is_none() {
-        anyhow::bail!(
-            "GATEWAY_URL is not set: the reaper and the reconciler talk to the provider, set \
-             GATEWAY_URL and GATEWAY_SECRET_KEY as for payments-api"
-        );
+    if provider.is_none() {
+        if reconcile {
+            let why = if cli.dry_run {
+                "the reconciler, even in a dry run, looks each operation up at the provider"
+            } else {
+                "the reaper and the reconciler talk to the provider"
+            };
+            anyhow::bail!(
+                "GATEWAY_URL is not set: {why}; set GATEWAY_URL and GATEWAY_SECRET_KEY as for \
+                 payments-api"
+            );
+        }
+        if reap && !cli.dry_run {
+            anyhow::bail!(
+                "GATEWAY_URL is not set: the reaper talks to the provider, set GATEWAY_URL and \
+                 GATEWAY_SECRET_KEY as for payments-api (`reap --dry-run` needs neither)"
+            );
+        }
     }
     // Bound before any work, so a taken or refused address stops the start.
     let one_pass = cli.once || cli.dry_run;
@@ -130,8 +146,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let pruner = prune.then(|| cli.jobs.pruner(store.clone()));
 
     if cli.dry_run {
-        if let Some(reaper) = &reaper {
-            reaper.dry_run().await?;
+        if reap {
+            let settings = cli.jobs.reaper_settings(cli.settings.gateway.lease);
+            let limit = cli.settings.gateway.redrive_limit();
+            reaper::dry_run(&store, &settings, limit).await?;
         }
         if let Some(pruner) = &pruner {
             pruner.dry_run().await?;
