@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use payments_api::config::DEV_JWT_SECRET;
-use payments_api::telemetry::{COUNTERS, HISTOGRAMS};
+use payments_api::telemetry::{COUNTERS, GAUGES, HISTOGRAMS};
 use payments_app::settings::SANDBOX_SECRET_KEY;
 use payments_tests::{binary, run_binary};
 use reqwest::Url;
@@ -552,15 +552,15 @@ fn metric_names(expr: &str) -> BTreeSet<&str> {
     unquoted.flat_map(payments_words).collect()
 }
 
-/// The recorded metric a series belongs to: a counter, or a histogram's
-/// `_bucket`, `_sum` or `_count`.
+/// The recorded metric a series belongs to: a counter, a gauge, or a
+/// histogram's `_bucket`, `_sum` or `_count`.
 fn known_metric(series: &str) -> Option<&'static str> {
     let of_histogram = |h: &&str| {
         let suffix = series.strip_prefix(*h);
         suffix.is_some_and(|s| ["_bucket", "_sum", "_count"].contains(&s))
     };
-    let counter = COUNTERS.into_iter().find(|c| *c == series);
-    counter.or_else(|| HISTOGRAMS.into_iter().find(of_histogram))
+    let single = COUNTERS.into_iter().chain(GAUGES).find(|c| *c == series);
+    single.or_else(|| HISTOGRAMS.into_iter().find(of_histogram))
 }
 
 #[test]

@@ -6,6 +6,7 @@ mod auth;
 mod cache;
 mod group_commit;
 mod skew;
+mod watch;
 
 use payments_api::config::DEV_JWT_SECRET;
 use payments_tests::{Backend, Process, TestDb, backend_tests, charge_body, run_binary};

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use payments_jobs::pruner::Pause;
 use payments_jobs::pruner::Pruner;
 use payments_tests::{
-    AppOptions, Backend, TestApp, backend_tests, charge_body, new_key, spawn_app,
+    AppOptions, Backend, TestDb, backend_tests, charge_body, new_key, run_binary, spawn_app,
 };
 
 const EXPIRED: i64 = 100_000;
@@ -24,7 +24,7 @@ macro_rules! digits {
 
 /// `n` (at most 100,000) complete records named `<prefix>-<i>`, claimed two
 /// days ago and expired a day ago, written in bulk.
-async fn seed_expired(app: &TestApp, prefix: &str, n: i64) {
+async fn seed_expired(db: &TestDb, prefix: &str, n: i64) {
     let sqlite = format!(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < {n}) \
          INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
@@ -68,7 +68,7 @@ async fn seed_expired(app: &TestApp, prefix: &str, n: i64) {
         prefix = prefix,
         n = n
     );
-    app.db.execute(&sqlite, &postgres, &mysql).await;
+    db.execute(&sqlite, &postgres, &mysql).await;
 }
 
 /// 100,000 expired complete records, fresh ones, and in-progress ones past
@@ -81,7 +81,7 @@ async fn prune_deletes_only_expired_complete_records(backend: Backend) {
     let app = Arc::new(app);
     // Expired complete records (claimed two days ago), 100 charges, and 25
     // in-progress records past their expiry, all written in bulk.
-    seed_expired(&app, "expired", EXPIRED).await;
+    seed_expired(&app.db, "expired", EXPIRED).await;
     app.db
         .execute(
             "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 25) \
@@ -188,7 +188,7 @@ async fn pruner_batches_and_rests_as_configured(backend: Backend) {
         return;
     };
     let store = app.db.store();
-    seed_expired(&app, "default", 600).await;
+    seed_expired(&app.db, "default", 600).await;
     let report = Pruner::new(store.clone(), None)
         .try_run_once()
         .await
@@ -197,7 +197,7 @@ async fn pruner_batches_and_rests_as_configured(backend: Backend) {
     let batches = if backend == Backend::Sqlite { 3 } else { 1 };
     assert_eq!(report.batches, batches, "{backend:?}: 600 rows");
 
-    seed_expired(&app, "paused", 600).await;
+    seed_expired(&app.db, "paused", 600).await;
     let pause = Duration::from_millis(40);
     let started = Instant::now();
     let report = Pruner::new(store, Some(200))
@@ -210,7 +210,44 @@ async fn pruner_batches_and_rests_as_configured(backend: Backend) {
     assert!(started.elapsed() >= pause * 3, "{:?}", started.elapsed());
 }
 
+/// `payments-jobs prune` on a backlog logs its progress: rows done of the
+/// estimated total (the dry run's count), the rate and the time left.
+/// `PROGRESS_EVERY=0s` reports after every batch; 600 rows in batches of
+/// 100 are six.
+async fn a_long_prune_logs_its_progress(backend: Backend) {
+    let Some(db) = TestDb::new(backend, 2).await else {
+        return;
+    };
+    seed_expired(&db, "backlog", 600).await;
+    let env = [
+        ("DATABASE_URL", db.url.as_str()),
+        ("PRUNE_BATCH", "100"),
+        ("PRUNE_PAUSE", "0s"),
+        ("PROGRESS_EVERY", "0s"),
+    ];
+    let (ok, _, stderr) = run_binary("payments-jobs", &["prune", "--once"], &env).await;
+    assert!(ok, "{stderr}");
+    let progress: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains(" progress "))
+        .collect();
+    assert_eq!(progress.len(), 6, "{stderr}");
+    for (line, done) in progress.iter().zip((100..).step_by(100)) {
+        for field in [
+            "job=\"prune\"".to_owned(),
+            format!("done={done} "),
+            "total=600 ".to_owned(),
+            "rows_per_sec=".to_owned(),
+            "eta=".to_owned(),
+        ] {
+            assert!(line.contains(&field), "no {field} in {line}");
+        }
+    }
+    assert!(stderr.contains("prune pass deleted=600"), "{stderr}");
+}
+
 backend_tests!(
     prune_deletes_only_expired_complete_records,
     pruner_batches_and_rests_as_configured,
+    a_long_prune_logs_its_progress,
 );

@@ -25,6 +25,7 @@ fn reconciler(app: &TestApp, search_lag: Duration) -> Reconciler {
         ReconcilerSettings {
             search_lag,
             batch: 100,
+            progress: payments_jobs::progress::ProgressSettings::default(),
         },
     )
 }

@@ -217,6 +217,17 @@ async fn bad_job_settings_are_refused() {
     )
     .await;
     assert!(!ok && stderr.contains("GATEWAY_URL"), "{stderr}");
+    // The reconciler's dry run asks the provider: it needs one too, and says why.
+    let (ok, _, stderr) = run_binary(
+        "payments-jobs",
+        &["reconcile", "--dry-run"],
+        &[("DATABASE_URL", "sqlite::memory:")],
+    )
+    .await;
+    assert!(
+        !ok && stderr.contains("GATEWAY_URL") && stderr.contains("dry run"),
+        "{stderr}"
+    );
     // The pruner alone needs no provider.
     let (ok, _, stderr) = run_binary(
         "payments-jobs",
@@ -225,4 +236,119 @@ async fn bad_job_settings_are_refused() {
     )
     .await;
     assert!(ok, "{stderr}");
+}
+
+/// A SQLite database file for a test that runs only on SQLite.
+async fn sqlite_db() -> TestDb {
+    TestDb::new(Backend::Sqlite, 2)
+        .await
+        .expect("SQLite is always there")
+}
+
+/// `payments-jobs reap --dry-run` only reads the database: it needs no
+/// GATEWAY_URL, lists what a pass would take over, and changes nothing.
+#[tokio::test]
+async fn reap_dry_run_needs_no_gateway() {
+    let db = sqlite_db().await;
+    // An in-progress record whose lease expired long ago.
+    db.execute(
+        "INSERT INTO idempotent_requests (idempotency_key, route, customer_id, request_hash, \
+         state, lease_token, locked_until, charge_id, created_at, expires_at) \
+         VALUES ('stuck-1', 'POST /api/charges', 'cus_old', \
+         '0000000000000000000000000000000000000000000000000000000000000000', 'in_progress', \
+         'token', 0, 'ch_stuck_1', 0, 1)",
+        "",
+        "",
+    )
+    .await;
+    let env = [("DATABASE_URL", db.url.as_str())];
+    let (ok, _, stderr) = run_binary("payments-jobs", &["reap", "--dry-run"], &env).await;
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("dry run: would take over") && stderr.contains("would_reap=1"),
+        "{stderr}"
+    );
+    assert_eq!(db.records_for_key("stuck-1", "in_progress", None).await, 1);
+}
+
+/// The address `payments-jobs` logged it serves /metrics on.
+fn metrics_addr(log: &str) -> String {
+    let line = log.lines().find(|l| l.contains("serving /metrics"));
+    let addr = line.and_then(|l| l.split("addr=").nth(1));
+    addr.map(|a| a.trim().to_owned())
+        .unwrap_or_else(|| panic!("no metrics address in:\n{log}"))
+}
+
+/// `payments-jobs run` with METRICS_ADDR serves /metrics: the jobs' own
+/// series, described and at zero from the start, and the build info.
+#[tokio::test]
+async fn run_serves_metrics() {
+    let db = sqlite_db().await;
+    let (mut jobs, _stdout) = Process::spawn(
+        "payments-jobs",
+        &["run"],
+        &[
+            ("DATABASE_URL", &db.url),
+            // Nothing to reap or reconcile: no provider call is made.
+            ("GATEWAY_URL", "http://127.0.0.1:9"),
+            ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+            // Port 0: a free port, read back from the log.
+            ("METRICS_ADDR", "127.0.0.1:0"),
+        ],
+    );
+    assert!(
+        jobs.wait_for_log(&["serving /metrics"]).await,
+        "no /metrics:\n{}",
+        jobs.log()
+    );
+    let addr = metrics_addr(&jobs.log());
+    let response = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let text = response.text().await.unwrap();
+    for line in [
+        "# HELP payments_reaper_records_total ",
+        "payments_reaper_records_total{result=\"reaped\"} ",
+        "# HELP payments_pruned_records_total ",
+        "payments_pruned_records_total ",
+        "# HELP payments_reconciled_total ",
+        "# HELP payments_build_info ",
+        "payments_build_info{version=\"",
+    ] {
+        assert!(
+            text.lines().any(|l| l.starts_with(line)),
+            "no {line:?} in:\n{text}"
+        );
+    }
+    let build = format!("commit=\"{}\"}} 1", payments_app::telemetry::GIT_COMMIT);
+    assert!(text.contains(&build), "no {build} in:\n{text}");
+    // The API's own metrics are not the jobs'.
+    assert!(
+        !text.contains("payments_idempotent_replays_total"),
+        "{text}"
+    );
+    let status = jobs.terminate(Duration::from_secs(5)).await;
+    assert!(status.success(), "{status}");
+}
+
+/// A METRICS_ADDR that cannot be bound stops `run` at start, saying so.
+#[tokio::test]
+async fn a_taken_metrics_addr_is_a_start_error() {
+    let db = sqlite_db().await;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let env = [
+        ("DATABASE_URL", db.url.as_str()),
+        ("GATEWAY_URL", "http://127.0.0.1:9"),
+        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+        ("METRICS_ADDR", &addr),
+    ];
+    let (ok, _, stderr) = run_binary("payments-jobs", &["run"], &env).await;
+    assert!(!ok, "started with {addr} taken:\n{stderr}");
+    assert!(
+        stderr.contains(&format!("binding METRICS_ADDR {addr}")),
+        "{stderr}"
+    );
+    drop(taken);
 }

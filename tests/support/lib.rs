@@ -1083,6 +1083,9 @@ fn stale(binary: &Path) -> bool {
         let mut paths = ["crates", "migrations", "Cargo.toml", "Cargo.lock"]
             .map(|p| root.join(p))
             .to_vec();
+        // The binaries carry the commit (`--version`): a new commit makes
+        // them stale, as it reruns payments-app's build script.
+        paths.extend(git_head_files(&root));
         let mut newest = std::time::SystemTime::UNIX_EPOCH;
         while let Some(path) = paths.pop() {
             match std::fs::read_dir(&path) {
@@ -1093,6 +1096,34 @@ fn stale(binary: &Path) -> bool {
         newest
     });
     modified(binary).is_none_or(|built| built < *newest)
+}
+
+/// HEAD and the ref it names (loose or packed), when `root` is a git checkout.
+fn git_head_files(root: &Path) -> Vec<PathBuf> {
+    let git = |args: &[&str]| {
+        let output = std::process::Command::new("git")
+            .args(args)
+            .current_dir(root)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())?;
+        let text = String::from_utf8(output.stdout).ok()?;
+        Some(text.trim().to_owned()).filter(|t| !t.is_empty())
+    };
+    let (Some(dir), Some(common)) = (
+        git(&["rev-parse", "--absolute-git-dir"]),
+        git(&["rev-parse", "--path-format=absolute", "--git-common-dir"]),
+    ) else {
+        return Vec::new();
+    };
+    let mut files = vec![
+        Path::new(&dir).join("HEAD"),
+        Path::new(&common).join("packed-refs"),
+    ];
+    if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+        files.push(Path::new(&common).join(branch));
+    }
+    files
 }
 
 fn modified(path: &Path) -> Option<std::time::SystemTime> {

@@ -81,7 +81,7 @@ const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 /// `X-Request-Id` or generated, echoed back, and on every log line of the
 /// request), and panics turned into a 500 envelope.
 pub fn router(state: AppState) -> Router {
-    if let Err(e) = telemetry::handle() {
+    if let Err(e) = telemetry::install() {
         tracing::warn!(error = %e, "metrics recorder unavailable; /metrics will answer 500");
     }
     let trace = TraceLayer::new_for_http()

@@ -1,18 +1,34 @@
 //! `payments-api`: serve (default), `migrate`, or `token --customer ID`.
+//!
+//! Output: logs on stderr (one JSON object a line with `LOG_FORMAT=json`).
+//! Serving with text logs, stdout says `payments-api listening on URL` for
+//! a person or a script to read; with JSON logs stdout stays empty and the
+//! `serving` log line carries the address. `token` prints the token on
+//! stdout: data for a script, not a log line.
+
+use std::sync::LazyLock;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use payments_api::auth;
 use payments_api::config::{Cli, Command, Settings};
 use payments_api::{AppState, serve};
-use payments_app::settings::DatabaseArgs;
-use payments_app::{init_logging, shutdown_signal};
+use payments_app::settings::{DatabaseArgs, LogFormat};
+use payments_app::{init_logging, log_format, report_exit_error, shutdown_signal};
 use payments_jobs::runner::Jobs;
 use secrecy::{ExposeSecret, SecretString};
 
+/// `--version`: the version and the git commit, `0.1.0 (abc1234)`.
+static VERSION: LazyLock<String> =
+    LazyLock::new(|| payments_app::telemetry::version(env!("CARGO_PKG_VERSION")));
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().version(VERSION.as_str()).get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let result = match cli.command {
         None => run(cli.settings).await,
         Some(Command::Serve(settings)) => run(*settings).await,
@@ -29,8 +45,7 @@ async fn main() -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("payments-api: {e:#}");
+            report_exit_error("payments-api", &e);
             std::process::ExitCode::FAILURE
         }
     }
@@ -88,7 +103,11 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", settings.listen_addr))?;
     let addr = listener.local_addr()?;
     tracing::info!(%addr, database = %settings.core.database.database_url, gateway = %app.provider_url, "serving");
-    println!("payments-api listening on http://{addr}");
+    // For a person, and for scripts and tests that wait for it; with JSON
+    // logs every line is JSON, and the `serving` line above has the address.
+    if log_format() != Some(LogFormat::Json) {
+        println!("payments-api listening on http://{addr}");
+    }
     serve(listener, state, shutdown_signal()).await?;
     if let Some(jwks) = jwks {
         jwks.abort();

@@ -1,9 +1,12 @@
 //! Prometheus metrics: the process-wide recorder, `GET /metrics`, the
 //! middleware that counts every request by route (the matched pattern, so a
 //! charge id never becomes a label), method and status, and every metric's
-//! name ([`COUNTERS`], [`HISTOGRAMS`]: `tests/docker` checks the Grafana
-//! dashboard and the docs against them). Each name is a constant of the
-//! crate that records it:
+//! name ([`COUNTERS`], [`HISTOGRAMS`], [`GAUGES`]: `tests/docker` checks the
+//! Grafana dashboard and the docs against them). Each metric's kind, `# HELP`
+//! text and known label values are in [`payments_app::telemetry::METRICS`],
+//! which registers them at start (a test here keeps the two lists in step).
+//! Each name is a constant of the crate that records it (the API's and the
+//! jobs' are defined in payments-app, below both, and re-exported):
 //!
 //! | metric | labels | recorded in |
 //! |---|---|---|
@@ -24,6 +27,7 @@
 //! | [`REAPER_RECORDS_TOTAL`] | result | payments-jobs |
 //! | [`PRUNED_RECORDS_TOTAL`] | | payments-jobs |
 //! | [`WRITE_BATCH_SIZE`] (SQLite) | | payments-store |
+//! | [`BUILD_INFO`] (gauge, always 1) | version, commit | payments-app |
 
 use std::time::Instant;
 
@@ -31,6 +35,7 @@ use axum::extract::{MatchedPath, Request};
 use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
+use payments_app::telemetry::Binary;
 use payments_domain::limits::RATE_LIMITED_TOTAL;
 use payments_domain::service::{
     ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, RECONCILED_TOTAL, REFUNDS_TOTAL, REPLAY_CACHE_TOTAL,
@@ -40,14 +45,10 @@ use payments_jobs::pruner::PRUNED_RECORDS_TOTAL;
 use payments_jobs::reaper::REAPER_RECORDS_TOTAL;
 use payments_store::WRITE_BATCH_SIZE;
 
-pub use payments_app::telemetry::handle;
-
-pub const HTTP_REQUESTS_TOTAL: &str = "payments_http_requests_total";
-pub const HTTP_REQUEST_DURATION_SECONDS: &str = "payments_http_request_duration_seconds";
-pub const IDEMPOTENT_REPLAYS_TOTAL: &str = "payments_idempotent_replays_total";
-pub const IDEMPOTENCY_CONFLICTS_TOTAL: &str = "payments_idempotency_conflicts_total";
-pub const IDEMPOTENCY_KEY_REUSED_TOTAL: &str = "payments_idempotency_key_reused_total";
-pub const KEYLESS_REQUESTS_TOTAL: &str = "payments_keyless_requests_total";
+pub use payments_app::telemetry::{
+    BUILD_INFO, HTTP_REQUEST_DURATION_SECONDS, HTTP_REQUESTS_TOTAL, IDEMPOTENCY_CONFLICTS_TOTAL,
+    IDEMPOTENCY_KEY_REUSED_TOTAL, IDEMPOTENT_REPLAYS_TOTAL, KEYLESS_REQUESTS_TOTAL, handle,
+};
 
 /// Every counter the binaries export.
 pub const COUNTERS: [&str; 14] = [
@@ -73,6 +74,15 @@ pub const HISTOGRAMS: [&str; 3] = [
     PROVIDER_REQUEST_DURATION_SECONDS,
     WRITE_BATCH_SIZE,
 ];
+
+/// Every gauge.
+pub const GAUGES: [&str; 1] = [BUILD_INFO];
+
+/// Installs the recorder with the API's metrics registered
+/// ([`payments_app::telemetry::install`]).
+pub fn install() -> Result<(), &'static str> {
+    payments_app::telemetry::install(Binary::Api, env!("CARGO_PKG_VERSION")).map(drop)
+}
 
 /// `GET /metrics`: Prometheus text format.
 pub async fn metrics() -> Response {
@@ -106,4 +116,33 @@ pub async fn track(request: Request, next: Next) -> Response {
     metrics::histogram!(HTTP_REQUEST_DURATION_SECONDS, "route" => route, "method" => method)
         .record(started.elapsed().as_secs_f64());
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use payments_app::telemetry::{Kind, METRICS};
+
+    /// What payments-app registers and what the docs and dashboard are
+    /// checked against are the same metrics.
+    #[test]
+    fn the_lists_match_the_registered_metrics() {
+        let of = |kind| {
+            let mut names: Vec<&str> = METRICS
+                .iter()
+                .filter(|m| m.kind == kind)
+                .map(|m| m.name)
+                .collect();
+            names.sort_unstable();
+            names
+        };
+        let sorted = |list: &[&'static str]| {
+            let mut list = list.to_vec();
+            list.sort_unstable();
+            list
+        };
+        assert_eq!(of(Kind::Counter), sorted(&COUNTERS));
+        assert_eq!(of(Kind::Histogram), sorted(&HISTOGRAMS));
+        assert_eq!(of(Kind::Gauge), sorted(&GAUGES));
+    }
 }

@@ -25,7 +25,7 @@ use payments_domain::store::Store;
 use payments_gateway::HttpGateway;
 use secrecy::{ExposeSecret, SecretString};
 
-pub use settings::{ConfigError, Settings, init_logging};
+pub use settings::{ConfigError, Settings, init_logging, log_format, report_exit_error};
 
 /// Where provider calls go.
 #[derive(Debug, Clone)]

@@ -364,8 +364,13 @@ pub struct LogArgs {
     pub log_format: LogFormat,
 }
 
-/// Structured logs on stderr, `RUST_LOG` filtering (default `info`).
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
+/// Structured logs on stderr, `RUST_LOG` filtering (default `info`). With
+/// [`LogFormat::Json`] every line is one JSON object; the binaries then
+/// write nothing else to stdout or stderr (see [`log_format`]).
 pub fn init_logging(format: LogFormat) {
+    let _ = LOG_FORMAT.set(format);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -377,6 +382,23 @@ pub fn init_logging(format: LogFormat) {
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// The format [`init_logging`] set up, if it ran: a binary's own lines for
+/// people (a `listening on` line, a progress bar) are left out with JSON.
+pub fn log_format() -> Option<LogFormat> {
+    LOG_FORMAT.get().copied()
+}
+
+/// Reports the error that ends `program` (exit code 1): an error log line
+/// (one JSON object with `LOG_FORMAT=json`, the message being the error);
+/// with text logs, or before logging is set up, also a plain
+/// `program: error` line on stderr for the person who ran it.
+pub fn report_exit_error(program: &str, error: &anyhow::Error) {
+    tracing::error!("{error:#}");
+    if log_format() != Some(LogFormat::Json) {
+        eprintln!("{program}: {error:#}");
     }
 }
 

@@ -14,6 +14,7 @@
 //!   batches.
 //! - [`reconciler`]: settles charges and refunds left `unknown` from the
 //!   provider's records, and replaces their abandoned answers.
+//! - [`progress`]: a long pass's progress lines (and bar, at a terminal).
 //! - [`runner`]: `run_until_stopped`, the jobs on timers until a shutdown
 //!   signal, finishing the pass in hand.
 //! - [`settings`]: the jobs' own flags, shared by `payments-jobs` and
@@ -24,6 +25,7 @@
 //! PostgreSQL), and deletes take disjoint batches.
 #![forbid(unsafe_code)]
 
+pub mod progress;
 pub mod pruner;
 pub mod reaper;
 pub mod reconciler;

@@ -3,15 +3,24 @@
 //! configuration is refused; `run` stops cleanly on SIGTERM/SIGINT after the
 //! pass in hand.
 
-use clap::{Parser, ValueEnum};
-use payments_app::{Settings, init_logging, shutdown_signal, telemetry};
+use std::io::IsTerminal;
+use std::sync::LazyLock;
+
+use anyhow::Context;
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
+use payments_app::settings::LogFormat;
+use payments_app::telemetry::{self, Binary};
+use payments_app::{Settings, init_logging, report_exit_error, shutdown_signal};
+use payments_jobs::reaper;
 use payments_jobs::runner::Jobs;
 use payments_jobs::settings::JobArgs;
+
+/// `--version`: the version and the git commit, `0.1.0 (abc1234)`.
+static VERSION: LazyLock<String> = LazyLock::new(|| telemetry::version(env!("CARGO_PKG_VERSION")));
 
 #[derive(Debug, Parser)]
 #[command(
     name = "payments-jobs",
-    version,
     about = "Recovers stuck charges, reconciles unknown outcomes and prunes old idempotency keys"
 )]
 struct Cli {
@@ -21,11 +30,14 @@ struct Cli {
     /// One pass, then exit (non-zero if it failed).
     #[arg(long)]
     once: bool,
-    /// Report what a pass would do; change nothing (implies --once).
+    /// Report what a pass would do; change nothing (implies --once). `reap
+    /// --dry-run` and `prune --dry-run` only read the database and need no
+    /// GATEWAY_URL; `reconcile --dry-run` asks the provider.
     #[arg(long)]
     dry_run: bool,
     /// Serve Prometheus metrics (reaped, abandoned, pruned, provider calls)
-    /// on this address at /metrics while `run` runs.
+    /// on this address at /metrics while `run` runs. Accepted, and not
+    /// served, with --once or --dry-run.
     #[arg(long, env = "METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
     #[command(flatten)]
@@ -49,17 +61,25 @@ enum Job {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    init_logging(cli.settings.log.log_format);
-    // Installed first, so every pass is counted.
-    if let Err(e) = telemetry::handle() {
+    let matches = Cli::command().version(VERSION.as_str()).get_matches();
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let format = cli.settings.log.log_format;
+    init_logging(format);
+    // A bar only for a person at a terminal: never in a log file, never
+    // amid JSON lines.
+    cli.jobs.progress_bar = format == LogFormat::Text && std::io::stderr().is_terminal();
+    // Installed first, so every pass is counted, and every metric is
+    // described and at zero before the first.
+    if let Err(e) = telemetry::install(Binary::Jobs, env!("CARGO_PKG_VERSION")) {
         tracing::warn!(error = %e, "metrics recorder unavailable");
     }
     match run(cli).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e:#}");
-            eprintln!("payments-jobs: {e:#}");
+            report_exit_error("payments-jobs", &e);
             std::process::ExitCode::FAILURE
         }
     }
@@ -72,14 +92,42 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     cli.settings.validate()?;
     cli.jobs.validate(&cli.settings.gateway)?;
     // The reaper and the reconciler talk to the provider, so they need one;
-    // the pruner only talks to the database.
+    // the pruner only talks to the database, and so does the reaper's dry
+    // run. The reconciler's dry run looks each operation up at the provider.
     let provider = cli.settings.gateway.remote()?;
-    if (reap || reconcile) && provider.is_none() {
-        anyhow::bail!(
-            "GATEWAY_URL is not set: the reaper and the reconciler talk to the provider, set \
-             GATEWAY_URL and GATEWAY_SECRET_KEY as for payments-api"
-        );
+    if provider.is_none() {
+        if reconcile {
+            let why = if cli.dry_run {
+                "the reconciler, even in a dry run, looks each operation up at the provider"
+            } else {
+                "the reaper and the reconciler talk to the provider"
+            };
+            anyhow::bail!(
+                "GATEWAY_URL is not set: {why}; set GATEWAY_URL and GATEWAY_SECRET_KEY as for \
+                 payments-api"
+            );
+        }
+        if reap && !cli.dry_run {
+            anyhow::bail!(
+                "GATEWAY_URL is not set: the reaper talks to the provider, set GATEWAY_URL and \
+                 GATEWAY_SECRET_KEY as for payments-api (`reap --dry-run` needs neither)"
+            );
+        }
     }
+    // Bound before any work, so a taken or refused address stops the start.
+    let one_pass = cli.once || cli.dry_run;
+    let metrics = match cli.metrics_addr {
+        Some(addr) if !one_pass => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding METRICS_ADDR {addr} for /metrics"))?,
+        ),
+        Some(addr) => {
+            tracing::info!(%addr, "one pass: METRICS_ADDR is not served");
+            None
+        }
+        None => None,
+    };
     let store = cli.settings.database.open().await?;
     let service = match provider.filter(|_| reap || reconcile) {
         Some(provider) => {
@@ -95,11 +143,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let reconciler = service
         .filter(|_| reconcile)
         .map(|service| cli.jobs.reconciler(service));
-    let pruner = prune.then(|| cli.jobs.pruner(store));
+    let pruner = prune.then(|| cli.jobs.pruner(store.clone()));
 
     if cli.dry_run {
-        if let Some(reaper) = &reaper {
-            reaper.dry_run().await?;
+        if reap {
+            let settings = cli.jobs.reaper_settings(cli.settings.gateway.lease);
+            let limit = cli.settings.gateway.redrive_limit();
+            reaper::dry_run(&store, &settings, limit).await?;
         }
         if let Some(pruner) = &pruner {
             pruner.dry_run().await?;
@@ -115,6 +165,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         tracing::info!(?outcome, "pass complete");
         return Ok(());
     }
+    let (stop_metrics, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
+    let metrics = metrics.map(|listener| {
+        tokio::spawn(telemetry::serve_metrics(listener, async move {
+            let _ = metrics_stopped.await;
+        }))
+    });
     tracing::info!(
         reap,
         prune,
@@ -122,5 +178,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         "payments-jobs running; SIGTERM or SIGINT stops it after the pass in hand"
     );
     jobs.run_until_stopped(shutdown_signal()).await;
+    let _ = stop_metrics.send(());
+    if let Some(server) = metrics {
+        match server.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "the /metrics server failed"),
+            Err(e) => tracing::warn!(error = %e, "the /metrics server task failed"),
+        }
+    }
     Ok(())
 }

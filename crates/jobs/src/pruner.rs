@@ -12,15 +12,21 @@
 //! writer in another process that finds it taken sleeps in the busy handler
 //! (1, 2, 5, 10 ms ... up to 100 ms at a time) while a pruner that never
 //! pauses takes the lock straight back (see `docs/benchmarks.md`).
+//!
+//! A long pass logs its progress (rows deleted, rate, time left against
+//! the dry run's count, taken once the first report is due) every
+//! `--progress-every`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use payments_domain::store::{Store, StoreError};
 
-/// Records the pruner deleted (a metric name, listed with the others in
-/// `payments_api::telemetry`).
-pub const PRUNED_RECORDS_TOTAL: &str = "payments_pruned_records_total";
+use crate::progress::{Progress, ProgressSettings};
+
+/// Records the pruner deleted (a metric name, defined and described with the
+/// others in `payments_app::telemetry`).
+pub use payments_app::telemetry::PRUNED_RECORDS_TOTAL;
 
 /// What one pruner pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
@@ -59,6 +65,7 @@ pub struct Pruner {
     store: Arc<dyn Store>,
     batch: u32,
     pause: Pause,
+    progress: ProgressSettings,
 }
 
 impl Pruner {
@@ -70,7 +77,14 @@ impl Pruner {
             store,
             batch: batch.max(1),
             pause: Pause::AsLongAsTheBatch,
+            progress: ProgressSettings::default(),
         }
+    }
+
+    /// How a long pass reports its progress.
+    pub fn with_progress(mut self, progress: ProgressSettings) -> Self {
+        self.progress = progress;
+        self
     }
 
     pub fn with_pause(mut self, pause: Pause) -> Self {
@@ -82,15 +96,32 @@ impl Pruner {
     pub async fn try_run_once(&self) -> Result<PruneReport, StoreError> {
         let started = Instant::now();
         let mut report = PruneReport::default();
+        let mut progress = Progress::start("prune", self.progress);
         loop {
             let batch_started = Instant::now();
-            let deleted = self.store.prune(self.batch).await?;
+            let deleted = match self.store.prune(self.batch).await {
+                Ok(deleted) => deleted,
+                Err(e) => {
+                    progress.finish();
+                    return Err(e);
+                }
+            };
             metrics::counter!(PRUNED_RECORDS_TOTAL).increment(deleted);
             report.deleted += deleted;
             report.batches += 1;
             if deleted < u64::from(self.batch) {
                 break;
             }
+            if progress.wants_total() {
+                // What is left, as the dry run counts it: an estimate, as
+                // rows keep expiring meanwhile.
+                let left = self.store.count_prunable().await;
+                if let Err(e) = &left {
+                    tracing::warn!(error = %e, "counting the rows left to prune failed");
+                }
+                progress.set_total(left.ok().map(|left| report.deleted + left));
+            }
+            progress.update(report.deleted);
             // Let the API's transactions in between batches.
             let pause = match self.pause {
                 Pause::AsLongAsTheBatch => {
@@ -104,6 +135,7 @@ impl Pruner {
                 tokio::time::sleep(pause).await;
             }
         }
+        progress.finish();
         report.elapsed = started.elapsed();
         tracing::info!(
             deleted = report.deleted,

@@ -26,9 +26,9 @@ use payments_domain::service::{ABANDONED_TOTAL, ChargeError, ChargeService, OnUn
 use payments_domain::store::{ClaimAge, NewLease, Operation, Store, StoreError};
 use payments_domain::time;
 
-/// The reaper's records, by `result` (a metric name, listed with the others
-/// in `payments_api::telemetry`).
-pub const REAPER_RECORDS_TOTAL: &str = "payments_reaper_records_total";
+/// The reaper's records, by `result` (a metric name, defined and described
+/// with the others in `payments_app::telemetry`).
+pub use payments_app::telemetry::REAPER_RECORDS_TOTAL;
 
 /// What one reaper pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -310,28 +310,36 @@ impl Reaper {
 
     /// What a pass would do now, changing nothing.
     pub async fn dry_run(&self) -> Result<ReapReport, StoreError> {
-        let records = self
-            .store()
-            .expired_in_progress(self.settings.batch)
-            .await?;
-        let limit = self.redrive_limit();
-        for r in &records {
-            tracing::info!(
-                record_id = %r.id,
-                operation = r.operation_id(),
-                key = %r.key,
-                claimed_at = %time::rfc3339(r.created_at),
-                age_secs = r.age.as_secs(),
-                action = if r.age >= limit { "abandon (past the key retention)" } else { "re-drive" },
-                abandon_if_unreachable = r.age >= self.settings.abandon_after,
-                "dry run: would take over"
-            );
-        }
-        let report = ReapReport {
-            would_reap: records.len() as u64,
-            ..ReapReport::default()
-        };
-        tracing::info!(would_reap = report.would_reap, "reap dry run");
-        Ok(report)
+        dry_run(self.store(), &self.settings, self.redrive_limit()).await
     }
+}
+
+/// What a reaper pass with `settings` would do now, changing nothing: it
+/// only reads the database, so it needs no provider (`payments-jobs reap
+/// --dry-run` without `GATEWAY_URL`). Records claimed `redrive_limit` ago
+/// or longer would be abandoned, not re-driven.
+pub async fn dry_run(
+    store: &Arc<dyn Store>,
+    settings: &ReaperSettings,
+    redrive_limit: Duration,
+) -> Result<ReapReport, StoreError> {
+    let records = store.expired_in_progress(settings.batch).await?;
+    for r in &records {
+        tracing::info!(
+            record_id = %r.id,
+            operation = r.operation_id(),
+            key = %r.key,
+            claimed_at = %time::rfc3339(r.created_at),
+            age_secs = r.age.as_secs(),
+            action = if r.age >= redrive_limit { "abandon (past the key retention)" } else { "re-drive" },
+            abandon_if_unreachable = r.age >= settings.abandon_after,
+            "dry run: would take over"
+        );
+    }
+    let report = ReapReport {
+        would_reap: records.len() as u64,
+        ..ReapReport::default()
+    };
+    tracing::info!(would_reap = report.would_reap, "reap dry run");
+    Ok(report)
 }

@@ -18,6 +18,8 @@ use std::time::Duration;
 use payments_domain::service::{ChargeService, Decision};
 use payments_domain::store::StoreError;
 
+use crate::progress::{Progress, ProgressSettings};
+
 /// How a reconciler works.
 #[derive(Debug, Clone)]
 pub struct ReconcilerSettings {
@@ -27,6 +29,8 @@ pub struct ReconcilerSettings {
     pub search_lag: Duration,
     /// Charges, and refunds, one pass looks at most.
     pub batch: u32,
+    /// How a long pass reports its progress (operations looked up).
+    pub progress: ProgressSettings,
 }
 
 /// What one pass did (or, in a dry run, would do).
@@ -92,9 +96,18 @@ impl Reconciler {
             .unsettled(self.settings.search_lag, self.settings.batch)
             .await?;
         let mut report = ReconcileReport::default();
-        for operation in &unsettled {
+        let mut progress = Progress::start("reconcile", self.settings.progress);
+        progress.set_total(Some(unsettled.len() as u64));
+        for (done, operation) in (1u64..).zip(&unsettled) {
             if apply {
-                let (decision, applied) = self.service.reconcile(operation).await?;
+                let reconciled = self.service.reconcile(operation).await;
+                let (decision, applied) = match reconciled {
+                    Ok(reconciled) => reconciled,
+                    Err(e) => {
+                        progress.finish();
+                        return Err(e);
+                    }
+                };
                 report.count(&decision, applied);
             } else {
                 let decision = self.service.reconciliation(operation).await;
@@ -105,7 +118,9 @@ impl Reconciler {
                 );
                 report.count(&decision, true);
             }
+            progress.update(done);
         }
+        progress.finish();
         tracing::info!(?report, dry_run = !apply, "reconcile pass");
         Ok(report)
     }

@@ -10,6 +10,7 @@ use payments_app::settings::GatewayArgs;
 use payments_domain::service::ChargeService;
 use payments_domain::store::Store;
 
+use crate::progress::ProgressSettings;
 use crate::pruner::{Pause, Pruner};
 use crate::reaper::{Reaper, ReaperSettings};
 use crate::reconciler::{Reconciler, ReconcilerSettings};
@@ -55,19 +56,39 @@ pub struct JobArgs {
     /// Unknown charges, and refunds, one reconcile pass looks up at most.
     #[arg(long, env = "RECONCILE_BATCH", default_value_t = 100)]
     pub reconcile_batch: u32,
+    /// How often a long prune or reconcile logs its progress (rows done,
+    /// rate, time left); the first line this long after the pass starts.
+    /// `0s`: after every batch.
+    #[arg(long, env = "PROGRESS_EVERY", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub progress_every: Duration,
+    /// Draw a progress bar on stderr as well (`payments-jobs` sets it when
+    /// stderr is a terminal and the logs are text).
+    #[arg(skip)]
+    pub progress_bar: bool,
 }
 
 impl JobArgs {
     /// The reaper these settings describe, re-driving with `service`'s
     /// lease.
     pub fn reaper(&self, service: Arc<ChargeService>, lease: Duration) -> Reaper {
-        let settings = ReaperSettings {
+        Reaper::new(service, self.reaper_settings(lease))
+    }
+
+    /// The reaper's settings, with `lease`.
+    pub fn reaper_settings(&self, lease: Duration) -> ReaperSettings {
+        ReaperSettings {
             lease,
             abandon_after: self.abandon_after,
             batch: self.reap_batch,
             concurrency: self.reap_concurrency,
-        };
-        Reaper::new(service, settings)
+        }
+    }
+
+    fn progress(&self) -> ProgressSettings {
+        ProgressSettings {
+            every: self.progress_every,
+            bar: self.progress_bar,
+        }
     }
 
     /// The reconciler these settings describe.
@@ -75,6 +96,7 @@ impl JobArgs {
         let settings = ReconcilerSettings {
             search_lag: self.reconcile_search_lag,
             batch: self.reconcile_batch,
+            progress: self.progress(),
         };
         Reconciler::new(service, settings)
     }
@@ -85,7 +107,9 @@ impl JobArgs {
             Some(pause) => Pause::Fixed(pause),
             None => Pause::AsLongAsTheBatch,
         };
-        Pruner::new(store, self.prune_batch).with_pause(pause)
+        Pruner::new(store, self.prune_batch)
+            .with_pause(pause)
+            .with_progress(self.progress())
     }
 
     /// The jobs' rules, against the provider's key retention and the lease.
