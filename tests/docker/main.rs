@@ -288,10 +288,18 @@ fn ours(services: &Map<String, Value>) -> BTreeMap<&str, Vec<String>> {
         let file = file.canonicalize().unwrap();
         assert_eq!(file, dockerfile, "{name}'s Dockerfile");
     }
-    let built = services
-        .values()
-        .any(|s| s["build"].is_object() && s["image"] == IMAGE);
-    assert!(built, "one service builds {IMAGE}");
+    // Built once: every other service runs what that one built, rather
+    // than building its own copy of the same tag.
+    let builders: Vec<&String> = services
+        .iter()
+        .filter(|(_, s)| s["build"].is_object() && s["image"] == IMAGE)
+        .map(|(name, _)| name)
+        .collect();
+    assert_eq!(
+        builders.len(),
+        1,
+        "exactly one service builds {IMAGE}: {builders:?}"
+    );
     ours
 }
 
@@ -309,6 +317,27 @@ fn port(address: &str) -> &str {
 /// Where the sandbox service listens (`--listen`).
 fn sandbox_port(services: &Map<String, Value>) -> String {
     port(flag_values(&ours(services)["sandbox"], "--listen")[0]).to_owned()
+}
+
+/// The sandbox's fault injection (`/_sandbox/config`) is reachable from
+/// the host, on loopback only, at the port the README's session uses.
+fn the_sandbox_is_published_on_loopback(services: &Map<String, Value>) {
+    let inside = sandbox_port(services);
+    let ports = services["sandbox"]["ports"]
+        .as_array()
+        .expect("sandbox ports");
+    let published = format!("127.0.0.1:12111:{inside}");
+    assert!(
+        ports.iter().any(|p| p.as_str() == Some(published.as_str())),
+        "the sandbox publishes {published}: {ports:?}"
+    );
+}
+
+#[test]
+fn both_compose_files_publish_the_sandbox_for_fault_injection() {
+    the_sandbox_is_published_on_loopback(&compose());
+    let cluster = compose_file("docker/compose.cluster.yaml")["services"].clone();
+    the_sandbox_is_published_on_loopback(cluster.as_object().expect("services"));
 }
 
 /// Every service of ours runs a shipped binary, with flags and variables

@@ -388,7 +388,8 @@ mod tests {
     #[test]
     fn every_combination_of_known_labels_is_a_series() {
         let sets = label_sets(PROVIDER_LABELS);
-        assert_eq!(sets.len(), 6);
+        // 4 outcomes x 2 calls.
+        assert_eq!(sets.len(), 8);
         let first: Vec<(&str, &str)> = sets[0].iter().map(|l| (l.key(), l.value())).collect();
         assert_eq!(first, [("outcome", "succeeded"), ("call", "charges")]);
         assert_eq!(label_sets(&[]), vec![Vec::new()]);
