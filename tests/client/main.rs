@@ -474,7 +474,7 @@ async fn a_rate_limited_charge_is_retried_after_the_wait_and_made_once() {
 }
 
 /// The provider refusing the request itself (an unknown card token) is
-/// final: one attempt, 502 `provider_rejected_request` with the provider's
+/// final: one attempt, 400 `provider_rejected_request` with the provider's
 /// code, and the key is kept (its answer is stored).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_request_the_provider_rejects_is_final() {
@@ -484,7 +484,7 @@ async fn a_request_the_provider_rejects_is_final() {
         .charge(&ChargeRequest::new(100, "GBP", "tok_doesNotExist"))
         .await
         .unwrap_err();
-    let (error, _) = final_rejection(&err, 502);
+    let (error, _) = final_rejection(&err, 400);
     assert_eq!(error.code, "provider_rejected_request");
     assert_eq!(error.provider_code.as_deref(), Some("resource_missing"));
     assert!(app.sandbox_charges().await.is_empty());

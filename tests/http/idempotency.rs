@@ -357,7 +357,7 @@ backend_tests!(
 
 /// A card token the provider does not know is the provider refusing the
 /// request (Stripe's 400 `invalid_request_error`), not a declined card:
-/// a stored 502 `provider_rejected_request` with the provider's code and
+/// a stored 400 `provider_rejected_request` with the provider's code and
 /// message, final (nothing was charged, a retry would get the same
 /// answer), never a 402 `card_declined` and never a 503 loop.
 async fn a_request_the_provider_rejects_is_final_and_not_a_decline(backend: Backend) {
@@ -367,7 +367,7 @@ async fn a_request_the_provider_rejects_is_final_and_not_a_decline(backend: Back
     let key = new_key();
     let body = charge_body(4900, "tok_doesNotExist");
     let first = app.post_charge("cus_1", Some(&key), &body).await;
-    assert_eq!(first.status(), 502);
+    assert_eq!(first.status(), 400);
     assert!(
         first.headers().get("retry-after").is_none(),
         "final: no retry"
@@ -386,7 +386,7 @@ async fn a_request_the_provider_rejects_is_final_and_not_a_decline(backend: Back
     );
     let charge_id = error["error"]["charge_id"].as_str().unwrap();
     let again = app.post_charge("cus_1", Some(&key), &body).await;
-    assert_eq!(again.status(), 502);
+    assert_eq!(again.status(), 400);
     assert_eq!(again.headers()["idempotent-replay"], "true");
     let replayed: Value = again.json().await.unwrap();
     assert_eq!(replayed, error, "the stored answer, replayed");

@@ -615,9 +615,9 @@ pub const REQUEST_ABANDONED: &str = "request_abandoned";
 /// never made the operation: stored and replayed, final.
 pub const NOT_MADE: [&str; 2] = ["charge_not_made", "refund_not_made"];
 
-/// The code a 502 carries when the provider refused the request itself
+/// The code a 400 carries when the provider refused the request itself
 /// (an unknown card token, an amount below its minimum): stored and
-/// replayed, final; nothing was made.
+/// replayed, final like every 4xx; nothing was made.
 pub const PROVIDER_REJECTED: &str = "provider_rejected_request";
 
 fn judge<T: DeserializeOwned>(exchange: &Exchange) -> Step<T> {
@@ -652,12 +652,13 @@ fn judge<T: DeserializeOwned>(exchange: &Exchange) -> Step<T> {
             }
         }
         // 502 charge_not_made / refund_not_made: reconciliation found the
-        // provider never made it; provider_rejected_request: the provider
-        // refused the request itself. Final (a new operation needs a new key).
-        502 if is_final_502(&ApiError::from_response(status, body).code) => Step::Rejected {
-            status,
-            error: ApiError::from_response(status, body),
-        },
+        // provider never made it; final (a new operation needs a new key).
+        502 if NOT_MADE.contains(&ApiError::from_response(status, body).code.as_str()) => {
+            Step::Rejected {
+                status,
+                error: ApiError::from_response(status, body),
+            }
+        }
         // 503 gateway_unavailable and any other 5xx (a proxy's 502/504
         // included): the outcome is unknown and the key stays recoverable.
         501..=599 => retry(),
@@ -670,12 +671,6 @@ fn judge<T: DeserializeOwned>(exchange: &Exchange) -> Step<T> {
             detail: snippet(body),
         },
     }
-}
-
-/// A 502 this server stored as the operation's answer, rather than a
-/// proxy's.
-fn is_final_502(code: &str) -> bool {
-    NOT_MADE.contains(&code) || code == PROVIDER_REJECTED
 }
 
 fn describe_transport_error(e: &reqwest::Error, timeout: Duration) -> String {
@@ -746,12 +741,12 @@ mod tests {
             )),
             Step::Abandoned(_)
         ));
-        for code in ["charge_not_made", "provider_rejected_request"] {
+        for (status, code) in [(502, "charge_not_made"), (400, PROVIDER_REJECTED)] {
             let body = format!(r#"{{"error":{{"code":"{code}","message":"x"}}}}"#);
             assert!(
                 matches!(
-                    judge::<Charge>(&exchange(502, &body, None)),
-                    Step::Rejected { status: 502, .. }
+                    judge::<Charge>(&exchange(status, &body, None)),
+                    Step::Rejected { status: s, .. } if s == status
                 ),
                 "{code} is final"
             );

@@ -189,7 +189,7 @@ pub struct ApiError {
     /// What is left to refund (400 `refund_exceeds_charge`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refundable_amount_cents: Option<i64>,
-    /// The provider's own error code (502 `provider_rejected_request`),
+    /// The provider's own error code (400 `provider_rejected_request`),
     /// e.g. `resource_missing`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_code: Option<String>,

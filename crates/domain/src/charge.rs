@@ -127,7 +127,7 @@ impl Currency {
     /// units, where it publishes one (Stripe's table of minimum charge
     /// amounts). Elsewhere the provider's minimum is a converted amount
     /// this server cannot know, and a charge below it gets the provider's
-    /// own refusal (502 `provider_rejected_request`).
+    /// own refusal (400 `provider_rejected_request`).
     pub fn minimum_charge(self) -> Option<i64> {
         MINIMUM_CHARGE
             .iter()

@@ -157,7 +157,7 @@ impl Decision {
 /// The decline code of an operation reconciliation found was never made.
 pub const NOT_MADE: [&str; 2] = ["charge_not_made", "refund_not_made"];
 
-/// The code of the stored 502 answer when the provider refused the request
+/// The code of the stored 400 answer when the provider refused the request
 /// itself (Stripe's `invalid_request_error`).
 pub const PROVIDER_REJECTED: &str = "provider_rejected_request";
 
@@ -866,7 +866,7 @@ fn no_such(cursor: &Cursor, what: &str) -> InvalidRequest {
 
 /// A final provider answer as the operation's new state and the stored
 /// response: a charge's 201 or 402 `card_declined`, a refund's 201 or 402
-/// `refund_failed`, either's 502 `provider_rejected_request`; `Err` with
+/// `refund_failed`, a charge's 400 `provider_rejected_request`; `Err` with
 /// the doubt and the reason when the outcome is unknown.
 fn settle(
     operation: &Operation,
@@ -1006,9 +1006,12 @@ fn created(body: String, location: String) -> StoredResponse {
     }
 }
 
-/// 502 `provider_rejected_request`: the provider refused the charge request
+/// 400 `provider_rejected_request`: the provider refused the charge request
 /// itself (its `code`, e.g. `resource_missing`, and its message). Final and
 /// stored: the same call would get the same answer, and nothing was made.
+/// A 4xx, because what the provider refused is the request the client sent
+/// (a card token it does not know): every client already treats a 400 as
+/// final, where a 5xx would be retried into replays of the same answer.
 fn rejected(code: String, message: &str, charge_id: &str) -> StoredResponse {
     let mut envelope = ErrorEnvelope::new(
         PROVIDER_REJECTED,
@@ -1021,7 +1024,7 @@ fn rejected(code: String, message: &str, charge_id: &str) -> StoredResponse {
     envelope.error.provider_code = Some(code);
     envelope.error.charge_id = Some(charge_id.to_owned());
     StoredResponse {
-        status: 502,
+        status: 400,
         body: envelope.to_json(),
         content_type: JSON.to_owned(),
         location: None,
