@@ -276,7 +276,7 @@ impl ChargeService {
         operation: Operation,
     ) -> Result<Reply, ChargeError> {
         let fingerprint = RequestFingerprint::of(fingerprinted);
-        let claim = Claim {
+        let mut claim = Claim {
             key: key.clone(),
             route,
             customer: customer.clone(),
@@ -284,6 +284,7 @@ impl ChargeService {
             lease: NewLease::new(self.policy.lease),
             ttl: self.policy.ttl,
             operation,
+            read_first: true,
         };
         if let Some(record) = self.remembered(key, route) {
             return self
@@ -306,6 +307,8 @@ impl ChargeService {
             limit
                 .admit(customer)
                 .map_err(|retry_after| self.limited(route, retry_after))?;
+            // Just read: the claim need not read it again.
+            claim.read_first = false;
         }
         match self.store.claim(&claim).await? {
             ClaimOutcome::Claimed {
