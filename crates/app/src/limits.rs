@@ -18,7 +18,7 @@ const FORGET_EVERY: u32 = 10_000;
 
 /// `per_minute` new operations a minute per customer, `burst` at once.
 pub struct GovernorLimit {
-    limiter: DefaultKeyedRateLimiter<String>,
+    limiter: DefaultKeyedRateLimiter<CustomerId>,
     clock: DefaultClock,
     admitted: AtomicU32,
 }
@@ -48,7 +48,7 @@ impl RateLimit for GovernorLimit {
             self.limiter.retain_recent();
         }
         self.limiter
-            .check_key(&customer.as_str().to_owned())
+            .check_key(customer)
             .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
     }
 }
