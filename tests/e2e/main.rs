@@ -196,6 +196,14 @@ async fn bad_configuration_is_refused_at_start() {
             ],
             "SQLITE_WRITE_BATCH must be at least 1",
         ),
+        (
+            &[
+                ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+                ("RATE_LIMIT_PER_MINUTE", "30"),
+                ("RATE_LIMIT_BURST", "0"),
+            ],
+            "RATE_LIMIT_BURST must be at least 1",
+        ),
     ];
     for (env, needle) in cases {
         let mut env = env.to_vec();
