@@ -806,3 +806,62 @@ async fn jwks_settings_are_checked_at_start() {
         );
     }
 }
+
+/// An identity provider's JWKS URL answers directly. A redirect (here to
+/// the real set on the same loopback host, which the configured-URL check
+/// would have passed) is a fetch error logged with its target, and never
+/// followed: only the configured URL is checked, so a followed redirect
+/// could lead to plain http or to another host.
+#[tokio::test]
+async fn a_redirect_from_the_jwks_url_is_not_followed() {
+    let keys = &*KEYS;
+    let set = JwksServer::jwk_set(&[&keys.a]);
+    let real_fetches = Arc::new(AtomicUsize::new(0));
+    let n = real_fetches.clone();
+    let app = axum::Router::new()
+        .route(
+            "/.well-known/jwks.json",
+            axum::routing::get(|| async {
+                (
+                    axum::http::StatusCode::FOUND,
+                    [(axum::http::header::LOCATION, "/moved/jwks.json")],
+                )
+            }),
+        )
+        .route(
+            "/moved/jwks.json",
+            axum::routing::get(move || async move {
+                n.fetch_add(1, Ordering::SeqCst);
+                axum::Json(set.clone())
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "http://{}/.well-known/jwks.json",
+        listener.local_addr().unwrap()
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let api = start_keyless(&[("JWT_JWKS_URL", url.as_str())]).await;
+    let logged = api
+        .process
+        .wait_for_log(&["JWKS fetch failed", "/moved/jwks.json"])
+        .await;
+    assert!(
+        logged,
+        "the redirect is not logged with its target:\n{}",
+        api.process.log()
+    );
+    let a = keys.a.sign(&claims("cus_a"));
+    refused(
+        &api,
+        &a,
+        "no JWKS keys",
+        "a token whose set sits behind a redirect",
+    )
+    .await;
+    assert_eq!(
+        real_fetches.load(Ordering::SeqCst),
+        0,
+        "the redirect was followed"
+    );
+}

@@ -44,7 +44,14 @@ async fn replays_come_from_memory_until_their_record_expires(backend: Backend) {
     };
     let sandbox = Process::start("payments-sandbox", &["--listen", "127.0.0.1:0"], &[]).await;
     let ttl = format!("{TTL_SECS}s");
-    let env = api_env(&db, &sandbox, &[("IDEMPOTENCY_TTL", ttl.as_str())]);
+    let env = api_env(
+        &db,
+        &sandbox,
+        &[
+            ("IDEMPOTENCY_TTL", ttl.as_str()),
+            ("ALLOW_SHORT_TTL", "true"),
+        ],
+    );
     let (a, b) = (
         Process::start("payments-api", &[], &env).await,
         Process::start("payments-api", &[], &env).await,

@@ -143,3 +143,84 @@ backend_tests!(
     metrics_count_replays_conflicts_and_keyless_requests,
     rollout_mode_warns_then_requires,
 );
+
+/// Every answer to a charge or a refund, whatever its status, says how
+/// long the server remembers keys (`Idempotency-Key-TTL`, seconds): the
+/// client guide's resume window follows from it, and apps cannot reach
+/// `/readyz`. The TTL here is the test app's, 2 h, not the default.
+#[tokio::test]
+async fn every_charge_and_refund_answer_states_the_key_ttl() {
+    let options = AppOptions {
+        ttl: std::time::Duration::from_secs(2 * 3600),
+        ..AppOptions::default()
+    };
+    let app = spawn_app(Backend::Sqlite, options)
+        .await
+        .expect("SQLite is always available");
+    let ttl_of = |headers: &reqwest::header::HeaderMap| {
+        headers
+            .get("idempotency-key-ttl")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    let expected = Some("7200".to_owned());
+    let key = new_key();
+    let body = charge_body(4900, "tok_visa");
+    let created = app.post_charge("cus_ttl", Some(&key), &body).await;
+    assert_eq!(created.status(), 201);
+    assert_eq!(ttl_of(created.headers()), expected, "201");
+    let charge: Value = created.json().await.unwrap();
+    let replay = app.post_charge("cus_ttl", Some(&key), &body).await;
+    assert_eq!(replay.status(), 201);
+    assert_eq!(ttl_of(replay.headers()), expected, "replay");
+    let reused = app
+        .post_charge("cus_ttl", Some(&key), &charge_body(5000, "tok_visa"))
+        .await;
+    assert_eq!(reused.status(), 422);
+    assert_eq!(ttl_of(reused.headers()), expected, "422");
+    let invalid = app.post_charge("cus_ttl", Some(&new_key()), "{}").await;
+    assert_eq!(invalid.status(), 400);
+    assert_eq!(ttl_of(invalid.headers()), expected, "400");
+    let declined = app
+        .post_charge(
+            "cus_ttl",
+            Some(&new_key()),
+            &charge_body(4900, "tok_chargeDeclined"),
+        )
+        .await;
+    assert_eq!(declined.status(), 402);
+    assert_eq!(ttl_of(declined.headers()), expected, "402");
+    let unauthenticated = reqwest::Client::new()
+        .post(format!("{}/api/charges", app.base_url))
+        .header("idempotency-key", new_key())
+        .header("content-type", "application/json")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unauthenticated.status(), 401);
+    assert_eq!(ttl_of(unauthenticated.headers()), expected, "401");
+    let id = charge["id"].as_str().unwrap();
+    let refund = app
+        .http
+        .post(format!("{}/api/charges/{id}/refunds", app.base_url))
+        .bearer_auth(app.token("cus_ttl"))
+        .header("idempotency-key", new_key())
+        .json(&serde_json::json!({"amount_cents": 100}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refund.status(), 201);
+    assert_eq!(ttl_of(refund.headers()), expected, "refund 201");
+    let too_much = app
+        .http
+        .post(format!("{}/api/charges/{id}/refunds", app.base_url))
+        .bearer_auth(app.token("cus_ttl"))
+        .header("idempotency-key", new_key())
+        .json(&serde_json::json!({"amount_cents": 999_999}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(too_much.status(), 400);
+    assert_eq!(ttl_of(too_much.headers()), expected, "refund 400");
+}

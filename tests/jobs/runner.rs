@@ -352,3 +352,45 @@ async fn a_taken_metrics_addr_is_a_start_error() {
     );
     drop(taken);
 }
+
+/// An `IDEMPOTENCY_TTL` below 1 h stops `payments-api` and `payments-jobs`
+/// alike before they start (clients are told how long keys are remembered
+/// and resume for that long), unless `ALLOW_SHORT_TTL=true`, which is for
+/// tests and says so in a warning at start.
+#[tokio::test]
+async fn a_short_ttl_is_refused_unless_allowed_for_tests() {
+    let short = [
+        ("DATABASE_URL", "sqlite::memory:"),
+        ("IDEMPOTENCY_TTL", "5s"),
+    ];
+    let (ok, _, stderr) = run_binary("payments-jobs", &["prune", "--once"], &short).await;
+    assert!(
+        !ok && stderr.contains("IDEMPOTENCY_TTL (5s) must be at least 1h")
+            && stderr.contains("ALLOW_SHORT_TTL"),
+        "payments-jobs: {stderr}"
+    );
+    let api = [
+        ("DATABASE_URL", "sqlite::memory:"),
+        ("IDEMPOTENCY_TTL", "5s"),
+        ("JWT_HS256_SECRET", "0123456789abcdef0123456789abcdef-jobs"),
+        ("LISTEN_ADDR", "127.0.0.1:0"),
+        ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
+    ];
+    let (ok, _, stderr) = run_binary("payments-api", &[], &api).await;
+    assert!(
+        !ok && stderr.contains("IDEMPOTENCY_TTL (5s) must be at least 1h"),
+        "payments-api: {stderr}"
+    );
+    let allowed = [
+        ("DATABASE_URL", "sqlite::memory:"),
+        ("IDEMPOTENCY_TTL", "2m"),
+        ("ALLOW_SHORT_TTL", "true"),
+    ];
+    let (ok, stdout, stderr) = run_binary("payments-jobs", &["prune", "--once"], &allowed).await;
+    assert!(ok, "allowed for tests: {stderr}");
+    let log = format!("{stdout}{stderr}");
+    assert!(
+        log.contains("WARN") && log.contains("ALLOW_SHORT_TTL") && log.contains("For tests only"),
+        "the warning at start: {log}"
+    );
+}

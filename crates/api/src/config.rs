@@ -365,6 +365,8 @@ mod tests {
     }
 
     const SECRET: &str = "--jwt-hs256-secret=0123456789abcdef0123456789abcdef-x";
+    const LOOPBACK_SANDBOX: &str = "--gateway-url=http://127.0.0.1:12111";
+    const SANDBOX_KEY: &str = "--gateway-secret-key=sk_test_sandbox";
 
     #[test]
     #[cfg(feature = "dev-sandbox")]
@@ -390,6 +392,33 @@ mod tests {
         assert!(refused(&["--jwt-hs256-secret=short"]).contains("32 bytes"));
         assert!(refused(&[SECRET, "--lease=5s", "--gateway-timeout=10s"]).contains("LEASE"));
         assert!(refused(&[SECRET, "--idempotency-ttl=48h"]).contains("retention"));
+        let short = refused(&[SECRET, "--idempotency-ttl=59m"]);
+        assert!(
+            short.contains("at least 1h") && short.contains("ALLOW_SHORT_TTL"),
+            "{short}"
+        );
+        assert!(
+            settings(&[
+                SECRET,
+                LOOPBACK_SANDBOX,
+                SANDBOX_KEY,
+                "--idempotency-ttl=1h"
+            ])
+            .validate()
+            .is_ok()
+        );
+        // For tests only: allowed, with a warning at start.
+        assert!(
+            settings(&[
+                SECRET,
+                LOOPBACK_SANDBOX,
+                SANDBOX_KEY,
+                "--idempotency-ttl=2m",
+                "--allow-short-ttl"
+            ])
+            .validate()
+            .is_ok()
+        );
         assert!(
             refused(&[SECRET, "--gateway-url=https://api.example.com"])
                 .contains("GATEWAY_SECRET_KEY")

@@ -87,6 +87,13 @@ enum FetchError {
     Http(#[from] reqwest::Error),
     #[error("answered {0}")]
     Status(reqwest::StatusCode),
+    #[error(
+        "answered {status} redirecting to {location:?}; redirects are not followed: set JWT_JWKS_URL to the URL that answers"
+    )]
+    Redirect {
+        status: reqwest::StatusCode,
+        location: String,
+    },
     #[error("the answer is larger than {MAX_BODY_BYTES} bytes")]
     TooLarge,
     #[error("not a JWK set: {0}")]
@@ -99,9 +106,12 @@ impl Jwks {
         let client = reqwest::Client::builder()
             .timeout(settings.timeout)
             .connect_timeout(settings.timeout)
-            // An https URL must not be redirected to plain http.
             .https_only(settings.url.scheme() == "https")
-            .redirect(reqwest::redirect::Policy::limited(3))
+            // Only the configured URL was checked (https, or http on
+            // loopback), and an identity provider's JWKS URL answers
+            // directly: a redirect is a fetch error, logged with its target,
+            // never followed (to plain http, or to another host).
+            .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("payments/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| ConfigError(format!("JWT_JWKS_URL: cannot build an HTTP client: {e}")))?;
@@ -224,6 +234,17 @@ impl Jwks {
             .header(reqwest::header::ACCEPT, "application/json")
             .send()
             .await?;
+        if response.status().is_redirection() {
+            let location = response
+                .headers()
+                .get(reqwest::header::LOCATION)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default();
+            return Err(FetchError::Redirect {
+                status: response.status(),
+                location,
+            });
+        }
         if !response.status().is_success() {
             return Err(FetchError::Status(response.status()));
         }

@@ -101,15 +101,20 @@ pub fn router(state: AppState) -> Router {
                 replayed = tracing::field::Empty,
             )
         });
+    let key_ttl = axum::middleware::map_response_with_state(state.clone(), with_key_ttl);
     Router::new()
         .route(
             "/api/charges",
-            post(routes::create_charge).get(routes::list_charges),
+            post(routes::create_charge)
+                .layer(key_ttl.clone())
+                .get(routes::list_charges),
         )
         .route("/api/charges/{id}", get(routes::get_charge))
         .route(
             "/api/charges/{id}/refunds",
-            post(routes::create_refund).get(routes::list_refunds),
+            post(routes::create_refund)
+                .layer(key_ttl)
+                .get(routes::list_refunds),
         )
         .route("/api/refunds/{id}", get(routes::get_refund))
         .route("/healthz", get(routes::healthz))
@@ -124,6 +129,23 @@ pub fn router(state: AppState) -> Router {
         .layer(trace)
         .layer(PropagateRequestIdLayer::new(REQUEST_ID))
         .layer(SetRequestIdLayer::new(REQUEST_ID, MakeRequestUuid))
+}
+
+/// How long this server remembers an idempotency key, in seconds
+/// (`IDEMPOTENCY_TTL`), on every answer to a charge or a refund, whatever
+/// its status: apps cannot reach `/readyz`, and they decide from it how
+/// long a saved payment may still be resumed with its key.
+pub const KEY_TTL_HEADER: HeaderName = HeaderName::from_static("idempotency-key-ttl");
+
+async fn with_key_ttl(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    mut response: axum::response::Response,
+) -> axum::response::Response {
+    let ttl = state.service.policy().ttl.as_secs();
+    response
+        .headers_mut()
+        .insert(KEY_TTL_HEADER, axum::http::HeaderValue::from(ttl));
+    response
 }
 
 fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> Response<axum::body::Body> {

@@ -66,6 +66,23 @@ impl Settings {
                 humantime::format_duration(retention)
             )));
         }
+        if ttl < MIN_IDEMPOTENCY_TTL {
+            if !self.charges.allow_short_ttl {
+                return Err(ConfigError(format!(
+                    "IDEMPOTENCY_TTL ({}) must be at least {}: clients resume a payment with its \
+                     key for as long as the server says it remembers keys, and a key forgotten \
+                     sooner charges again (ALLOW_SHORT_TTL=true lifts this, for tests only)",
+                    humantime::format_duration(ttl),
+                    humantime::format_duration(MIN_IDEMPOTENCY_TTL)
+                )));
+            }
+            tracing::warn!(
+                ttl = %humantime::format_duration(ttl),
+                "ALLOW_SHORT_TTL: IDEMPOTENCY_TTL is below {}; a client that resumes a payment \
+                 after the TTL is charged again. For tests only",
+                humantime::format_duration(MIN_IDEMPOTENCY_TTL)
+            );
+        }
         if self.gateway.lease >= ttl {
             return Err("LEASE must be shorter than IDEMPOTENCY_TTL".into());
         }
@@ -89,6 +106,11 @@ pub struct ChargeArgs {
     /// How long a key is remembered. At most the provider's key retention (24h).
     #[arg(long, env = "IDEMPOTENCY_TTL", default_value = "24h", value_parser = humantime::parse_duration)]
     pub idempotency_ttl: Duration,
+    /// FOR TESTS ONLY: accept an IDEMPOTENCY_TTL below 1h (a warning is
+    /// logged at start). Clients resume payments for as long as the server
+    /// says it remembers keys; a shorter TTL charges a late resume again.
+    #[arg(long, env = "ALLOW_SHORT_TTL", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub allow_short_ttl: bool,
     /// The largest charge accepted, in minor units.
     #[arg(long, env = "MAX_AMOUNT_CENTS", default_value_t = 1_000_000)]
     pub max_amount_cents: i64,
@@ -117,6 +139,11 @@ impl ChargeArgs {
         ))
     }
 }
+
+/// The shortest `IDEMPOTENCY_TTL` accepted without `ALLOW_SHORT_TTL`: what
+/// the client guide tells apps to assume before an answer has told them the
+/// server's TTL (the `Idempotency-Key-TTL` header).
+pub const MIN_IDEMPOTENCY_TTL: Duration = Duration::from_secs(60 * 60);
 
 /// How long Stripe remembers its idempotency keys: the default of
 /// `PROVIDER_KEY_RETENTION`. Every re-drive must happen inside it.
