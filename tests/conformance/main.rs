@@ -963,6 +963,167 @@ async fn refund_outcomes_move_the_reservation(backend: Backend) {
     ));
 }
 
+/// The ids of `unsettled`'s charges and refunds, in its order.
+async fn unsettled_ids(store: &Arc<dyn Store>, limit: u32) -> (Vec<String>, Vec<String>) {
+    let (mut charges, mut refunds) = (Vec::new(), Vec::new());
+    for u in store.unsettled(secs(60), limit).await.unwrap() {
+        match u.operation {
+            Operation::Charge(c) => charges.push(c.id),
+            Operation::Refund(r) => refunds.push(r.id),
+        }
+    }
+    (charges, refunds)
+}
+
+/// A charge abandoned with its outcome unknown: its id.
+async fn unknown_charge(store: &Arc<dyn Store>, key: &str) -> String {
+    let c = claim(key, "cus_1", &body(100));
+    let record_id = claimed(store, &c).await;
+    let mut f = finish(&c, record_id, &c.lease.token, "unused");
+    f.state = RecordState::Abandoned;
+    if let Outcome::Charge(o) = &mut f.outcome {
+        (o.status, o.gateway_charge_id) = (ChargeStatus::Unknown, None);
+    }
+    assert_eq!(store.finish(&f).await.unwrap(), FinishOutcome::Finished);
+    charge_of(&c).id.clone()
+}
+
+/// `unsettled` reads unknown charges and refunds, and refunds pending at
+/// the provider (finished `pending` with its id), never one still in
+/// progress; at most `limit` of each, least recently looked at first: an
+/// operation stamped by `looked_at` goes behind every other.
+async fn unsettled_reads_the_least_recently_looked_at_first(backend: Backend) {
+    let Some(db) = db(backend).await else { return };
+    let store = db.store();
+    let mut charges = Vec::new();
+    for i in 0..3 {
+        charges.push(unknown_charge(&store, &format!("unsettled-{i}")).await);
+    }
+    let (first_two, _) = unsettled_ids(&store, 2).await;
+    assert_eq!(first_two, charges[..2]);
+    let looked = |id: &String| {
+        let store = store.clone();
+        let id = id.clone();
+        async move {
+            let charge = store.charge(&id).await.unwrap().unwrap();
+            store.looked_at(&Operation::Charge(charge)).await.unwrap();
+        }
+    };
+    looked(&charges[0]).await;
+    assert_eq!(unsettled_ids(&store, 2).await.0, charges[1..]);
+    looked(&charges[1]).await;
+    looked(&charges[2]).await;
+    assert_eq!(
+        unsettled_ids(&store, 3).await.0,
+        charges,
+        "looked at longest ago first"
+    );
+    let unchanged = store.charge(&charges[0]).await.unwrap().unwrap();
+    assert_eq!(
+        unchanged.status,
+        ChargeStatus::Unknown,
+        "looking changes nothing else"
+    );
+
+    let charge = succeeded_charge(&store, "unsettled-refunded", 1000).await;
+    let claim_refund = |key: &str| {
+        let (store, c) = (store.clone(), refund_claim(key, &charge, Some(100)));
+        async move {
+            let (record_id, refund) = claimed_refund(store.claim(&c).await.unwrap());
+            (record_id, refund, c)
+        }
+    };
+    let (record_id, unknown, c) = claim_refund("unsettled-r-unknown").await;
+    let mut f = refund_finish(record_id, &c, &unknown, ChargeStatus::Unknown);
+    f.state = RecordState::Abandoned;
+    assert_eq!(store.finish(&f).await.unwrap(), FinishOutcome::Finished);
+    let (record_id, pending, c) = claim_refund("unsettled-r-pending").await;
+    let f = refund_finish(record_id, &c, &pending, ChargeStatus::Pending);
+    assert_eq!(store.finish(&f).await.unwrap(), FinishOutcome::Finished);
+    let (_, in_progress, _) = claim_refund("unsettled-r-in-progress").await;
+    let (_, refunds) = unsettled_ids(&store, 10).await;
+    assert_eq!(refunds, [unknown.id.clone(), pending.id.clone()]);
+    assert!(
+        !refunds.contains(&in_progress.id),
+        "in progress: the reaper's"
+    );
+    store
+        .looked_at(&Operation::Refund(unknown.clone()))
+        .await
+        .unwrap();
+    assert_eq!(unsettled_ids(&store, 1).await.1, [pending.id]);
+}
+
+/// Reconciliation settles a refund pending at the provider like an
+/// unknown one (a success adds to `amount_refunded`, a failure gives its
+/// reservation back) but leaves its complete record's stored 201 as it
+/// was; only once.
+async fn reconcile_settles_a_refund_pending_at_the_provider(backend: Backend) {
+    let Some(db) = db(backend).await else { return };
+    let store = db.store();
+    let charge = succeeded_charge(&store, "pending-refunded", 1000).await;
+    let mut finished = Vec::new();
+    for key in ["pending-ok", "pending-canceled"] {
+        let c = refund_claim(key, &charge, Some(400));
+        let (record_id, refund) = claimed_refund(store.claim(&c).await.unwrap());
+        let f = refund_finish(record_id, &c, &refund, ChargeStatus::Pending);
+        assert_eq!(store.finish(&f).await.unwrap(), FinishOutcome::Finished);
+        finished.push((c, refund, f.response));
+    }
+    let left = store
+        .claim(&refund_claim("pending-over", &charge, Some(201)))
+        .await;
+    assert_eq!(
+        refusal_left(&left.unwrap()),
+        Some(200),
+        "pending refunds stay reserved"
+    );
+    let answer = StoredResponse {
+        status: 201,
+        body: "{\"settled\":true}".to_owned(),
+        content_type: JSON.to_owned(),
+        location: None,
+    };
+    for ((c, refund, stored), status) in finished
+        .iter()
+        .zip([ChargeStatus::Succeeded, ChargeStatus::Failed])
+    {
+        let outcome = Outcome::Refund(RefundOutcome {
+            refund_id: refund.id.clone(),
+            charge_id: refund.charge_id.clone(),
+            amount_cents: refund.amount_cents,
+            status,
+            gateway_refund_id: Some("re_provider".to_owned()),
+            failure_code: (status == ChargeStatus::Failed).then(|| "canceled".to_owned()),
+        });
+        assert!(store.reconcile(&outcome, &answer, TTL).await.unwrap());
+        assert!(
+            !store.reconcile(&outcome, &answer, TTL).await.unwrap(),
+            "settled once"
+        );
+        let read = store.refund(&refund.id).await.unwrap().unwrap();
+        assert_eq!(read.status, status);
+        let record = existing(store.claim(c).await.unwrap());
+        assert_eq!(record.state, RecordState::Complete);
+        assert_eq!(
+            record.response.as_ref(),
+            Some(stored),
+            "the stored 201 stays"
+        );
+    }
+    let read = store.charge(&charge.id).await.unwrap().unwrap();
+    assert_eq!(read.amount_refunded, 400);
+    let left = store
+        .claim(&refund_claim("pending-rest", &charge, Some(601)))
+        .await;
+    assert_eq!(
+        refusal_left(&left.unwrap()),
+        Some(600),
+        "the canceled 400 came back"
+    );
+    assert_eq!(unsettled_ids(&store, 10).await, (vec![], vec![]));
+}
+
 /// On PostgreSQL with 100,000 charges for one customer (and others'
 /// around them), after `ANALYZE`: the first page and a deep page of
 /// `GET /api/charges` are each one index range scan of
@@ -1054,6 +1215,8 @@ backend_tests!(
     charges_round_trip,
     concurrent_refunds_never_exceed_the_charge,
     refund_outcomes_move_the_reservation,
+    unsettled_reads_the_least_recently_looked_at_first,
+    reconcile_settles_a_refund_pending_at_the_provider,
 );
 
 /// SQLite's group commit: concurrent claims and finishes share commits,

@@ -2,7 +2,9 @@
 //! sandbox, and `payments-jobs` as a process.
 #![allow(clippy::unwrap_used)]
 
+mod pending_refunds;
 mod pruner;
 mod reaper;
+mod reconcile_in_turn;
 mod reconciler;
 mod runner;

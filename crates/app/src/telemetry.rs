@@ -87,7 +87,10 @@ pub struct Metric {
 }
 
 const PROVIDER_LABELS: &[(&str, &[&str])] = &[
-    ("outcome", &["succeeded", "declined", "rejected", "unknown"]),
+    (
+        "outcome",
+        &["succeeded", "declined", "rejected", "pending", "unknown"],
+    ),
     ("call", &["charges", "refunds"]),
 ];
 
@@ -169,10 +172,17 @@ pub const METRICS: &[Metric] = &[
     Metric {
         name: REFUNDS_TOTAL,
         kind: Kind::Counter,
-        help: "Refunds by final outcome (succeeded, failed, unknown, exceeds_charge).",
+        help: "Refunds by outcome (succeeded, failed, unknown, exceeds_charge; pending: \
+               answered 201 pending, settled later by reconciliation).",
         series: Series::Each(&[(
             "outcome",
-            &["succeeded", "failed", "unknown", "exceeds_charge"],
+            &[
+                "succeeded",
+                "failed",
+                "unknown",
+                "exceeds_charge",
+                "pending",
+            ],
         )]),
         in_jobs: true,
     },
@@ -180,7 +190,7 @@ pub const METRICS: &[Metric] = &[
         name: RECONCILED_TOTAL,
         kind: Kind::Counter,
         help: "Reconciliations by operation (charge, refund) and outcome (settled: succeeded, \
-               failed, not_made; left: lagging, needs_person, lookup_failed).",
+               failed, not_made; left: lagging, needs_person, lookup_failed, pending).",
         series: Series::Each(&[
             ("operation", &["charge", "refund"]),
             (
@@ -192,6 +202,7 @@ pub const METRICS: &[Metric] = &[
                     "lagging",
                     "needs_person",
                     "lookup_failed",
+                    "pending",
                 ],
             ),
         ]),
@@ -388,8 +399,8 @@ mod tests {
     #[test]
     fn every_combination_of_known_labels_is_a_series() {
         let sets = label_sets(PROVIDER_LABELS);
-        // 4 outcomes x 2 calls.
-        assert_eq!(sets.len(), 8);
+        // 5 outcomes x 2 calls.
+        assert_eq!(sets.len(), 10);
         let first: Vec<(&str, &str)> = sets[0].iter().map(|l| (l.key(), l.value())).collect();
         assert_eq!(first, [("outcome", "succeeded"), ("call", "charges")]);
         assert_eq!(label_sets(&[]), vec![Vec::new()]);

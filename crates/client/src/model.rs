@@ -108,7 +108,9 @@ pub struct Refund {
     pub charge_id: String,
     pub amount_cents: i64,
     pub currency: String,
-    /// The same four states as a charge's.
+    /// The same four states as a charge's. `Pending` in a 201 means the
+    /// provider accepted the refund and settles it later (its amount stays
+    /// reserved); read the refund again for its outcome.
     pub status: ChargeStatus,
     pub reason: Option<String>,
     #[serde(default)]

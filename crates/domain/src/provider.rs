@@ -67,8 +67,9 @@ impl ProviderRefundRequest {
 }
 
 /// Every provider answer is one of these. `Succeeded`, `Declined` and
-/// `Rejected` are final; anything that leaves the outcome in doubt is
-/// `Unknown`, and the same call is re-driven later with the same key.
+/// `Rejected` are final; `Pending` is accepted but not final yet (a refund
+/// the provider settles later); anything that leaves the outcome in doubt
+/// is `Unknown`, and the same call is re-driven later with the same key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProviderOutcome {
     /// The provider's id of the charge or refund.
@@ -89,6 +90,12 @@ pub enum ProviderOutcome {
     Rejected {
         code: String,
         message: String,
+    },
+    /// The provider accepted the operation and settles it later (a Stripe
+    /// refund `pending` or `requires_action`): not an outage and nothing to
+    /// re-drive. Reconciliation polls it by its id until it is final.
+    Pending {
+        provider_id: String,
     },
     Unknown {
         doubt: Doubt,
@@ -149,7 +156,8 @@ impl Doubt {
 /// the id our calls carried in their metadata (reconciliation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Lookup {
-    /// The provider has it, with a final status.
+    /// The provider has it, with a final status, or still
+    /// [`ProviderOutcome::Pending`].
     Found(ProviderOutcome),
     /// No object carries our id (yet: a search index lags).
     NotFound,
@@ -176,4 +184,10 @@ pub trait Gateway: Send + Sync + std::fmt::Debug {
     /// `refund_id` (Stripe's refund list of the charge: Stripe's Search API
     /// has no refunds).
     async fn find_refund(&self, gateway_charge_id: &str, refund_id: &str) -> Lookup;
+
+    /// The provider's refund `gateway_refund_id` (Stripe's
+    /// `GET /v1/refunds/{id}`): how reconciliation polls a refund the
+    /// provider answered `pending` until it is final. `NotFound` when the
+    /// provider does not know the id.
+    async fn retrieve_refund(&self, gateway_refund_id: &str) -> Lookup;
 }

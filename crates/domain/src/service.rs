@@ -48,13 +48,15 @@ pub const LEASE_TAKEOVERS_TOTAL: &str = "payments_lease_takeovers_total";
 pub const ABANDONED_TOTAL: &str = "payments_abandoned_total";
 
 /// Counts refunds by final `outcome`: `succeeded`, `failed` (the provider
-/// refused it), `unknown` (abandoned) and `exceeds_charge` (refused here:
-/// it did not fit in what was left of its charge).
+/// refused it), `unknown` (abandoned), `exceeds_charge` (refused here:
+/// it did not fit in what was left of its charge) and `pending` (answered
+/// 201 `pending`: the provider settles it later, reconciliation polls it).
 pub const REFUNDS_TOTAL: &str = "payments_refunds_total";
 
 /// Counts reconciliations by `operation` (`charge`, `refund`) and `outcome`:
 /// settled as `succeeded`, `failed` or `not_made`, or left as `lagging`,
-/// `needs_person` or `lookup_failed`.
+/// `needs_person`, `lookup_failed` or `pending` (a refund still pending at
+/// the provider).
 pub const RECONCILED_TOTAL: &str = "payments_reconciled_total";
 /// Replays looked up in memory first, by `result`: `hit` (answered with no
 /// database round trip) or `miss`.
@@ -139,6 +141,9 @@ pub enum Decision {
     NeedsPerson,
     /// The lookup failed, or found nothing final: try again later.
     LookupFailed(String),
+    /// The provider has the refund and says it is still pending: polled
+    /// again on the next pass.
+    Pending,
 }
 
 impl Decision {
@@ -150,6 +155,7 @@ impl Decision {
             Self::Lagging => "lagging",
             Self::NeedsPerson => "needs_person",
             Self::LookupFailed(_) => "lookup_failed",
+            Self::Pending => "pending",
         }
     }
 }
@@ -699,16 +705,32 @@ impl ChargeService {
     }
 
     /// What the provider's records say of an operation whose outcome is
-    /// unknown, looked up by the id its calls carried; changes nothing.
+    /// unknown, looked up by the id its calls carried, or of a refund the
+    /// provider answered `pending`, by the provider's id; changes nothing.
     pub async fn reconciliation(&self, unsettled: &Unsettled) -> Decision {
         let lookup = match &unsettled.operation {
             Operation::Charge(charge) => self.gateway.find_charge(&charge.id).await,
+            // A refund the provider answered `pending` has its id: polled by
+            // it. Not finding an id the provider gave is never "not made".
+            Operation::Refund(Refund {
+                status: ChargeStatus::Pending,
+                gateway_refund_id: Some(id),
+                ..
+            }) => match self.gateway.retrieve_refund(id).await {
+                Lookup::NotFound => Lookup::Unknown {
+                    reason: format!(
+                        "the provider does not know its refund {id}, which it answered pending"
+                    ),
+                },
+                found => found,
+            },
             Operation::Refund(refund) => match &refund.gateway_charge_id {
                 Some(charge) => self.gateway.find_refund(charge, &refund.id).await,
                 None => Lookup::NotFound,
             },
         };
         match lookup {
+            Lookup::Found(ProviderOutcome::Pending { .. }) => Decision::Pending,
             Lookup::Found(found) => match settle(&unsettled.operation, found) {
                 Ok((outcome, answer)) => Decision::Settle { outcome, answer },
                 Err((_, reason)) => Decision::LookupFailed(reason),
@@ -723,9 +745,11 @@ impl ChargeService {
     }
 
     /// Looks the operation up and, when the provider's records decide it,
-    /// settles it and replaces its abandoned answer (kept a TTL from now).
-    /// The decision, and whether this caller applied it (false: another
-    /// reconciler settled the operation first, or there was nothing to do).
+    /// settles it and replaces its abandoned answer (kept a TTL from now);
+    /// otherwise stamps it as looked at, so the next passes read the others
+    /// first. The decision, and whether this caller applied it (false:
+    /// another reconciler settled the operation first, or there was nothing
+    /// to do).
     pub async fn reconcile(&self, unsettled: &Unsettled) -> Result<(Decision, bool), StoreError> {
         let decision = self.reconciliation(unsettled).await;
         let applied = match &decision {
@@ -734,7 +758,10 @@ impl ChargeService {
                     .reconcile(outcome, answer, self.policy.ttl)
                     .await?
             }
-            _ => false,
+            _ => {
+                self.store.looked_at(&unsettled.operation).await?;
+                false
+            }
         };
         let operation = match unsettled.operation {
             Operation::Charge(_) => "charge",
@@ -767,6 +794,10 @@ impl ChargeService {
             Decision::Lagging => tracing::info!(
                 operation = unsettled.operation.id(),
                 "not found yet, within the search lag; left for the next pass"
+            ),
+            Decision::Pending => tracing::info!(
+                operation = unsettled.operation.id(),
+                "still pending at the provider; left for the next pass"
             ),
         }
         Ok((decision, applied))
@@ -868,9 +899,10 @@ fn no_such(cursor: &Cursor, what: &str) -> InvalidRequest {
 }
 
 /// A final provider answer as the operation's new state and the stored
-/// response: a charge's 201 or 402 `card_declined`, a refund's 201 or 402
-/// `refund_failed`, a charge's 400 `provider_rejected_request`; `Err` with
-/// the doubt and the reason when the outcome is unknown.
+/// response: a charge's 201 or 402 `card_declined`, a refund's 201 (also
+/// when the provider answered it `pending`) or 402 `refund_failed`, a
+/// charge's 400 `provider_rejected_request`; `Err` with the doubt and the
+/// reason when the outcome is unknown.
 fn settle(
     operation: &Operation,
     outcome: ProviderOutcome,
@@ -885,6 +917,12 @@ fn settle_charge(
     charge: &Charge,
     outcome: ProviderOutcome,
 ) -> Result<(Outcome, StoredResponse), (Doubt, String)> {
+    // A card charge is final when the provider answers; one it calls
+    // pending is in doubt, re-driven and reconciled like any other.
+    if let ProviderOutcome::Pending { provider_id } = &outcome {
+        let reason = format!("the provider's charge {provider_id} is pending, not final");
+        return Err((Doubt::ProviderError, reason));
+    }
     let mut charge = charge.clone();
     let final_ = Final::of(outcome)?;
     charge.status = final_.status;
@@ -981,6 +1019,12 @@ impl Final {
                 status: ChargeStatus::Failed,
                 provider_id: None,
                 refusal: Some(Refusal::Rejected { code, message }),
+            },
+            // Accepted: answered 201 `pending`, its amount still reserved.
+            ProviderOutcome::Pending { provider_id } => Self {
+                status: ChargeStatus::Pending,
+                provider_id: Some(provider_id),
+                refusal: None,
             },
             ProviderOutcome::Unknown { doubt, reason } => return Err((doubt, reason)),
         })

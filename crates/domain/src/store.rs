@@ -145,7 +145,7 @@ pub struct ChargeOutcome {
 
 /// What the provider said about a refund. Its charge's reservation follows:
 /// a succeeded refund adds to `amount_refunded`, a failed one gives its
-/// amount back, an unknown one keeps it reserved.
+/// amount back, a pending or unknown one keeps it reserved.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefundOutcome {
     pub refund_id: String,
@@ -200,8 +200,8 @@ pub struct Finish {
     pub response: StoredResponse,
 }
 
-/// A charge or refund whose provider outcome is unknown, as reconciliation
-/// reads it.
+/// A charge or refund whose provider outcome is unknown, or a refund
+/// pending at the provider, as reconciliation reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unsettled {
     pub operation: Operation,
@@ -285,22 +285,34 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// absent.
     async fn settle(&self, outcome: &Outcome) -> Result<bool, StoreError>;
 
-    /// Charges and refunds in `unknown`, oldest first (at most `limit` of
-    /// each), with whether `search_lag` has passed since their last
-    /// provider call.
+    /// Charges and refunds in `unknown`, and refunds `pending` at the
+    /// provider (it answered `pending` and gave its id), at most `limit` of
+    /// each, with whether `search_lag` has passed since their last provider
+    /// call. Least recently looked at first: by when reconciliation last
+    /// looked at each ([`Store::looked_at`]), else when it last changed, so
+    /// operations a pass cannot settle go behind the others and every one
+    /// is read within a bounded number of passes.
     async fn unsettled(
         &self,
         search_lag: Duration,
         limit: u32,
     ) -> Result<Vec<Unsettled>, StoreError>;
 
-    /// Settles an operation still `unknown` with what the provider's
-    /// records say (a refund's charge follows, as in a finish) and, in the
-    /// same transaction, replaces its abandoned record's stored answer
+    /// Stamps an unsettled operation with the database's time as
+    /// reconciliation looks at it and leaves it unsettled (lagging, for a
+    /// person, a failed lookup, still pending): [`Store::unsettled`] then
+    /// reads it after those looked at or unsettled before now.
+    async fn looked_at(&self, operation: &Operation) -> Result<(), StoreError>;
+
+    /// Settles an operation still `unknown` (or a refund still `pending` at
+    /// the provider) with what the provider's records say (a refund's
+    /// charge follows, as in a finish) and, in the same transaction,
+    /// replaces its abandoned record's stored answer
     /// (`500 request_abandoned`) with `answer`, the record then complete and
     /// kept `keep_for` from now. The only rewrite of a stored answer there
     /// is: guarded by the operation being `unknown` and the record
-    /// `abandoned`. False when the operation was no longer unknown
+    /// `abandoned`; a pending refund's record is complete, and its stored
+    /// `201` stays. False when the operation was no longer unsettled
     /// (another reconciler settled it).
     async fn reconcile(
         &self,

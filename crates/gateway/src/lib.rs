@@ -36,6 +36,9 @@ mod wire {
     #[derive(Debug, Deserialize)]
     pub struct Object {
         pub id: String,
+        /// What it is: `charge`, `refund` (Stripe names every object).
+        #[serde(default)]
+        pub object: Option<String>,
         pub status: String,
         pub failure_reason: Option<String>,
         pub failure_code: Option<String>,
@@ -159,6 +162,52 @@ impl Gateway for HttpGateway {
         let query = [("charge", gateway_charge_id), ("limit", "100")];
         self.find(&url, &query, ("refund", refund_id)).await
     }
+
+    async fn retrieve_refund(&self, gateway_refund_id: &str) -> Lookup {
+        // The provider's id goes into the path: only a plain one.
+        let plain = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        if gateway_refund_id.is_empty() || !gateway_refund_id.chars().all(plain) {
+            return Lookup::Unknown {
+                reason: format!("not a provider refund id: {gateway_refund_id:?}"),
+            };
+        }
+        let url = format!("{}/v1/refunds/{gateway_refund_id}", self.base_url);
+        let sent = self
+            .client
+            .get(url)
+            .bearer_auth(self.secret_key.expose_secret())
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(e) => {
+                return Lookup::Unknown {
+                    reason: format!("provider lookup failed: {e}"),
+                };
+            }
+        };
+        let status = response.status();
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Lookup::NotFound;
+        }
+        if !status.is_success() {
+            let reason = format!("provider lookup answered {status}");
+            return Lookup::Unknown { reason };
+        }
+        let body = match response.bytes().await {
+            Ok(body) => body,
+            Err(e) => {
+                return Lookup::Unknown {
+                    reason: format!("reading the provider's refund failed: {e}"),
+                };
+            }
+        };
+        // The object is judged as the answer to the refund's creation is.
+        match classify(200, &body) {
+            ProviderOutcome::Unknown { reason, .. } => Lookup::Unknown { reason },
+            found => Lookup::Found(found),
+        }
+    }
 }
 
 impl HttpGateway {
@@ -265,6 +314,7 @@ impl HttpGateway {
             ProviderOutcome::Succeeded { .. } => "succeeded",
             ProviderOutcome::Declined { .. } => "declined",
             ProviderOutcome::Rejected { .. } => "rejected",
+            ProviderOutcome::Pending { .. } => "pending",
             ProviderOutcome::Unknown { .. } => "unknown",
         };
         let elapsed = started.elapsed();
@@ -295,8 +345,10 @@ fn doubt_of(e: &reqwest::Error) -> Doubt {
 }
 
 /// Classifies one provider answer. Only a 200 charge or refund object that
-/// says `succeeded` (or, for a refund, `failed`), a 402 card error and a
-/// 400 request error are final; an idempotency conflict (409:
+/// says `succeeded` (or, for a refund, `failed` or `canceled`), a 402 card
+/// error and a 400 request error are final. A refund object that says
+/// `pending` or `requires_action` was accepted and settles later: pending,
+/// not in doubt, and not re-driven. An idempotency conflict (409:
 /// our own earlier call is still running there; 400: a parameter mismatch),
 /// a rate limit, a 5xx or anything unparseable leaves the outcome unknown,
 /// and the call is re-driven later under the same key.
@@ -310,8 +362,24 @@ pub fn classify(status: u16, body: &[u8]) -> ProviderOutcome {
                 message: format!("the provider's {} failed", o.id),
                 provider_id: Some(o.id),
             },
-            // A refund still `pending` at the provider is settled later,
-            // by a re-drive or by reconciliation.
+            // A refund the provider settles later (`requires_action`:
+            // until the customer acts) is polled by reconciliation.
+            Ok(o)
+                if o.object.as_deref() == Some("refund")
+                    && matches!(o.status.as_str(), "pending" | "requires_action") =>
+            {
+                ProviderOutcome::Pending { provider_id: o.id }
+            }
+            // A canceled refund refunded nothing, for good.
+            Ok(o) if o.object.as_deref() == Some("refund") && o.status == "canceled" => {
+                ProviderOutcome::Declined {
+                    code: o.failure_reason.unwrap_or_else(|| "canceled".to_owned()),
+                    decline_code: None,
+                    message: format!("the provider's {} was canceled", o.id),
+                    provider_id: Some(o.id),
+                }
+            }
+            // Anything else is not final: re-driven, then reconciled.
             Ok(o) => ProviderOutcome::Unknown {
                 doubt: Doubt::ProviderError,
                 reason: format!("provider object {} is {:?}, not final", o.id, o.status),
@@ -481,10 +549,44 @@ mod tests {
         assert!(
             matches!(failed, ProviderOutcome::Declined { ref code, .. } if code == "expired_or_canceled_card")
         );
-        let pending = classify(
+        let canceled = classify(
             200,
-            br#"{"id":"re_2","object":"refund","status":"pending"}"#,
+            br#"{"id":"re_3","object":"refund","status":"canceled","failure_reason":null}"#,
         );
-        assert!(matches!(pending, ProviderOutcome::Unknown { .. }));
+        assert_eq!(
+            canceled,
+            ProviderOutcome::Declined {
+                code: "canceled".to_owned(),
+                decline_code: None,
+                message: "the provider's re_3 was canceled".to_owned(),
+                provider_id: Some("re_3".to_owned()),
+            }
+        );
+    }
+
+    #[test]
+    fn a_pending_refund_is_accepted_not_in_doubt() {
+        for status in ["pending", "requires_action"] {
+            let body = format!(r#"{{"id":"re_2","object":"refund","status":"{status}"}}"#);
+            assert_eq!(
+                classify(200, body.as_bytes()),
+                ProviderOutcome::Pending {
+                    provider_id: "re_2".to_owned()
+                },
+                "{status}"
+            );
+        }
+        // A charge is never pending here: in doubt, as before.
+        for body in [
+            &br#"{"id":"ch_3","object":"charge","status":"pending"}"#[..],
+            br#"{"id":"ch_3","object":"charge","status":"canceled"}"#,
+            br#"{"id":"re_4","status":"pending"}"#,
+        ] {
+            assert!(
+                matches!(classify(200, body), ProviderOutcome::Unknown { .. }),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 }

@@ -9,8 +9,19 @@
 //! a person. An abandoned request's stored `request_abandoned` is replaced
 //! by the real answer, so the client's retry with its original key gets it.
 //!
+//! Refunds the provider answered `pending` (answered 201 `pending` to the
+//! client, their amount still reserved) are polled by the provider's id on
+//! every pass until final: `succeeded`, or `failed`/`canceled` (failed, the
+//! reservation released). Their stored 201 stays.
+//!
+//! A pass reads at most `batch` charges and `batch` refunds, least recently
+//! looked at first: each one it looks at and cannot settle is stamped
+//! (by the database's clock) and goes behind the others, so those that need
+//! a person never hide the ones behind them, and every unsettled operation
+//! is looked at within a bounded number of passes.
+//!
 //! Two reconcilers at once settle each operation once: the settlement is
-//! guarded by the operation still being `unknown`.
+//! guarded by the operation still being `unknown` (or pending).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +55,8 @@ pub struct ReconcileReport {
     pub lagging: u64,
     pub needs_person: u64,
     pub lookup_failed: u64,
+    /// Refunds still pending at the provider, left for the next pass.
+    pub pending: u64,
 }
 
 impl ReconcileReport {
@@ -63,6 +76,7 @@ impl ReconcileReport {
             Decision::Lagging => &mut self.lagging,
             Decision::NeedsPerson => &mut self.needs_person,
             Decision::LookupFailed(_) => &mut self.lookup_failed,
+            Decision::Pending => &mut self.pending,
         };
         *slot += 1;
     }

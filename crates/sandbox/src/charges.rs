@@ -8,6 +8,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
+use crate::config::SandboxConfig;
 use crate::error::ApiError;
 use crate::ledger::{Charge, Ledger};
 use crate::network::{self, Authorization};
@@ -35,7 +36,12 @@ pub(crate) async fn create_charge(
 
 /// Validates, asks the network and records the charge. Returns the final
 /// answer and whether a charge was recorded.
-fn charge(ledger: &Ledger, params: &FormParams, key: Option<&str>) -> (StoredResponse, bool) {
+fn charge(
+    ledger: &Ledger,
+    _: &SandboxConfig,
+    params: &FormParams,
+    key: Option<&str>,
+) -> (StoredResponse, bool) {
     let request = match params.charge_request() {
         Ok(request) => request,
         Err(error) => return (error.to_stored(), false),

@@ -35,6 +35,37 @@ pub struct SandboxConfig {
     /// under a minute). Read at search time: changing it changes which
     /// existing charges are visible.
     pub search_lag_ms: u64,
+    /// The status a new refund is made with (Stripe's refund statuses):
+    /// `succeeded` (the default), `pending` or `requires_action` (accepted;
+    /// settled later through `POST /_sandbox/refunds/{id}`, as Stripe's test
+    /// helpers do), `failed` or `canceled` (nothing refunded).
+    pub refund_status: RefundStatus,
+}
+
+/// A refund's status, as Stripe names it. `pending` and `requires_action`
+/// are not final; the others are.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefundStatus {
+    #[default]
+    Succeeded,
+    Pending,
+    RequiresAction,
+    Failed,
+    Canceled,
+}
+
+impl RefundStatus {
+    /// Settled for good: `succeeded`, `failed`, `canceled`.
+    pub fn is_final(self) -> bool {
+        !matches!(self, Self::Pending | Self::RequiresAction)
+    }
+
+    /// Its amount counts against the charge (as Stripe's `amount_refunded`
+    /// counts a pending refund): all but `failed` and `canceled`.
+    pub fn holds_amount(self) -> bool {
+        !matches!(self, Self::Failed | Self::Canceled)
+    }
 }
 
 /// Stripe's key retention.
@@ -49,6 +80,7 @@ impl Default for SandboxConfig {
             drop_after_charge: false,
             key_retention_secs: DEFAULT_KEY_RETENTION_SECS,
             search_lag_ms: 0,
+            refund_status: RefundStatus::Succeeded,
         }
     }
 }
@@ -99,6 +131,16 @@ mod tests {
     fn empty_json_is_the_default() -> Result<(), serde_json::Error> {
         let config: SandboxConfig = serde_json::from_str("{}")?;
         assert_eq!(config, SandboxConfig::default());
+        Ok(())
+    }
+
+    #[test]
+    fn refund_statuses_are_stripes() -> Result<(), serde_json::Error> {
+        let config: SandboxConfig = serde_json::from_str(r#"{"refund_status":"requires_action"}"#)?;
+        assert_eq!(config.refund_status, RefundStatus::RequiresAction);
+        assert!(!config.refund_status.is_final() && config.refund_status.holds_amount());
+        assert!(RefundStatus::Canceled.is_final() && !RefundStatus::Canceled.holds_amount());
+        assert!(serde_json::from_str::<SandboxConfig>(r#"{"refund_status":"done"}"#).is_err());
         Ok(())
     }
 

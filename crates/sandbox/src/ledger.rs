@@ -20,6 +20,7 @@ use rand::distr::Alphanumeric;
 use serde::Serialize;
 use serde::ser::SerializeMap;
 
+use crate::config::RefundStatus;
 use crate::network::Decline;
 use crate::params::{ChargeRequest, RefundRequest};
 
@@ -129,7 +130,9 @@ impl Charge {
     }
 }
 
-/// Stripe's refund object. The sandbox's refunds succeed at once.
+/// Stripe's refund object. The sandbox's refunds are made with the
+/// configured `refund_status` (`succeeded` unless told otherwise); a
+/// pending one is settled later by [`Ledger::settle_refund`].
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Refund {
     pub(crate) id: String,
@@ -138,7 +141,10 @@ pub(crate) struct Refund {
     /// The refunded charge's id.
     pub(crate) charge: String,
     pub(crate) currency: String,
-    status: &'static str,
+    pub(crate) status: RefundStatus,
+    /// Why a `failed` refund failed (Stripe's `failure_reason`); null
+    /// otherwise.
+    pub(crate) failure_reason: Option<String>,
     pub(crate) reason: Option<&'static str>,
     metadata: Metadata,
     /// Unix seconds.
@@ -157,6 +163,20 @@ pub(crate) enum RefundRefusal {
     /// More than is left to refund.
     TooLarge { requested: u64, unrefunded: u64 },
 }
+
+/// Why a refund's status could not be set (`POST /_sandbox/refunds/{id}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SettleRefusal {
+    /// No refund has this id.
+    NoSuchRefund,
+    /// It is final already, with this status.
+    AlreadyFinal(RefundStatus),
+    /// The status asked for is not a final one.
+    NotFinal(RefundStatus),
+}
+
+/// The refund's failure reason when it fails with none given.
+pub(crate) const DEFAULT_FAILURE_REASON: &str = "unknown";
 
 /// `GET /v1/refunds?charge=` named a charge the sandbox does not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -218,6 +238,7 @@ pub(crate) struct RefundRecord {
     charge: String,
     amount: u64,
     currency: String,
+    status: RefundStatus,
     reason: Option<&'static str>,
     idempotency_key: Option<String>,
     created: u64,
@@ -306,13 +327,16 @@ impl Ledger {
     }
 
     /// Refunds `request.amount` (or what is left) of the charge, unless that
-    /// would take its refunds past its amount. The check and the record are
+    /// would take its refunds past its amount, with the refund `status`
+    /// (a failed or canceled one refunds nothing; a pending one counts
+    /// against the charge until it fails). The check and the record are
     /// one critical section, so concurrent refunds can never add up to more
     /// than the charge, whatever the caller checked before.
     pub(crate) fn refund(
         &self,
         request: RefundRequest,
         idempotency_key: Option<String>,
+        status: RefundStatus,
     ) -> Result<Refund, RefundRefusal> {
         let mut books = self.lock();
         let charge = books
@@ -339,18 +363,70 @@ impl Ledger {
             amount,
             charge: request.charge,
             currency: charge.currency.clone(),
-            status: "succeeded",
+            status,
+            failure_reason: (status == RefundStatus::Failed)
+                .then(|| DEFAULT_FAILURE_REASON.to_owned()),
             reason: request.reason,
             metadata: request.metadata.into(),
             created: unix_now_ms() / 1000,
         };
-        charge.amount_refunded += amount;
-        charge.refunded = charge.amount_refunded == charge.amount;
+        if status.holds_amount() {
+            charge.amount_refunded += amount;
+            charge.refunded = charge.amount_refunded == charge.amount;
+        }
         books.refunds.push(RefundEntry {
             refund: refund.clone(),
             idempotency_key,
         });
         Ok(refund)
+    }
+
+    /// The refund `id`, as it stands now.
+    pub(crate) fn refund_by_id(&self, id: &str) -> Option<Refund> {
+        self.lock()
+            .refunds
+            .iter()
+            .rev()
+            .map(|entry| &entry.refund)
+            .find(|refund| refund.id == id)
+            .cloned()
+    }
+
+    /// Settles a `pending` or `requires_action` refund with a final
+    /// `status`, as the provider does later (Stripe's test helpers): a
+    /// failed or canceled one gives its amount back to the charge. The
+    /// refund's idempotent answer stays what it was.
+    pub(crate) fn settle_refund(
+        &self,
+        id: &str,
+        status: RefundStatus,
+        failure_reason: Option<String>,
+    ) -> Result<Refund, SettleRefusal> {
+        if !status.is_final() {
+            return Err(SettleRefusal::NotFinal(status));
+        }
+        let mut books = self.lock();
+        let refund = books
+            .refunds
+            .iter_mut()
+            .rev()
+            .map(|entry| &mut entry.refund)
+            .find(|refund| refund.id == id)
+            .ok_or(SettleRefusal::NoSuchRefund)?;
+        if refund.status.is_final() {
+            return Err(SettleRefusal::AlreadyFinal(refund.status));
+        }
+        refund.status = status;
+        refund.failure_reason = (status == RefundStatus::Failed)
+            .then(|| failure_reason.unwrap_or_else(|| DEFAULT_FAILURE_REASON.to_owned()));
+        let settled = refund.clone();
+        if !status.holds_amount()
+            && let Some(charge) = books.charge_mut(&settled.charge)
+        {
+            charge.amount_refunded = charge.amount_refunded.saturating_sub(settled.amount);
+            charge.refunded = charge.amount_refunded == charge.amount;
+        }
+        Ok(settled)
     }
 
     /// Refunds newest first, only `charge`'s if given (which must exist).
@@ -416,6 +492,7 @@ impl Ledger {
                 charge: entry.refund.charge.clone(),
                 amount: entry.refund.amount,
                 currency: entry.refund.currency.clone(),
+                status: entry.refund.status,
                 reason: entry.refund.reason,
                 idempotency_key: entry.idempotency_key.clone(),
                 created: entry.refund.created,
@@ -526,20 +603,28 @@ mod tests {
         let id = paid.id.clone();
         ledger.record(paid, None);
 
-        let first = ledger.refund(refund_of(&id, Some(600)), None);
+        let first = ledger.refund(refund_of(&id, Some(600)), None, RefundStatus::Succeeded);
         assert!(first.is_ok_and(|refund| refund.amount == 600 && refund.currency == "gbp"));
         assert_eq!(
-            ledger.refund(refund_of(&id, Some(401)), None).err(),
+            ledger
+                .refund(refund_of(&id, Some(401)), None, RefundStatus::Succeeded)
+                .err(),
             Some(RefundRefusal::TooLarge {
                 requested: 401,
                 unrefunded: 400
             })
         );
         // No amount: what is left.
-        let rest = ledger.refund(refund_of(&id, None), Some("k".into()));
+        let rest = ledger.refund(
+            refund_of(&id, None),
+            Some("k".into()),
+            RefundStatus::Succeeded,
+        );
         assert!(rest.is_ok_and(|refund| refund.amount == 400));
         assert_eq!(
-            ledger.refund(refund_of(&id, None), None).err(),
+            ledger
+                .refund(refund_of(&id, None), None, RefundStatus::Succeeded)
+                .err(),
             Some(RefundRefusal::AlreadyRefunded)
         );
         let found = ledger.search("order", "42", 0, 10);
@@ -565,7 +650,9 @@ mod tests {
                 .map(|_| {
                     scope.spawn(|| {
                         start.wait();
-                        ledger.refund(refund_of(&id, Some(300)), None).is_ok()
+                        ledger
+                            .refund(refund_of(&id, Some(300)), None, RefundStatus::Succeeded)
+                            .is_ok()
                     })
                 })
                 .collect();
@@ -593,11 +680,15 @@ mod tests {
         let id = declined.id.clone();
         ledger.record(declined, None);
         assert_eq!(
-            ledger.refund(refund_of(&id, None), None).err(),
+            ledger
+                .refund(refund_of(&id, None), None, RefundStatus::Succeeded)
+                .err(),
             Some(RefundRefusal::ChargeFailed)
         );
         assert_eq!(
-            ledger.refund(refund_of("ch_nope", None), None).err(),
+            ledger
+                .refund(refund_of("ch_nope", None), None, RefundStatus::Succeeded)
+                .err(),
             Some(RefundRefusal::NoSuchCharge)
         );
         assert!(ledger.refund_page(Some("ch_nope"), 10).is_err());

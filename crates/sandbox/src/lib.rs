@@ -5,8 +5,8 @@
 //! # Layout
 //!
 //! - [`config`]: [`SandboxConfig`], the fault-injection settings (latency,
-//!   error rate, hang, drop-after-charge, key retention, search lag) and
-//!   their validation.
+//!   error rate, hang, drop-after-charge, key retention, search lag, the
+//!   status new refunds get) and their validation.
 //! - `server`: [`serve`] runs the accept loop on a listener the caller bound,
 //!   serving each connection with hyper so a handler can close its own
 //!   connection without answering; [`SandboxHandle`] runs it in the
@@ -17,7 +17,9 @@
 //!   authentication, the idempotency decision and the processing task
 //!   (latency, faults, the operation) that survives the client hanging up.
 //! - `charges`: `POST /v1/charges`: the charge.
-//! - `refunds`: `POST /v1/refunds` (the refund) and `GET /v1/refunds`.
+//! - `refunds`: `POST /v1/refunds` (the refund), `GET /v1/refunds`,
+//!   `GET /v1/refunds/{id}`, and `POST /_sandbox/refunds/{id}` (settles a
+//!   pending refund).
 //! - `search`: `GET /v1/charges/search` and its query parser.
 //! - `idempotency`: the provider's key store (in flight, or the stored
 //!   answer), with a claim that releases the key if it is dropped unfinished.
@@ -34,12 +36,14 @@
 //! | Route | Does |
 //! | --- | --- |
 //! | `POST /v1/charges` | form: `amount`, `currency`, `source`, `description`, `metadata[k]`; `Authorization: Bearer <any>`; optional `Idempotency-Key`. Answers Stripe's charge object (with `amount_refunded`, `refunded`) |
-//! | `POST /v1/refunds` | form: `charge` (`ch_...`), `amount` (default: what is left), `reason` (`duplicate`, `fraudulent`, `requested_by_customer`), `metadata[k]`; bearer auth and `Idempotency-Key` as for charges. Answers Stripe's refund object (`re_...`, `status: succeeded`) |
+//! | `POST /v1/refunds` | form: `charge` (`ch_...`), `amount` (default: what is left), `reason` (`duplicate`, `fraudulent`, `requested_by_customer`), `metadata[k]`; bearer auth and `Idempotency-Key` as for charges. Answers Stripe's refund object (`re_...`, with the configured `refund_status`: `succeeded` unless set to `pending`, `requires_action`, `failed` or `canceled`) |
 //! | `GET /v1/refunds` | query: `charge` (optional), `limit` (1-100, default 10); bearer auth. Stripe's list, newest first |
+//! | `GET /v1/refunds/{id}` | bearer auth. The refund as it stands now; 404 `resource_missing` for an unknown id |
 //! | `GET /v1/charges/search` | query: `query=metadata['KEY']:'VALUE'` (or double quotes), `limit` (1-100, default 10); bearer auth. Stripe's `search_result`, newest first, once the index caught up (`search_lag_ms`) |
 //! | `GET`/`POST /_sandbox/config` | read / replace the [`SandboxConfig`] (JSON) |
 //! | `GET /_sandbox/charges` | `{"data":[..]}`: every charge made or declined, oldest first |
-//! | `GET /_sandbox/refunds` | `{"data":[..]}`: every refund made, oldest first |
+//! | `GET /_sandbox/refunds` | `{"data":[..]}`: every refund made, oldest first, with its status |
+//! | `POST /_sandbox/refunds/{id}` | JSON `{"status": "succeeded" \| "failed" \| "canceled", "failure_reason"?: ".."}`: settles a `pending` or `requires_action` refund, as the provider later does (Stripe's test helpers); a failed or canceled one gives its amount back to the charge. 400 when it is final already, 404 when unknown |
 //! | `GET /_sandbox/stats` | `requests`, `in_flight`, `max_in_flight` (of both `POST /v1/*`), `charges`, `refunds` |
 //! | `POST /_sandbox/reset` | forget charges, refunds, keys and counters (not the config) |
 //! | `GET /healthz` | `{"status":"ok"}` |
@@ -67,6 +71,11 @@
 //! - A refund's check against its charge (status, what is left) and its
 //!   record are one critical section, so concurrent refunds can never add
 //!   up to more than the charge, whatever the caller checked first.
+//! - A `pending` or `requires_action` refund counts against its charge's
+//!   `amount_refunded` (as at Stripe) until it fails or is canceled; a
+//!   refund made `failed` or `canceled` refunds nothing. Settling one
+//!   changes the refund, never its stored idempotent answer: a retry under
+//!   its key replays the `pending` answer, as at Stripe.
 //! - Search visibility is worked out at search time from the charge's
 //!   creation in milliseconds and the current `search_lag_ms`. Searches scan
 //!   the charges newest first; the sandbox does not paginate (`next_page` is
@@ -103,5 +112,5 @@ mod search;
 mod server;
 mod state;
 
-pub use config::{DEFAULT_KEY_RETENTION_SECS, InvalidConfig, SandboxConfig};
+pub use config::{DEFAULT_KEY_RETENTION_SECS, InvalidConfig, RefundStatus, SandboxConfig};
 pub use server::{SandboxHandle, serve};

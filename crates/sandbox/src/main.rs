@@ -11,7 +11,7 @@ use anyhow::Context;
 use clap::Parser;
 // Boolean env vars accept 1/0, yes/no, on/off as well as true/false.
 use clap::builder::BoolishValueParser;
-use payments_sandbox::SandboxConfig;
+use payments_sandbox::{RefundStatus, SandboxConfig};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -42,6 +42,16 @@ struct Args {
     /// Milliseconds before a new charge shows up in charge searches.
     #[arg(long, env = "SANDBOX_SEARCH_LAG_MS", default_value_t = 0)]
     search_lag_ms: u64,
+    /// The status new refunds get: succeeded, pending, requires_action
+    /// (settled later by `POST /_sandbox/refunds/{id}`), failed, canceled.
+    #[arg(long, env = "SANDBOX_REFUND_STATUS", default_value = "succeeded", value_parser = parse_refund_status)]
+    refund_status: RefundStatus,
+}
+
+fn parse_refund_status(raw: &str) -> Result<RefundStatus, String> {
+    serde_json::from_value(serde_json::Value::String(raw.to_owned())).map_err(|_| {
+        format!("must be one of succeeded, pending, requires_action, failed, canceled; got {raw:?}")
+    })
 }
 
 fn parse_rate(raw: &str) -> Result<f64, String> {
@@ -71,6 +81,7 @@ async fn main() -> anyhow::Result<()> {
         drop_after_charge: args.drop_after_charge,
         key_retention_secs: args.key_retention_secs,
         search_lag_ms: args.search_lag_ms,
+        refund_status: args.refund_status,
     };
     config.validate().context("invalid sandbox configuration")?;
 

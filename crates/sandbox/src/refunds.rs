@@ -1,17 +1,20 @@
-//! `POST /v1/refunds` and `GET /v1/refunds`: Stripe's refunds of the
-//! sandbox's own charges. Creating one takes the shared path in `processing`
-//! (key, faults); the refund itself is one critical section in the ledger.
+//! `POST /v1/refunds`, `GET /v1/refunds` and `GET /v1/refunds/{id}`:
+//! Stripe's refunds of the sandbox's own charges. Creating one takes the
+//! shared path in `processing` (key, faults); the refund itself is one
+//! critical section in the ledger. `POST /_sandbox/refunds/{id}` settles a
+//! pending one, as Stripe's test helpers do.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{RawQuery, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::{Extension, Json};
 use serde_json::{Value, json};
 
+use crate::config::{RefundStatus, SandboxConfig};
 use crate::error::ApiError;
-use crate::ledger::{Ledger, NoSuchCharge, RefundRefusal};
+use crate::ledger::{Ledger, NoSuchCharge, Refund, RefundRefusal, SettleRefusal};
 use crate::params::FormParams;
 use crate::processing::{self, Operation};
 use crate::response::StoredResponse;
@@ -34,21 +37,27 @@ pub(crate) async fn create_refund(
     processing::serve(state, connection, headers, body, REFUNDS).await
 }
 
-/// Validates and refunds. Returns the final answer and whether a refund was
-/// recorded; a refusal records nothing, so it is answered even under
-/// `drop_after_charge`.
-fn refund(ledger: &Ledger, params: &FormParams, key: Option<&str>) -> (StoredResponse, bool) {
+/// Validates and refunds, with the configured `refund_status`. Returns the
+/// final answer and whether a refund was recorded; a refusal records
+/// nothing, so it is answered even under `drop_after_charge`.
+fn refund(
+    ledger: &Ledger,
+    config: &SandboxConfig,
+    params: &FormParams,
+    key: Option<&str>,
+) -> (StoredResponse, bool) {
     let request = match params.refund_request() {
         Ok(request) => request,
         Err(error) => return (error.to_stored(), false),
     };
     let charge = request.charge.clone();
-    match ledger.refund(request, key.map(str::to_owned)) {
+    match ledger.refund(request, key.map(str::to_owned), config.refund_status) {
         Ok(refund) => {
             tracing::debug!(
                 refund = %refund.id,
                 charge = %refund.charge,
                 amount = refund.amount,
+                status = ?refund.status,
                 idempotency_key = key,
                 "refund recorded"
             );
@@ -111,4 +120,87 @@ pub(crate) async fn list_refunds(
         "has_more": page.has_more,
         "url": "/v1/refunds",
     })))
+}
+
+/// `GET /v1/refunds/{id}`: Stripe's refund as it stands now (a pending one
+/// shows its final status once settled). No faults, like the list.
+pub(crate) async fn retrieve_refund(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Refund>, ApiError> {
+    processing::api_key(&headers)?;
+    state
+        .ledger
+        .refund_by_id(&id)
+        .map(Json)
+        .ok_or_else(|| no_such_refund(&id))
+}
+
+fn no_such_refund(id: &str) -> ApiError {
+    ApiError::not_found(format!("No such refund: '{id}'"))
+        .with_code("resource_missing")
+        .with_param("id")
+}
+
+/// The body of `POST /_sandbox/refunds/{id}`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Settlement {
+    /// `succeeded`, `failed` or `canceled`.
+    status: RefundStatus,
+    /// A failed refund's `failure_reason` (default `unknown`).
+    #[serde(default)]
+    failure_reason: Option<String>,
+}
+
+/// `POST /_sandbox/refunds/{id}` with `{"status": "succeeded" | "failed" |
+/// "canceled", "failure_reason"?: ".."}`: settles a `pending` or
+/// `requires_action` refund as the provider later would (Stripe's test
+/// helpers). A failed or canceled refund gives its amount back to the
+/// charge. The refund's idempotent answer is left as it was.
+pub(crate) async fn settle_refund(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Refund>, ApiError> {
+    let body = body.map_err(|rejection| {
+        ApiError::invalid_request(format!("The request body could not be read: {rejection}"))
+    })?;
+    let settlement: Settlement = serde_json::from_slice(&body).map_err(|error| {
+        ApiError::invalid_request(format!("Invalid refund settlement: {error}"))
+            .with_param("status")
+    })?;
+    if settlement.failure_reason.is_some() && settlement.status != RefundStatus::Failed {
+        return Err(
+            ApiError::invalid_request("failure_reason is only for a refund that failed")
+                .with_param("failure_reason"),
+        );
+    }
+    let settled = state
+        .ledger
+        .settle_refund(&id, settlement.status, settlement.failure_reason)
+        .map_err(|refusal| match refusal {
+            SettleRefusal::NoSuchRefund => no_such_refund(&id),
+            SettleRefusal::AlreadyFinal(status) => ApiError::invalid_request(format!(
+                "Refund {id} is already {}.",
+                status_name(status)
+            ))
+            .with_param("status"),
+            SettleRefusal::NotFinal(status) => ApiError::invalid_request(format!(
+                "A refund is settled as succeeded, failed or canceled, not {}.",
+                status_name(status)
+            ))
+            .with_param("status"),
+        })?;
+    tracing::info!(refund = %settled.id, status = ?settled.status, "refund settled");
+    Ok(Json(settled))
+}
+
+/// A status as it is spelled on the wire.
+fn status_name(status: RefundStatus) -> String {
+    serde_json::to_value(status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{status:?}"))
 }

@@ -23,9 +23,11 @@ pub(crate) fn router(state: AppState) -> Router {
             "/v1/refunds",
             post(refunds::create_refund).get(refunds::list_refunds),
         )
+        .route("/v1/refunds/{id}", get(refunds::retrieve_refund))
         .route("/_sandbox/config", get(get_config).post(set_config))
         .route("/_sandbox/charges", get(list_charges))
         .route("/_sandbox/refunds", get(list_refunds))
+        .route("/_sandbox/refunds/{id}", post(refunds::settle_refund))
         .route("/_sandbox/stats", get(stats))
         .route("/_sandbox/reset", post(reset))
         .route("/healthz", get(health))

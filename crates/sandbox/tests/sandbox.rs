@@ -1098,6 +1098,241 @@ async fn refunds_are_listed_newest_first_by_charge() -> TestResult {
     Ok(())
 }
 
+impl TestSandbox {
+    /// `POST /_sandbox/refunds/{id}` with a JSON body: the status and body.
+    async fn settle_refund(
+        &self,
+        id: &str,
+        body: &str,
+    ) -> Result<(StatusCode, Value), Box<dyn std::error::Error + Send + Sync>> {
+        let response = self
+            .client
+            .post(self.url(&format!("/_sandbox/refunds/{id}")))
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await?;
+        Ok(body_json(response).await?)
+    }
+
+    /// The charge's `amount_refunded`, as the charge search shows it.
+    async fn amount_refunded(
+        &self,
+        order: &str,
+    ) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
+        let query = format!("metadata['order_id']:'{order}'");
+        let (_, found) = self
+            .get_v1("/v1/charges/search", &[("query", &query)])
+            .await?;
+        Ok(found["data"][0]["amount_refunded"].clone())
+    }
+}
+
+/// A refund made `pending` (the run-time `refund_status`) is answered
+/// pending, counts against its charge, reads back pending, and turns
+/// `succeeded` when settled through `/_sandbox/refunds/{id}`; its key still
+/// replays the first, pending answer byte for byte, as at Stripe.
+#[tokio::test]
+async fn a_pending_refund_settles_later_and_its_key_replays_the_first_answer() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    assert!(
+        sandbox
+            .set_config(json!({"refund_status": "pending"}))
+            .await?
+            .status()
+            .is_success()
+    );
+    let charge_id = sandbox.paid_charge(&[("metadata[order_id]", "p1")]).await?;
+    let form = [("charge", charge_id.as_str()), ("amount", "400")];
+    let first = sandbox.post_refund(&form, Some("pending-1")).await?;
+    assert_eq!(first.status(), StatusCode::OK);
+    let first_body = first.bytes().await?;
+    let refund: Value = serde_json::from_slice(&first_body)?;
+    assert_eq!(refund["status"], "pending");
+    assert_eq!(refund["failure_reason"], Value::Null);
+    let id = refund["id"].as_str().ok_or("no id")?.to_owned();
+    let path = format!("/v1/refunds/{id}");
+    let (status, read) = sandbox.get_v1(&path, &[]).await?;
+    assert_eq!(
+        (status, &read["status"]),
+        (StatusCode::OK, &json!("pending"))
+    );
+    // A pending refund counts against the charge, as at Stripe.
+    assert_eq!(sandbox.amount_refunded("p1").await?, 400);
+    let (status, too_large) = body_json(
+        sandbox
+            .post_refund(&[("charge", charge_id.as_str()), ("amount", "700")], None)
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(too_large["error"]["code"], "amount_too_large");
+
+    let (status, settled) = sandbox
+        .settle_refund(&id, r#"{"status":"succeeded"}"#)
+        .await?;
+    assert_eq!(
+        (status, &settled["status"]),
+        (StatusCode::OK, &json!("succeeded"))
+    );
+    let (_, read) = sandbox.get_v1(&path, &[]).await?;
+    assert_eq!(read["status"], "succeeded");
+    assert_eq!(sandbox.amount_refunded("p1").await?, 400);
+    let refunds = sandbox.refunds().await?;
+    assert_eq!(refunds[0]["status"], "succeeded");
+    // Final: it cannot be settled again.
+    let (status, again) = sandbox
+        .settle_refund(&id, r#"{"status":"canceled"}"#)
+        .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{again}");
+    assert_eq!(again["error"]["param"], "status");
+
+    let replay = sandbox.post_refund(&form, Some("pending-1")).await?;
+    assert!(is_replay(&replay));
+    assert_eq!(replay.bytes().await?, first_body);
+    assert_eq!(sandbox.stats().await?["refunds"], 1);
+    Ok(())
+}
+
+/// A `requires_action` refund canceled, and a pending one failed, give
+/// their amounts back to the charge; a refund made `canceled` or `failed`
+/// refunds nothing at all.
+#[tokio::test]
+async fn canceled_and_failed_refunds_give_the_amount_back() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig {
+        refund_status: payments_sandbox::RefundStatus::RequiresAction,
+        ..SandboxConfig::default()
+    })
+    .await?;
+    let charge_id = sandbox.paid_charge(&[("metadata[order_id]", "c1")]).await?;
+    let refund = |amount: &'static str| {
+        let form = [("charge", charge_id.clone()), ("amount", amount.to_owned())];
+        let sandbox = &sandbox;
+        async move {
+            let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            body_json(sandbox.post_refund(&form, None).await?).await
+        }
+    };
+    let (status, waiting) = refund("600").await?;
+    assert_eq!(
+        (status, &waiting["status"]),
+        (StatusCode::OK, &json!("requires_action"))
+    );
+    assert_eq!(sandbox.amount_refunded("c1").await?, 600);
+    let id = waiting["id"].as_str().ok_or("no id")?;
+    let (status, canceled) = sandbox
+        .settle_refund(id, r#"{"status":"canceled"}"#)
+        .await?;
+    assert_eq!(
+        (status, &canceled["status"]),
+        (StatusCode::OK, &json!("canceled"))
+    );
+    assert_eq!(canceled["failure_reason"], Value::Null);
+    assert_eq!(sandbox.amount_refunded("c1").await?, 0);
+
+    assert!(
+        sandbox
+            .set_config(json!({"refund_status": "pending"}))
+            .await?
+            .status()
+            .is_success()
+    );
+    let (_, pending) = refund("1000").await?;
+    let id = pending["id"].as_str().ok_or("no id")?;
+    let (status, failed) = sandbox
+        .settle_refund(
+            id,
+            r#"{"status":"failed","failure_reason":"expired_or_canceled_card"}"#,
+        )
+        .await?;
+    assert_eq!(
+        (status, &failed["status"]),
+        (StatusCode::OK, &json!("failed"))
+    );
+    assert_eq!(failed["failure_reason"], "expired_or_canceled_card");
+    assert_eq!(sandbox.amount_refunded("c1").await?, 0);
+
+    for (made, reason) in [("canceled", Value::Null), ("failed", json!("unknown"))] {
+        assert!(
+            sandbox
+                .set_config(json!({"refund_status": made}))
+                .await?
+                .status()
+                .is_success()
+        );
+        let (status, refund) = refund("1000").await?;
+        assert_eq!((status, &refund["status"]), (StatusCode::OK, &json!(made)));
+        assert_eq!(refund["failure_reason"], reason);
+        assert_eq!(
+            sandbox.amount_refunded("c1").await?,
+            0,
+            "{made} refunds nothing"
+        );
+    }
+    assert_eq!(sandbox.refunds().await?.len(), 4);
+    Ok(())
+}
+
+/// Settling is validated: an unknown refund is a 404, a status that is not
+/// final or not a status, a body that is not JSON, and a failure reason
+/// for anything but a failure are 400s; an unknown id reads back 404
+/// `resource_missing`, and a bad `refund_status` is refused.
+#[tokio::test]
+async fn refund_settlements_and_reads_are_validated() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let (status, missing) = sandbox
+        .settle_refund("re_nope", r#"{"status":"succeeded"}"#)
+        .await?;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{missing}");
+    assert_eq!(missing["error"]["code"], "resource_missing");
+    let (status, missing) = sandbox.get_v1("/v1/refunds/re_nope", &[]).await?;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(missing["error"]["code"], "resource_missing");
+    assert!(
+        sandbox
+            .set_config(json!({"refund_status": "pending"}))
+            .await?
+            .status()
+            .is_success()
+    );
+    let charge_id = sandbox.paid_charge(&[]).await?;
+    let (_, pending) = body_json(
+        sandbox
+            .post_refund(&[("charge", charge_id.as_str())], None)
+            .await?,
+    )
+    .await?;
+    let id = pending["id"].as_str().ok_or("no id")?;
+    for body in [
+        r#"{"status":"pending"}"#,
+        r#"{"status":"requires_action"}"#,
+        r#"{"status":"done"}"#,
+        r#"{"status":"succeeded","failure_reason":"declined"}"#,
+        r#"{"status":"succeeded","extra":1}"#,
+        "not json",
+    ] {
+        let (status, refused) = sandbox.settle_refund(id, body).await?;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {refused}");
+        assert_eq!(refused["error"]["type"], "invalid_request_error", "{body}");
+    }
+    let (_, read) = sandbox.get_v1(&format!("/v1/refunds/{id}"), &[]).await?;
+    assert_eq!(
+        read["status"], "pending",
+        "a refused settlement changes nothing"
+    );
+    let unauthenticated = sandbox
+        .client
+        .get(sandbox.url(&format!("/v1/refunds/{id}")))
+        .send()
+        .await?;
+    assert_eq!(unauthenticated.status(), StatusCode::UNAUTHORIZED);
+    let refused = sandbox
+        .set_config(json!({"refund_status": "later"}))
+        .await?;
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    Ok(())
+}
+
 /// The index lags like Stripe's: a charge searched for at once is not found,
 /// and is found once the lag has passed.
 #[tokio::test]
@@ -1237,7 +1472,7 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
     assert_eq!(
         current,
         json!({"latency_ms": 5, "error_rate": 0.0, "hang": false, "drop_after_charge": false,
-               "key_retention_secs": 86400, "search_lag_ms": 0})
+               "key_retention_secs": 86400, "search_lag_ms": 0, "refund_status": "succeeded"})
     );
 
     for bad in [
@@ -1261,7 +1496,7 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
     let (status, body) = body_json(sandbox.set_config(json!({"error_rate": 0.25})).await?).await?;
     assert_eq!(status, StatusCode::OK);
     let expected = json!({"latency_ms": 0, "error_rate": 0.25, "hang": false, "drop_after_charge": false,
-               "key_retention_secs": 86400, "search_lag_ms": 0});
+               "key_retention_secs": 86400, "search_lag_ms": 0, "refund_status": "succeeded"});
     assert_eq!(body, expected);
     assert_eq!(sandbox.get_json("/_sandbox/config").await?, expected);
     Ok(())

@@ -56,18 +56,22 @@ pub(crate) enum Guard {
     Any,
     /// Only one still `pending`: a driver that lost its record, a keyless charge.
     Pending,
-    /// Only one still `unknown`: reconciliation.
-    Unknown,
+    /// Only one still `unknown`, or `pending` at the provider (it answered
+    /// `pending` with its id, `provider_id`: a refund): reconciliation.
+    Unsettled,
 }
 
 impl Guard {
-    const ALL: [Guard; 3] = [Guard::Any, Guard::Pending, Guard::Unknown];
+    const ALL: [Guard; 3] = [Guard::Any, Guard::Pending, Guard::Unsettled];
 
-    fn condition(self) -> &'static str {
+    /// The condition on a row whose provider id column is `provider_id`.
+    fn condition(self, provider_id: &str) -> String {
         match self {
-            Self::Any => "",
-            Self::Pending => " AND status = 'pending'",
-            Self::Unknown => " AND status = 'unknown'",
+            Self::Any => String::new(),
+            Self::Pending => " AND status = 'pending'".to_owned(),
+            Self::Unsettled => format!(
+                " AND (status = 'unknown' OR (status = 'pending' AND {provider_id} IS NOT NULL))"
+            ),
         }
     }
 }
@@ -102,6 +106,15 @@ fn keyset(alias: &str, table: &str) -> [(String, &'static str); 3] {
 /// them, then its three times.
 const REFUND_COLUMNS: &str = "id, charge_id, customer_id, amount_cents, currency, reason, \
      metadata, status, provider_key, created_at, updated_at, provider_called_at";
+
+/// A refund the provider answered `pending` (with its id), which
+/// reconciliation polls until it is final.
+const PENDING_AT_PROVIDER: &str = "(r.status = 'pending' AND r.gateway_refund_id IS NOT NULL)";
+
+/// Reconciliation's order: least recently looked at (or, never looked at,
+/// unsettled) first, so that what a pass cannot settle goes behind the rest.
+const LEAST_RECENTLY_LOOKED_AT: &str = "ORDER BY COALESCE(looked_at, updated_at), id";
+const LEAST_RECENTLY_LOOKED_AT_R: &str = "ORDER BY COALESCE(r.looked_at, r.updated_at), r.id";
 
 /// The columns a claim writes to a new `idempotent_requests` row.
 const NEW_RECORD_COLUMNS: &str = "idempotency_key, route, customer_id, request_hash, state, \
@@ -138,6 +151,7 @@ pub(crate) struct Statements {
     refunded: String,
     unreserve: String,
     provider_called: [String; 2],
+    looked_at: [String; 2],
     claim_expired: String,
     candidate: String,
     lease_by_id: String,
@@ -234,14 +248,14 @@ impl Statements {
                 r(&format!(
                     "UPDATE charges SET status = $1, gateway_charge_id = $2, \
                      decline_code = $3, updated_at = {{now}} WHERE id = $4{}",
-                    guard.condition()
+                    guard.condition("gateway_charge_id")
                 ))
             }),
             settle_refund: Guard::ALL.map(|guard| {
                 r(&format!(
                     "UPDATE refunds SET status = $1, gateway_refund_id = $2, \
                      failure_code = $3, updated_at = {{now}} WHERE id = $4{}",
-                    guard.condition()
+                    guard.condition("gateway_refund_id")
                 ))
             }),
             // The abandoned answer of a reconciled operation becomes its
@@ -259,13 +273,14 @@ impl Statements {
             ),
             unsettled_charges: r(&format!(
                 "SELECT {CHARGE_ROW}, {} AS lag_passed FROM charges \
-                 WHERE status = 'unknown' ORDER BY updated_at LIMIT {{p}}",
+                 WHERE status = 'unknown' {LEAST_RECENTLY_LOOKED_AT} LIMIT {{p}}",
                 D::flag("provider_called_at <= {now} - {ms}")
             )),
             unsettled_refunds: r(&format!(
                 "SELECT {REFUND_ROW}, {} AS lag_passed \
                  FROM refunds r JOIN charges c ON c.id = r.charge_id \
-                 WHERE r.status = 'unknown' ORDER BY r.updated_at LIMIT {{p}}",
+                 WHERE (r.status = 'unknown' OR {PENDING_AT_PROVIDER}) \
+                 {LEAST_RECENTLY_LOOKED_AT_R} LIMIT {{p}}",
                 D::flag("r.provider_called_at <= {now} - {ms}")
             )),
             refunded: r(
@@ -279,6 +294,11 @@ impl Statements {
             provider_called: ["charges", "refunds"].map(|table| {
                 r(&format!(
                     "UPDATE {table} SET provider_called_at = {{now}} WHERE id = $1"
+                ))
+            }),
+            looked_at: ["charges", "refunds"].map(|table| {
+                r(&format!(
+                    "UPDATE {table} SET looked_at = {{now}} WHERE id = $1"
                 ))
             }),
             // The candidate is picked, then re-checked as it is once locked.
@@ -1036,7 +1056,7 @@ sql_impl! {#[async_trait] Store for {
         let rewrite = &self.sql.rewrite_abandoned[usize::from(matches!(outcome, Outcome::Refund(_)))];
         run(|| async {
             let mut tx = self.begin_write().await?;
-            if self.settle_in(&mut *tx, outcome, Guard::Unknown).await? == 0 {
+            if self.settle_in(&mut *tx, outcome, Guard::Unsettled).await? == 0 {
                 tx.rollback().await?;
                 return Ok(false);
             }
@@ -1046,6 +1066,11 @@ sql_impl! {#[async_trait] Store for {
             Ok(true)
         })
         .await
+    }
+
+    async fn looked_at(&self, operation: &Operation) -> Result<(), StoreError> {
+        let sql = &self.sql.looked_at[usize::from(matches!(operation, Operation::Refund(_)))];
+        run(|| self.write(Self::q(sql).bind(operation.id()))).await.map(drop)
     }
 
     async fn provider_called(&self, operation: &Operation) -> Result<(), StoreError> {
