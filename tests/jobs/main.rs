@@ -2,6 +2,7 @@
 //! sandbox, and `payments-jobs` as a process.
 #![allow(clippy::unwrap_used)]
 
+mod lag;
 mod pruner;
 mod reaper;
 mod reconciler;
