@@ -94,8 +94,8 @@ impl Reconciler {
         let store = self.service.store();
         // The lag runs from when the provider could last have acted on the
         // last call: its send time plus the provider's own time.
-        let lag =
-            (self.service.policy().provider_acts_within).saturating_add(self.settings.search_lag);
+        let acts_within = self.service.policy().provider_acts_within;
+        let lag = acts_within.saturating_add(self.settings.search_lag);
         let unsettled = store.unsettled(lag, self.settings.batch).await?;
         let mut report = ReconcileReport::default();
         let mut progress = Progress::start("reconcile", self.settings.progress);
