@@ -339,3 +339,75 @@ async fn a_search_lag_below_the_provider_max_processing_is_refused_at_start() {
         "{stderr}"
     );
 }
+
+/// The gateway's list confirmation against the sandbox: it finds our
+/// charge however far Search lags, only inside the `created` window, and
+/// a failed read is never taken for "not found".
+#[tokio::test]
+async fn the_charge_list_lookup_finds_in_its_window_and_a_failed_read_concludes_nothing() {
+    use payments_domain::provider::{CreatedWindow, Gateway, Lookup, ProviderOutcome};
+    use payments_gateway::HttpGateway;
+
+    let sandbox = payments_sandbox::SandboxHandle::start(SandboxConfig {
+        search_lag_ms: 3_600_000,
+        ..SandboxConfig::default()
+    })
+    .await
+    .unwrap();
+    let http = reqwest::Client::new();
+    let mut made = None;
+    for id in ["ch_ours", "ch_newer"] {
+        let charge: serde_json::Value = http
+            .post(format!("{}/v1/charges", sandbox.url()))
+            .bearer_auth("sk_test_sandbox")
+            .form(&[
+                ("amount", "100"),
+                ("currency", "gbp"),
+                ("source", "tok_visa"),
+                ("metadata[payments_charge_id]", id),
+            ])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        made.get_or_insert(charge);
+    }
+    let ours = made.unwrap();
+    let created = ours["created"].as_i64().unwrap();
+    let gateway =
+        HttpGateway::new(&sandbox.url(), "sk_test_sandbox", Duration::from_secs(5)).unwrap();
+    assert_eq!(
+        gateway.find_charge("ch_ours").await,
+        Lookup::NotFound,
+        "Search lags"
+    );
+    let around = CreatedWindow {
+        from: created - 300,
+        to: created + 300,
+    };
+    assert_eq!(
+        gateway.find_charge_listed("ch_ours", around).await,
+        Lookup::Found(ProviderOutcome::Succeeded {
+            provider_id: ours["id"].as_str().unwrap().to_owned()
+        })
+    );
+    let before = CreatedWindow {
+        from: created - 600,
+        to: created - 1,
+    };
+    assert_eq!(
+        gateway.find_charge_listed("ch_ours", before).await,
+        Lookup::NotFound
+    );
+    // A read the provider refuses (here our key) concludes nothing.
+    let refused = HttpGateway::new(&sandbox.url(), "", Duration::from_secs(5)).unwrap();
+    assert!(
+        matches!(
+            refused.find_charge_listed("ch_ours", around).await,
+            Lookup::Unknown { .. }
+        ),
+        "a failed read is not \"not found\""
+    );
+}
