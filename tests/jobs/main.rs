@@ -2,6 +2,7 @@
 //! sandbox, and `payments-jobs` as a process.
 #![allow(clippy::unwrap_used)]
 
+mod lag;
 mod pending_refunds;
 mod pruner;
 mod reaper;

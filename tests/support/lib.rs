@@ -694,6 +694,8 @@ pub struct AppOptions {
     /// `RATE_LIMIT_PER_MINUTE` and `RATE_LIMIT_BURST`: off (0) unless a
     /// test sets it, set explicitly so the default never throttles a test.
     pub rate_limit: (u32, u32),
+    /// `PROVIDER_MAX_PROCESSING`; `None`: its default.
+    pub provider_max_processing: Option<Duration>,
 }
 
 impl Default for AppOptions {
@@ -708,6 +710,7 @@ impl Default for AppOptions {
             http: payments_api::server::HttpTimeouts::default(),
             replay_cache: true,
             rate_limit: (0, 0),
+            provider_max_processing: None,
         }
     }
 }
@@ -765,6 +768,9 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
     .settings;
     settings.core.gateway.gateway_timeout = options.gateway_timeout;
     settings.core.gateway.lease = options.lease;
+    if let Some(processing) = options.provider_max_processing {
+        settings.core.gateway.provider_max_processing = processing;
+    }
     settings.core.charges.idempotency_ttl = options.ttl;
     settings.idempotency_key_mode = options.key_mode;
     settings.http = options.http;

@@ -97,6 +97,7 @@ impl Settings {
             ttl: self.charges.idempotency_ttl,
             max_amount_cents: self.charges.max_amount_cents,
             redrive_limit: self.gateway.redrive_limit(),
+            provider_acts_within: self.gateway.provider_acts_within(),
         }
     }
 }

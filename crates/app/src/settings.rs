@@ -254,6 +254,12 @@ pub struct GatewayArgs {
     /// just inside the limit can reach the provider.
     #[arg(long, env = "PROVIDER_KEY_MARGIN", default_value = "1h", value_parser = humantime::parse_duration)]
     pub provider_key_margin: Duration,
+    /// How long the provider may still act on a call after we stop waiting
+    /// for it (GATEWAY_TIMEOUT bounds only our wait). Reconciliation counts
+    /// its search lag from a call's send time plus GATEWAY_TIMEOUT plus
+    /// this; RECONCILE_SEARCH_LAG must be at least this long.
+    #[arg(long, env = "PROVIDER_MAX_PROCESSING", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub provider_max_processing: Duration,
 }
 
 /// The sandbox's secret key; refused next to a real provider.
@@ -267,10 +273,24 @@ impl GatewayArgs {
             .saturating_sub(self.provider_key_margin)
     }
 
+    /// How long after a call was sent the provider may still act on it:
+    /// GATEWAY_TIMEOUT plus PROVIDER_MAX_PROCESSING.
+    pub fn provider_acts_within(&self) -> Duration {
+        self.gateway_timeout
+            .saturating_add(self.provider_max_processing)
+    }
+
     /// The lease, timeout and key-retention rules.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.gateway_timeout.is_zero() {
             return Err("GATEWAY_TIMEOUT must be greater than 0".into());
+        }
+        if self.provider_max_processing.is_zero() {
+            return Err(
+                "PROVIDER_MAX_PROCESSING must be greater than 0: a provider may go on \
+                 processing a call after we stop waiting for it"
+                    .into(),
+            );
         }
         let least_margin = self.lease + self.gateway_timeout;
         if self.provider_key_margin < least_margin {
@@ -463,6 +483,16 @@ mod tests {
         assert!(wide.gateway.validate().is_err());
         let short = parse(&["--provider-key-retention=10m", "--provider-key-margin=1m"]);
         assert_eq!(short.gateway.redrive_limit(), Duration::from_secs(540));
+    }
+
+    #[test]
+    fn the_provider_may_act_after_we_stop_waiting() {
+        let ok = parse(&["--gateway-timeout=2s", "--provider-max-processing=1m"]);
+        assert!(ok.gateway.validate().is_ok());
+        assert_eq!(ok.gateway.provider_acts_within(), Duration::from_secs(62));
+        let none = parse(&["--provider-max-processing=0s"]);
+        let refused = none.gateway.validate().expect_err("refused").0;
+        assert!(refused.contains("PROVIDER_MAX_PROCESSING"), "{refused}");
     }
 
     #[test]

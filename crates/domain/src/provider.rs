@@ -114,8 +114,13 @@ pub enum Doubt {
     /// No connection could be made: the request was not sent.
     Unreachable,
     /// The provider answered, with an error or something unreadable
-    /// (a 5xx, a 429, our own call still running there).
+    /// (a 5xx, a 429).
     ProviderError,
+    /// The provider answered that an earlier call under the same key is
+    /// still running there (Stripe's 409 `idempotency_error`): it may still
+    /// make the charge or refund. Never a reason to give up on the
+    /// operation; the time of this answer restarts its search lag.
+    InFlight,
 }
 
 impl Doubt {
@@ -138,6 +143,10 @@ impl Doubt {
                 "the payment provider answered with an error, so the outcome is unknown; retry \
                  with the same idempotency key, which never charges twice"
             }
+            Self::InFlight => {
+                "the payment provider is still processing this operation, so the outcome is not \
+                 known yet; retry with the same idempotency key, which never charges twice"
+            }
         }
     }
 
@@ -148,6 +157,7 @@ impl Doubt {
             Self::Dropped => "dropped",
             Self::Unreachable => "unreachable",
             Self::ProviderError => "provider_error",
+            Self::InFlight => "in_flight",
         }
     }
 }
@@ -165,6 +175,14 @@ pub enum Lookup {
     Unknown { reason: String },
 }
 
+/// Bounds on the provider's `created` time of an object, in Unix seconds,
+/// both included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreatedWindow {
+    pub from: i64,
+    pub to: i64,
+}
+
 /// The payment provider.
 #[async_trait]
 pub trait Gateway: Send + Sync + std::fmt::Debug {
@@ -179,6 +197,13 @@ pub trait Gateway: Send + Sync + std::fmt::Debug {
     /// The provider's charge whose metadata names our `charge_id` (Stripe's
     /// Search API, which lags behind the provider's writes).
     async fn find_charge(&self, charge_id: &str) -> Lookup;
+
+    /// The same, read from the provider's charge list (Stripe's
+    /// `GET /v1/charges`, which does not lag as its Search may) among the
+    /// charges created within `created` (Unix seconds, both ends included),
+    /// every page of it. `NotFound` only once the last page was read; a
+    /// failed or incomplete read is `Unknown`.
+    async fn find_charge_listed(&self, charge_id: &str, created: CreatedWindow) -> Lookup;
 
     /// The provider's refund of `gateway_charge_id` whose metadata names our
     /// `refund_id` (Stripe's refund list of the charge: Stripe's Search API

@@ -32,7 +32,8 @@ use crate::idempotency::{
 use crate::limits::{RATE_LIMITED_TOTAL, RateLimit};
 use crate::list::{self, ChargeQuery, Cursor, List};
 use crate::provider::{
-    Doubt, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest,
+    CreatedWindow, Doubt, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome,
+    ProviderRefundRequest,
 };
 use crate::refund::{Refund, RefundRequest};
 use crate::store::{
@@ -78,6 +79,11 @@ pub struct Policy {
     /// The provider's key retention minus the margin: a record claimed
     /// longer ago than this is never re-driven, only abandoned.
     pub redrive_limit: Duration,
+    /// How long after a provider call was sent the provider may still act
+    /// on it: `GATEWAY_TIMEOUT` (we wait at most that) plus
+    /// `PROVIDER_MAX_PROCESSING` (it may go on after we stop waiting).
+    /// Reconciliation counts its search lag from the end of it.
+    pub provider_acts_within: Duration,
 }
 
 /// Why a charge or refund request got no stored answer. None of these is
@@ -166,6 +172,11 @@ pub const NOT_MADE: [&str; 2] = ["charge_not_made", "refund_not_made"];
 /// The code of the stored 400 answer when the provider refused the request
 /// itself (Stripe's `invalid_request_error`).
 pub const PROVIDER_REJECTED: &str = "provider_rejected_request";
+
+/// Allowance for the difference between the provider's clock (its
+/// objects' `created`) and the database's, on each side of the window a
+/// charge is looked for in the provider's list.
+pub const PROVIDER_CLOCK_MARGIN: Duration = Duration::from_secs(5 * 60);
 
 /// A final answer: fresh, or replayed from the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -578,6 +589,15 @@ impl ChargeService {
                 if on_unknown == OnUnknown::ReleaseLease {
                     self.store.release(record_id, lease_token).await?;
                 }
+                if doubt == Doubt::InFlight {
+                    // The provider is still working on our key now: its
+                    // search lag restarts from this answer. Failing that,
+                    // it runs from this call's send, stamped before it,
+                    // which GATEWAY_TIMEOUT in the lag covers.
+                    if let Err(e) = self.store.provider_called(&operation).await {
+                        tracing::warn!(%record_id, operation = operation.id(), error = %e, "stamping the in-flight answer failed");
+                    }
+                }
                 return Err(ChargeError::ProviderUnavailable { doubt, reason });
             }
         };
@@ -739,8 +759,47 @@ impl ChargeService {
             Lookup::NotFound => match unsettled.lag_passed {
                 None => Decision::NeedsPerson,
                 Some(false) => Decision::Lagging,
-                Some(true) => not_made(&unsettled.operation),
+                Some(true) => self.confirmed_not_made(&unsettled.operation).await,
             },
+        }
+    }
+
+    /// A charge Search does not show, its lag past, is looked for once more
+    /// in the provider's charge list (Search can lag by far more than its
+    /// usual minute during an outage), among the charges created from its
+    /// first call to when the provider could last have acted on its last
+    /// one, with a clock margin each side. Only a whole read that does not
+    /// find it concludes "not made". A refund's lookup is already a list.
+    async fn confirmed_not_made(&self, operation: &Operation) -> Decision {
+        let Operation::Charge(charge) = operation else {
+            return not_made(operation);
+        };
+        let margin = chrono::Duration::from_std(PROVIDER_CLOCK_MARGIN).unwrap_or_default();
+        let acts_within = chrono::Duration::from_std(self.policy.provider_acts_within)
+            .unwrap_or(chrono::Duration::MAX);
+        // The last provider call was sent before the charge was last
+        // written (made unknown).
+        let latest = charge
+            .updated_at
+            .checked_add_signed(acts_within)
+            .and_then(|t| t.checked_add_signed(margin))
+            .map_or(i64::MAX, |t| t.timestamp().saturating_add(1));
+        let created = CreatedWindow {
+            from: charge
+                .created_at
+                .checked_sub_signed(margin)
+                .map_or(0, |t| t.timestamp()),
+            to: latest,
+        };
+        match self.gateway.find_charge_listed(&charge.id, created).await {
+            Lookup::NotFound => not_made(operation),
+            Lookup::Found(found) => match settle(operation, found) {
+                Ok((outcome, answer)) => Decision::Settle { outcome, answer },
+                Err((_, reason)) => Decision::LookupFailed(reason),
+            },
+            Lookup::Unknown { reason } => Decision::LookupFailed(format!(
+                "Search does not show it, and the charge list could not confirm that: {reason}"
+            )),
         }
     }
 

@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use payments_domain::provider::{
-    Doubt, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest,
+    CreatedWindow, Doubt, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome,
+    ProviderRefundRequest,
 };
 use secrecy::{ExposeSecret, SecretString};
 
@@ -50,6 +51,13 @@ mod wire {
     #[derive(Debug, Deserialize)]
     pub struct Page {
         pub data: Vec<Object>,
+    }
+
+    /// A page of `GET /v1/charges`, and whether more follow it.
+    #[derive(Debug, Deserialize)]
+    pub struct ChargeList {
+        pub data: Vec<Object>,
+        pub has_more: bool,
     }
 
     #[derive(Debug, Deserialize)]
@@ -157,6 +165,10 @@ impl Gateway for HttpGateway {
             .await
     }
 
+    async fn find_charge_listed(&self, charge_id: &str, created: CreatedWindow) -> Lookup {
+        self.list_charges_for(charge_id, created).await
+    }
+
     async fn find_refund(&self, gateway_charge_id: &str, refund_id: &str) -> Lookup {
         let url = format!("{}/v1/refunds", self.base_url);
         let query = [("charge", gateway_charge_id), ("limit", "100")];
@@ -210,7 +222,87 @@ impl Gateway for HttpGateway {
     }
 }
 
+/// The most pages of `GET /v1/charges` one confirmation reads (100,000
+/// charges): past it the read is incomplete, and nothing is concluded.
+pub const MAX_LIST_PAGES: usize = 1000;
+
 impl HttpGateway {
+    /// Our charge in the provider's charge list: every page of the charges
+    /// created within `created`, 100 a page, newest first, each page after
+    /// the last id of the one before (`starting_after`), until `has_more`
+    /// is false. Any failed, unreadable or endless read is `Unknown`.
+    async fn list_charges_for(&self, charge_id: &str, created: CreatedWindow) -> Lookup {
+        let url = format!("{}/v1/charges", self.base_url);
+        let (from, to) = (created.from.to_string(), created.to.to_string());
+        let key = "payments_charge_id";
+        let mut after: Option<String> = None;
+        for _ in 0..MAX_LIST_PAGES {
+            let mut query = vec![
+                ("created[gte]", from.as_str()),
+                ("created[lte]", to.as_str()),
+                ("limit", "100"),
+            ];
+            if let Some(after) = &after {
+                query.push(("starting_after", after.as_str()));
+            }
+            let page = match self.get::<wire::ChargeList>(&url, &query).await {
+                Ok(page) => page,
+                Err(reason) => return Lookup::Unknown { reason },
+            };
+            let last = page.data.last().map(|o| o.id.clone());
+            let ours = page
+                .data
+                .into_iter()
+                .find(|o| o.metadata.get(key).map(String::as_str) == Some(charge_id));
+            if let Some(object) = ours {
+                return judged(object);
+            }
+            if !page.has_more {
+                return Lookup::NotFound;
+            }
+            match last {
+                Some(last) if after.as_deref() != Some(last.as_str()) => after = Some(last),
+                _ => {
+                    return Lookup::Unknown {
+                        reason: "the provider's charge list says it has more but gives no \
+                                 new page: the read is incomplete"
+                            .to_owned(),
+                    };
+                }
+            }
+        }
+        Lookup::Unknown {
+            reason: format!(
+                "more than {MAX_LIST_PAGES} pages of charges in the window: the read is \
+                 incomplete"
+            ),
+        }
+    }
+
+    /// A GET of `url` with `query`, its 2xx body decoded; `Err` with why not.
+    async fn get<T: serde::de::DeserializeOwned>(
+        &self,
+        url: &str,
+        query: &[(&str, &str)],
+    ) -> Result<T, String> {
+        let mut url = reqwest::Url::parse(url).map_err(|e| format!("bad provider URL: {e}"))?;
+        url.query_pairs_mut().extend_pairs(query);
+        let response = self
+            .client
+            .get(url)
+            .bearer_auth(self.secret_key.expose_secret())
+            .send()
+            .await
+            .map_err(|e| format!("provider lookup failed: {e}"))?;
+        if !response.status().is_success() {
+            return Err(format!("provider lookup answered {}", response.status()));
+        }
+        response
+            .json::<T>()
+            .await
+            .map_err(|e| format!("unreadable provider page: {e}"))
+    }
+
     /// A GET of a search or a list, and the object whose
     /// `metadata[payments_{what}_id]` is `id`, judged as a final answer.
     async fn find(&self, url: &str, query: &[(&str, &str)], (what, id): (&str, &str)) -> Lookup {
@@ -332,6 +424,28 @@ impl HttpGateway {
     }
 }
 
+/// What a provider charge found by our id says: final when `succeeded`
+/// or `failed`, else not yet known.
+fn judged(object: wire::Object) -> Lookup {
+    match object.status.as_str() {
+        "succeeded" => Lookup::Found(ProviderOutcome::Succeeded {
+            provider_id: object.id,
+        }),
+        "failed" => Lookup::Found(ProviderOutcome::Declined {
+            code: object
+                .failure_code
+                .or(object.failure_reason)
+                .unwrap_or_else(|| "failed".to_owned()),
+            decline_code: None,
+            message: format!("the provider's {} failed", object.id),
+            provider_id: Some(object.id),
+        }),
+        other => Lookup::Unknown {
+            reason: format!("the provider's {} is {other:?}, not final", object.id),
+        },
+    }
+}
+
 /// Why a call that got no whole answer is in doubt: a timeout, a connection
 /// that could not be made, or one lost after the request went out.
 fn doubt_of(e: &reqwest::Error) -> Doubt {
@@ -413,6 +527,19 @@ pub fn classify(status: u16, body: &[u8]) -> ProviderOutcome {
                 reason: format!("provider answered 400: {}", String::from_utf8_lossy(body)),
             },
         },
+        // Stripe's answer to a key whose first request is still running:
+        // the provider may still act on it.
+        409 if serde_json::from_slice::<wire::ErrorEnvelope>(body)
+            .is_ok_and(|e| e.error.kind.as_deref() == Some("idempotency_error")) =>
+        {
+            ProviderOutcome::Unknown {
+                doubt: Doubt::InFlight,
+                reason: format!(
+                    "the provider is still processing an earlier call under this key: {}",
+                    String::from_utf8_lossy(body)
+                ),
+            }
+        }
         _ => {
             let detail = serde_json::from_slice::<wire::ErrorEnvelope>(body)
                 .ok()
@@ -490,6 +617,49 @@ mod tests {
             assert!(
                 matches!(classify(status, body), ProviderOutcome::Unknown { .. }),
                 "{status}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_key_still_in_flight_is_its_own_doubt() {
+        let in_flight = classify(
+            409,
+            br#"{"error":{"type":"idempotency_error","message":"another request is in progress"}}"#,
+        );
+        assert!(
+            matches!(
+                in_flight,
+                ProviderOutcome::Unknown {
+                    doubt: Doubt::InFlight,
+                    ..
+                }
+            ),
+            "{in_flight:?}"
+        );
+        // Another 409, or an idempotency error that is not a 409 (a
+        // parameter mismatch), is not an in-flight answer.
+        for (status, body) in [
+            (
+                409,
+                &br#"{"error":{"type":"api_error","message":"conflict"}}"#[..],
+            ),
+            (409, b"not json"),
+            (
+                400,
+                br#"{"error":{"type":"idempotency_error","message":"mismatch"}}"#,
+            ),
+        ] {
+            let other = classify(status, body);
+            assert!(
+                matches!(
+                    other,
+                    ProviderOutcome::Unknown {
+                        doubt: Doubt::ProviderError,
+                        ..
+                    }
+                ),
+                "{status}: {other:?}"
             );
         }
     }

@@ -9,7 +9,8 @@
 //! provider that already charged replays that charge instead of charging
 //! again. Provider unreachable: the record keeps the reaper's lease until it
 //! expires and the next pass tries again. Only past `abandon_after` does the
-//! reaper give up and mark it for reconciliation.
+//! reaper give up and mark it for reconciliation, and never on the
+//! provider's answer that our key is still in flight there.
 //!
 //! A record claimed longer ago than the provider's key retention minus the
 //! margin is never re-driven (the provider may have forgotten the key, and
@@ -22,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use payments_domain::idempotency::IdempotencyRecord;
+use payments_domain::provider::Doubt;
 use payments_domain::service::{ABANDONED_TOTAL, ChargeError, ChargeService, OnUnknown};
 use payments_domain::store::{ClaimAge, NewLease, Operation, Store, StoreError};
 use payments_domain::time;
@@ -41,8 +43,8 @@ pub struct ReapReport {
     pub abandoned: u64,
     /// Finished by another driver (an API retry) while the reaper drove it.
     pub finished_by_other: u64,
-    /// Provider still unreachable, or another driver holds the record now;
-    /// left for the next pass or that driver.
+    /// Provider still unreachable or still processing our key, or another
+    /// driver holds the record now; left for the next pass or that driver.
     pub left: u64,
     /// Failed for another reason (database error, missing charge).
     pub failed: u64,
@@ -250,6 +252,16 @@ impl Reaper {
                     "reaped: finished with the provider's outcome"
                 );
                 Handled::Reaped
+            }
+            // The provider is still processing our key: it may yet make the
+            // charge or refund, so this is never a reason to give up, however
+            // old the record (the key-retention guard still applies).
+            Err(ChargeError::ProviderUnavailable {
+                doubt: Doubt::InFlight,
+                reason,
+            }) => {
+                tracing::warn!(record_id = %record.id, operation = %id, %reason, "the provider is still processing this key; left for the next pass, never abandoned for it");
+                Handled::Left
             }
             Err(ChargeError::ProviderUnavailable { reason, .. }) => {
                 // The record's age is the database's, read when it was taken.

@@ -106,9 +106,11 @@ impl Reconciler {
 
     async fn pass(&self, apply: bool) -> Result<ReconcileReport, StoreError> {
         let store = self.service.store();
-        let unsettled = store
-            .unsettled(self.settings.search_lag, self.settings.batch)
-            .await?;
+        // The lag runs from when the provider could last have acted on the
+        // last call: its send time plus the provider's own time.
+        let acts_within = self.service.policy().provider_acts_within;
+        let lag = acts_within.saturating_add(self.settings.search_lag);
+        let unsettled = store.unsettled(lag, self.settings.batch).await?;
         let mut report = ReconcileReport::default();
         let mut progress = Progress::start("reconcile", self.settings.progress);
         progress.set_total(Some(unsettled.len() as u64));

@@ -44,10 +44,12 @@ pub struct JobArgs {
     /// and at least 25 ms on SQLite so the API's writes get in.
     #[arg(long, env = "PRUNE_PAUSE", value_parser = humantime::parse_duration)]
     pub prune_pause: Option<Duration>,
-    /// How long after its last provider call an unknown charge or refund
-    /// may still be missing from the provider's search; only past it does
-    /// reconciliation conclude "not made" (Stripe's search usually lags
-    /// under a minute, longer during incidents).
+    /// How long after the provider could last have acted on its last call
+    /// (the call's send time plus GATEWAY_TIMEOUT plus
+    /// PROVIDER_MAX_PROCESSING) an unknown charge or refund may still be
+    /// missing from the provider's search; only past it does reconciliation
+    /// conclude "not made" (Stripe's search usually lags under a minute,
+    /// longer during incidents). At least PROVIDER_MAX_PROCESSING.
     #[arg(long, env = "RECONCILE_SEARCH_LAG", default_value = "5m", value_parser = humantime::parse_duration)]
     pub reconcile_search_lag: Duration,
     /// How often `run` reconciles.
@@ -132,6 +134,14 @@ impl JobArgs {
                 humantime::format_duration(gateway.provider_key_retention)
             )));
         }
+        if self.reconcile_search_lag < gateway.provider_max_processing {
+            return Err(ConfigError(format!(
+                "RECONCILE_SEARCH_LAG ({}) must be at least PROVIDER_MAX_PROCESSING ({}): an \
+                 operation the provider is still making must not be concluded \"not made\"",
+                humantime::format_duration(self.reconcile_search_lag),
+                humantime::format_duration(gateway.provider_max_processing)
+            )));
+        }
         if self.reap_every.is_zero() || self.prune_every.is_zero() || self.reconcile_every.is_zero()
         {
             return Err(
@@ -178,5 +188,21 @@ mod tests {
         let long = refused(&["--abandon-after=23h"]).expect("refused");
         assert!(long.contains("PROVIDER_KEY_RETENTION"), "{long}");
         assert_eq!(refused(&["--abandon-after=22h59m"]), None);
+    }
+
+    #[test]
+    fn the_search_lag_is_at_least_the_provider_max_processing() {
+        let short = refused(&["--reconcile-search-lag=0s"]).expect("refused");
+        assert!(
+            short.contains("RECONCILE_SEARCH_LAG") && short.contains("PROVIDER_MAX_PROCESSING"),
+            "{short}"
+        );
+        let below = refused(&["--reconcile-search-lag=2m", "--provider-max-processing=3m"])
+            .expect("refused");
+        assert!(below.contains("PROVIDER_MAX_PROCESSING"), "{below}");
+        assert_eq!(
+            refused(&["--reconcile-search-lag=3m", "--provider-max-processing=3m"]),
+            None
+        );
     }
 }

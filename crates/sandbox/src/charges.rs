@@ -1,16 +1,19 @@
 //! `POST /v1/charges`: the charge itself. Authentication, the idempotency
 //! decision and the faults are the shared path in `processing`.
+//! `GET /v1/charges`: Stripe's charge list, which (unlike its Search) shows
+//! a charge as soon as it is made.
 
-use axum::Extension;
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
+use axum::{Extension, Json};
+use serde_json::{Value, json};
 
 use crate::config::SandboxConfig;
 use crate::error::ApiError;
-use crate::ledger::{Charge, Ledger};
+use crate::ledger::{Charge, Ledger, NoSuchCharge};
 use crate::network::{self, Authorization};
 use crate::params::FormParams;
 use crate::processing::{self, Operation};
@@ -32,6 +35,33 @@ pub(crate) async fn create_charge(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     processing::serve(state, connection, headers, body, CHARGES).await
+}
+
+/// `GET /v1/charges[?created[gte]=..&created[lte]=..][&limit=N]
+/// [&starting_after=ch_..]`: Stripe's list, newest first, paged by
+/// `starting_after` and `has_more`. No faults and no search lag.
+pub(crate) async fn list_charges(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Value>, ApiError> {
+    processing::api_key(&headers)?;
+    let request = FormParams::parse_query(query.as_deref())?.charge_list_request()?;
+    let after = request.starting_after.as_deref();
+    let page = state
+        .ledger
+        .charge_page(request.created, after, request.limit)
+        .map_err(|NoSuchCharge| {
+            ApiError::invalid_request(format!("No such charge: '{}'", after.unwrap_or_default()))
+                .with_code("resource_missing")
+                .with_param("starting_after")
+        })?;
+    Ok(Json(json!({
+        "object": "list",
+        "data": page.data,
+        "has_more": page.has_more,
+        "url": "/v1/charges",
+    })))
 }
 
 /// Validates, asks the network and records the charge. Returns the final

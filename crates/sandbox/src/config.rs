@@ -32,8 +32,9 @@ pub struct SandboxConfig {
     pub key_retention_secs: u64,
     /// Milliseconds before a new charge shows up in `GET
     /// /v1/charges/search`, like Stripe's search index (Stripe: usually
-    /// under a minute). Read at search time: changing it changes which
-    /// existing charges are visible.
+    /// under a minute; up to an hour during an outage). Read at search
+    /// time: changing it changes which existing charges are visible; a
+    /// large one makes Search miss a charge `GET /v1/charges` lists.
     pub search_lag_ms: u64,
     /// The status a new refund is made with (Stripe's refund statuses):
     /// `succeeded` (the default), `pending` or `requires_action` (accepted;

@@ -22,7 +22,7 @@ use serde::ser::SerializeMap;
 
 use crate::config::RefundStatus;
 use crate::network::Decline;
-use crate::params::{ChargeRequest, RefundRequest};
+use crate::params::{ChargeRequest, CreatedRange, RefundRequest};
 
 /// A charge's final state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -445,6 +445,33 @@ impl Ledger {
             .rev()
             .map(|entry| &entry.refund)
             .filter(|refund| charge.is_none_or(|charge| refund.charge == charge))
+            .cloned();
+        Ok(Page::of(matches, limit))
+    }
+
+    /// Charges created within `created`, newest first, from the one after
+    /// `starting_after` (which must exist) on.
+    pub(crate) fn charge_page(
+        &self,
+        created: CreatedRange,
+        starting_after: Option<&str>,
+        limit: usize,
+    ) -> Result<Page<Charge>, NoSuchCharge> {
+        let books = self.lock();
+        let newest_first = books.charges.iter().rev().map(|entry| &entry.charge);
+        let skip = match starting_after {
+            None => 0,
+            Some(id) => {
+                newest_first
+                    .clone()
+                    .position(|charge| charge.id == id)
+                    .ok_or(NoSuchCharge)?
+                    + 1
+            }
+        };
+        let matches = newest_first
+            .skip(skip)
+            .filter(|charge| created.contains(charge.created))
             .cloned();
         Ok(Page::of(matches, limit))
     }

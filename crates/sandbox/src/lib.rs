@@ -16,7 +16,7 @@
 //! - `processing`: the path both `POST /v1/*` endpoints share:
 //!   authentication, the idempotency decision and the processing task
 //!   (latency, faults, the operation) that survives the client hanging up.
-//! - `charges`: `POST /v1/charges`: the charge.
+//! - `charges`: `POST /v1/charges` (the charge) and `GET /v1/charges`.
 //! - `refunds`: `POST /v1/refunds` (the refund), `GET /v1/refunds`,
 //!   `GET /v1/refunds/{id}`, and `POST /_sandbox/refunds/{id}` (settles a
 //!   pending refund).
@@ -39,6 +39,7 @@
 //! | `POST /v1/refunds` | form: `charge` (`ch_...`), `amount` (default: what is left), `reason` (`duplicate`, `fraudulent`, `requested_by_customer`), `metadata[k]`; bearer auth and `Idempotency-Key` as for charges. Answers Stripe's refund object (`re_...`, with the configured `refund_status`: `succeeded` unless set to `pending`, `requires_action`, `failed` or `canceled`) |
 //! | `GET /v1/refunds` | query: `charge` (optional), `limit` (1-100, default 10); bearer auth. Stripe's list, newest first |
 //! | `GET /v1/refunds/{id}` | bearer auth. The refund as it stands now; 404 `resource_missing` for an unknown id |
+//! | `GET /v1/charges` | query: `created[gte]`, `created[gt]`, `created[lte]`, `created[lt]` or `created` (Unix seconds), `limit` (1-100, default 10), `starting_after` (`ch_...`: the page after it); bearer auth. Stripe's list, newest first, with `has_more`; shows a charge at once, whatever `search_lag_ms` |
 //! | `GET /v1/charges/search` | query: `query=metadata['KEY']:'VALUE'` (or double quotes), `limit` (1-100, default 10); bearer auth. Stripe's `search_result`, newest first, once the index caught up (`search_lag_ms`) |
 //! | `GET`/`POST /_sandbox/config` | read / replace the [`SandboxConfig`] (JSON) |
 //! | `GET /_sandbox/charges` | `{"data":[..]}`: every charge made or declined, oldest first |
@@ -54,7 +55,9 @@
 //! `charge_already_refunded` once nothing is left; `amount_too_large`
 //! (param `amount`) for more than is left, amounts in minor units.
 //! `GET /v1/refunds?charge=` with an unknown charge is `resource_missing`
-//! too. A search query of any other form is a 400 with param `query`.
+//! too, and so is `GET /v1/charges?starting_after=` with an unknown charge
+//! (param `starting_after`). A search query of any other form is a 400
+//! with param `query`.
 //!
 //! # Decisions
 //!

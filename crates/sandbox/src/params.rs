@@ -71,6 +71,37 @@ pub(crate) struct RefundListRequest {
     pub(crate) limit: usize,
 }
 
+/// `GET /v1/charges`: Stripe's `created` bounds (Unix seconds; `created=N`
+/// is `gte` and `lte` N), the page size, and the cursor (`starting_after`:
+/// the page after that charge, older ones). `ending_before` is refused as
+/// unknown: the sandbox pages forward only.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct ChargeListRequest {
+    pub(crate) created: CreatedRange,
+    pub(crate) limit: usize,
+    pub(crate) starting_after: Option<String>,
+}
+
+/// Bounds on a `created` time, each optional.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CreatedRange {
+    pub(crate) gt: Option<i64>,
+    pub(crate) gte: Option<i64>,
+    pub(crate) lt: Option<i64>,
+    pub(crate) lte: Option<i64>,
+}
+
+impl CreatedRange {
+    /// Whether `created` is within every bound given.
+    pub(crate) fn contains(&self, created: u64) -> bool {
+        let created = i64::try_from(created).unwrap_or(i64::MAX);
+        self.gt.is_none_or(|b| created > b)
+            && self.gte.is_none_or(|b| created >= b)
+            && self.lt.is_none_or(|b| created < b)
+            && self.lte.is_none_or(|b| created <= b)
+    }
+}
+
 /// `GET /v1/charges/search`: the raw query (parsed by `search`) and the page
 /// size.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,6 +232,45 @@ impl FormParams {
         Ok(RefundListRequest {
             charge: known.non_empty("charge").map(str::to_owned),
             limit: parse_limit(known.non_empty("limit"))?,
+        })
+    }
+
+    /// The query of `GET /v1/charges`.
+    pub(crate) fn charge_list_request(&self) -> Result<ChargeListRequest, ApiError> {
+        let known = self.sort(
+            &[
+                "created",
+                "created[gt]",
+                "created[gte]",
+                "created[lt]",
+                "created[lte]",
+                "limit",
+                "starting_after",
+            ],
+            false,
+        )?;
+        let bound = |name: &'static str| -> Result<Option<i64>, ApiError> {
+            known
+                .non_empty(name)
+                .map(|raw| {
+                    raw.parse::<i64>().map_err(|_| {
+                        ApiError::invalid_request(format!("Invalid integer: {raw}"))
+                            .with_code("parameter_invalid_integer")
+                            .with_param(name)
+                    })
+                })
+                .transpose()
+        };
+        let exact = bound("created")?;
+        Ok(ChargeListRequest {
+            created: CreatedRange {
+                gt: bound("created[gt]")?,
+                gte: bound("created[gte]")?.or(exact),
+                lt: bound("created[lt]")?,
+                lte: bound("created[lte]")?.or(exact),
+            },
+            limit: parse_limit(known.non_empty("limit"))?,
+            starting_after: known.non_empty("starting_after").map(str::to_owned),
         })
     }
 
@@ -447,6 +517,53 @@ mod tests {
             "charge=ch_1&metadata[]=x",
         ] {
             assert!(params(body)?.refund_request().is_err(), "accepted {body}");
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_charge_list_query_takes_created_bounds_a_limit_and_a_cursor() -> Result<(), ApiError> {
+        let all = FormParams::parse_query(None)?.charge_list_request()?;
+        assert_eq!(
+            all,
+            ChargeListRequest {
+                limit: 10,
+                ..ChargeListRequest::default()
+            }
+        );
+        let query = "created%5Bgte%5D=100&created%5Blte%5D=200&created[gt]=99&created[lt]=201\
+                     &limit=100&starting_after=ch_1";
+        let full = FormParams::parse_query(Some(query))?.charge_list_request()?;
+        assert_eq!(
+            full,
+            ChargeListRequest {
+                created: CreatedRange {
+                    gt: Some(99),
+                    gte: Some(100),
+                    lt: Some(201),
+                    lte: Some(200),
+                },
+                limit: 100,
+                starting_after: Some("ch_1".to_owned()),
+            }
+        );
+        assert!(full.created.contains(100) && full.created.contains(200));
+        assert!(!full.created.contains(99) && !full.created.contains(201));
+        let exact = FormParams::parse_query(Some("created=150"))?.charge_list_request()?;
+        assert!(exact.created.contains(150) && !exact.created.contains(151));
+        for query in [
+            "created[gte]=soon",
+            "created[lte]=1.5",
+            "limit=101",
+            "ending_before=ch_1",
+            "customer=cus_1",
+        ] {
+            assert!(
+                FormParams::parse_query(Some(query))?
+                    .charge_list_request()
+                    .is_err(),
+                "accepted {query}"
+            );
         }
         Ok(())
     }

@@ -17,7 +17,10 @@ use crate::{charges, refunds, search};
 /// Every route the sandbox serves.
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
-        .route("/v1/charges", post(charges::create_charge))
+        .route(
+            "/v1/charges",
+            post(charges::create_charge).get(charges::list_charges),
+        )
         .route("/v1/charges/search", get(search::search_charges))
         .route(
             "/v1/refunds",

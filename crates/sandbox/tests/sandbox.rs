@@ -1333,6 +1333,135 @@ async fn refund_settlements_and_reads_are_validated() -> TestResult {
     Ok(())
 }
 
+/// `GET /v1/charges` lists charges newest first within `created` bounds,
+/// page by page (`starting_after`, `has_more`), and shows a charge at once
+/// even while Search lags far behind (a large `search_lag_ms`).
+#[tokio::test]
+async fn charges_are_listed_newest_first_within_created_bounds_page_by_page() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    sandbox
+        .set_config(json!({"search_lag_ms": 3_600_000}))
+        .await?;
+    let mut made = Vec::new();
+    for i in 0..5 {
+        let i = i.to_string();
+        made.push(
+            sandbox
+                .paid_charge(&[("metadata[payments_charge_id]", i.as_str())])
+                .await?,
+        );
+    }
+    made.reverse();
+    assert!(
+        sandbox
+            .search_metadata("payments_charge_id", "0")
+            .await?
+            .is_empty(),
+        "Search misses it"
+    );
+    let ids = |page: &Value| -> Vec<String> {
+        page["data"]
+            .as_array()
+            .map(|data| {
+                data.iter()
+                    .filter_map(|c| c["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (status, all) = sandbox.get_v1("/v1/charges", &[]).await?;
+    assert_eq!(status, StatusCode::OK, "{all}");
+    assert_eq!(
+        (all["object"].as_str(), all["url"].as_str()),
+        (Some("list"), Some("/v1/charges"))
+    );
+    assert_eq!(ids(&all), made);
+    assert_eq!(all["has_more"], false);
+    assert_eq!(all["data"][4]["metadata"]["payments_charge_id"], "0");
+
+    // Page by page, two at a time, each after the last id of the one before.
+    let (from, to) = (
+        all["data"][4]["created"]
+            .as_u64()
+            .ok_or("created")?
+            .to_string(),
+        all["data"][0]["created"]
+            .as_u64()
+            .ok_or("created")?
+            .to_string(),
+    );
+    let window = [
+        ("created[gte]", from.as_str()),
+        ("created[lte]", to.as_str()),
+    ];
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut query = window.to_vec();
+        query.push(("limit", "2"));
+        if let Some(after) = &after {
+            query.push(("starting_after", after.as_str()));
+        }
+        let (status, page) = sandbox.get_v1("/v1/charges", &query).await?;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let page_ids = ids(&page);
+        assert!(page_ids.len() <= 2, "{page}");
+        seen.extend(page_ids.iter().cloned());
+        if page["has_more"] == false {
+            break;
+        }
+        after = page_ids.last().cloned();
+        assert!(seen.len() < 10, "paging never ends: {seen:?}");
+    }
+    assert_eq!(seen, made, "every charge once, newest first");
+
+    // Outside the bounds: nothing.
+    let later = (to.parse::<u64>()? + 1).to_string();
+    let earlier = (from.parse::<u64>()? - 1).to_string();
+    for bounds in [
+        [("created[gte]", later.as_str()), ("limit", "100")],
+        [("created[lte]", earlier.as_str()), ("limit", "100")],
+        [("created[gt]", to.as_str()), ("limit", "100")],
+        [("created[lt]", from.as_str()), ("limit", "100")],
+    ] {
+        let (status, page) = sandbox.get_v1("/v1/charges", &bounds).await?;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        assert_eq!(ids(&page), Vec::<String>::new(), "{bounds:?}");
+        assert_eq!(page["has_more"], false);
+    }
+
+    for (query, code, param) in [
+        (
+            &[("starting_after", "ch_doesnotexist")][..],
+            "resource_missing",
+            "starting_after",
+        ),
+        (
+            &[("created[gte]", "soon")],
+            "parameter_invalid_integer",
+            "created[gte]",
+        ),
+        (&[("limit", "0")], "parameter_invalid_integer", "limit"),
+        (
+            &[("ending_before", "ch_1")],
+            "parameter_unknown",
+            "ending_before",
+        ),
+    ] {
+        let (status, body) = sandbox.get_v1("/v1/charges", query).await?;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query:?}: {body}");
+        assert_eq!(body["error"]["code"], code, "{query:?}");
+        assert_eq!(body["error"]["param"], param, "{query:?}");
+    }
+    let unauthenticated = sandbox
+        .client
+        .get(sandbox.url("/v1/charges"))
+        .send()
+        .await?;
+    assert_eq!(unauthenticated.status(), StatusCode::UNAUTHORIZED);
+    Ok(())
+}
+
 /// The index lags like Stripe's: a charge searched for at once is not found,
 /// and is found once the lag has passed.
 #[tokio::test]
@@ -1569,7 +1698,7 @@ async fn health_and_unknown_routes() -> TestResult {
     let (status, body) = body_json(
         sandbox
             .client
-            .get(sandbox.url("/v1/charges"))
+            .delete(sandbox.url("/v1/charges"))
             .send()
             .await?,
     )
