@@ -8,6 +8,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 
+use crate::config::SandboxConfig;
 use crate::error::ApiError;
 use crate::ledger::{Charge, Ledger};
 use crate::network::{self, Authorization};
@@ -33,13 +34,25 @@ pub(crate) async fn create_charge(
     processing::serve(state, connection, headers, body, CHARGES).await
 }
 
-/// Validates, asks the network and records the charge. Returns the final
-/// answer and whether a charge was recorded.
-fn charge(ledger: &Ledger, params: &FormParams, key: Option<&str>) -> (StoredResponse, bool) {
-    let request = match params.charge_request() {
+/// Validates, asks the network and records the charge (with the config's
+/// answer overrides). Returns the final answer and whether a charge was
+/// recorded.
+fn charge(
+    ledger: &Ledger,
+    params: &FormParams,
+    key: Option<&str>,
+    config: &SandboxConfig,
+) -> (StoredResponse, bool) {
+    let mut request = match params.charge_request() {
         Ok(request) => request,
         Err(error) => return (error.to_stored(), false),
     };
+    if let Some(amount) = config.answer_amount_override {
+        request.amount = amount;
+    }
+    if let Some(currency) = &config.answer_currency_override {
+        request.currency = currency.to_ascii_lowercase();
+    }
     let Some(authorization) = network::authorize(&request.source) else {
         let error = ApiError::invalid_request(format!("No such token: '{}'", request.source))
             .with_code("resource_missing")

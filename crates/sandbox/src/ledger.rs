@@ -158,9 +158,14 @@ pub(crate) enum RefundRefusal {
     TooLarge { requested: u64, unrefunded: u64 },
 }
 
-/// `GET /v1/refunds?charge=` named a charge the sandbox does not know.
+/// Why `GET /v1/refunds` has no page to answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct NoSuchCharge;
+pub(crate) enum ListRefusal {
+    /// `charge=` named a charge the sandbox does not know.
+    NoSuchCharge,
+    /// `starting_after=` named no refund of the list.
+    NoSuchRefund,
+}
 
 /// A page of a list or a search, newest first.
 #[derive(Debug, Clone)]
@@ -338,7 +343,7 @@ impl Ledger {
             object: "refund",
             amount,
             charge: request.charge,
-            currency: charge.currency.clone(),
+            currency: request.currency.unwrap_or_else(|| charge.currency.clone()),
             status: "succeeded",
             reason: request.reason,
             metadata: request.metadata.into(),
@@ -353,24 +358,31 @@ impl Ledger {
         Ok(refund)
     }
 
-    /// Refunds newest first, only `charge`'s if given (which must exist).
+    /// Refunds newest first, only `charge`'s if given (which must exist),
+    /// from just after the refund `starting_after` (which must be in the
+    /// list), as Stripe pages a list.
     pub(crate) fn refund_page(
         &self,
         charge: Option<&str>,
         limit: usize,
-    ) -> Result<Page<Refund>, NoSuchCharge> {
+        starting_after: Option<&str>,
+    ) -> Result<Page<Refund>, ListRefusal> {
         let books = self.lock();
         if charge.is_some_and(|charge| !books.has_charge(charge)) {
-            return Err(NoSuchCharge);
+            return Err(ListRefusal::NoSuchCharge);
         }
-        let matches = books
+        let mut matches = books
             .refunds
             .iter()
             .rev()
             .map(|entry| &entry.refund)
-            .filter(|refund| charge.is_none_or(|charge| refund.charge == charge))
-            .cloned();
-        Ok(Page::of(matches, limit))
+            .filter(|refund| charge.is_none_or(|charge| refund.charge == charge));
+        if let Some(cursor) = starting_after
+            && !matches.by_ref().any(|refund| refund.id == cursor)
+        {
+            return Err(ListRefusal::NoSuchRefund);
+        }
+        Ok(Page::of(matches.cloned(), limit))
     }
 
     /// Charges with `metadata[key] == value` that the search index, `lag_ms`
@@ -516,6 +528,7 @@ mod tests {
             amount,
             reason: None,
             metadata: BTreeMap::new(),
+            currency: None,
         }
     }
 
@@ -600,7 +613,10 @@ mod tests {
             ledger.refund(refund_of("ch_nope", None), None).err(),
             Some(RefundRefusal::NoSuchCharge)
         );
-        assert!(ledger.refund_page(Some("ch_nope"), 10).is_err());
+        assert_eq!(
+            ledger.refund_page(Some("ch_nope"), 10, None).err(),
+            Some(ListRefusal::NoSuchCharge)
+        );
         assert_eq!(ledger.stats().refunds, 0);
     }
 

@@ -71,6 +71,7 @@ async fn main() -> anyhow::Result<()> {
         drop_after_charge: args.drop_after_charge,
         key_retention_secs: args.key_retention_secs,
         search_lag_ms: args.search_lag_ms,
+        ..SandboxConfig::default()
     };
     config.validate().context("invalid sandbox configuration")?;
 

@@ -40,8 +40,10 @@ pub(crate) struct Operation {
     /// Validates the parameters and applies them to the ledger, recording
     /// the idempotency key with what it made. Returns the final answer
     /// (stored under the key) and whether something was recorded: only then
-    /// does `drop_after_charge` close the connection.
-    pub(crate) apply: fn(&Ledger, &FormParams, Option<&str>) -> (StoredResponse, bool),
+    /// does `drop_after_charge` close the connection. The config gives the
+    /// answer overrides.
+    pub(crate) apply:
+        fn(&Ledger, &FormParams, Option<&str>, &SandboxConfig) -> (StoredResponse, bool),
 }
 
 /// How a processed request ends.
@@ -159,7 +161,8 @@ async fn process(
                 .to_stored(),
         );
     }
-    let (response, recorded) = (operation.apply)(&ledger, &params, claim.as_ref().map(Claim::key));
+    let key = claim.as_ref().map(Claim::key);
+    let (response, recorded) = (operation.apply)(&ledger, &params, key, &config);
     if let Some(claim) = claim {
         claim.complete(response.clone());
     }
