@@ -32,7 +32,7 @@ use crate::idempotency::{
 use crate::limits::{RATE_LIMITED_TOTAL, RateLimit};
 use crate::list::{self, ChargeQuery, Cursor, List};
 use crate::provider::{
-    Doubt, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest,
+    Doubt, Expected, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest,
 };
 use crate::refund::{Refund, RefundRequest};
 use crate::store::{
@@ -567,6 +567,15 @@ impl ChargeService {
         };
         let (outcome, response) = match settle(&operation, outcome) {
             Ok(settled) => settled,
+            // The provider answers the same call the same way: a re-drive
+            // cannot settle it, so it is abandoned now, for a person.
+            Err((Doubt::Mismatch, reason)) => {
+                tracing::error!(%record_id, operation = operation.id(), %reason, "ABANDONED: the provider's answer does not match the operation; marked unknown, a person must reconcile it");
+                metrics::counter!(ABANDONED_TOTAL, "reason" => "provider_mismatch").increment(1);
+                return self
+                    .abandon(record_id, lease_token, &operation, &reason)
+                    .await;
+            }
             Err((doubt, reason)) => {
                 tracing::warn!(%record_id, operation = operation.id(), doubt = doubt.as_str(), %reason, ?on_unknown, "provider outcome unknown");
                 if on_unknown == OnUnknown::ReleaseLease {
@@ -702,9 +711,17 @@ impl ChargeService {
     /// unknown, looked up by the id its calls carried; changes nothing.
     pub async fn reconciliation(&self, unsettled: &Unsettled) -> Decision {
         let lookup = match &unsettled.operation {
-            Operation::Charge(charge) => self.gateway.find_charge(&charge.id).await,
+            Operation::Charge(charge) => {
+                let expected = Expected::of_charge(charge);
+                self.gateway.find_charge(&charge.id, &expected).await
+            }
             Operation::Refund(refund) => match &refund.gateway_charge_id {
-                Some(charge) => self.gateway.find_refund(charge, &refund.id).await,
+                Some(charge) => {
+                    let expected = Expected::of_refund(refund);
+                    self.gateway
+                        .find_refund(charge, &refund.id, &expected)
+                        .await
+                }
                 None => Lookup::NotFound,
             },
         };
