@@ -272,6 +272,9 @@ impl Gateway for HttpGateway {
         let limit = page_size.to_string();
         let ours = (Kind::Refund, refund_id);
         let mut cursor: Option<String> = None;
+        // An object whose metadata could not be read may be ours: it only
+        // stops "not found", and ours may still be on a later page.
+        let mut unreadable: Option<String> = None;
         for _ in 0..max_pages {
             let mut query = vec![("charge", gateway_charge_id), ("limit", limit.as_str())];
             if let Some(after) = &cursor {
@@ -284,11 +287,12 @@ impl Gateway for HttpGateway {
             if let Some(object) = found.ours {
                 return judge(Kind::Refund, object, expected);
             }
-            if let Some(reason) = found.unreadable {
-                return Lookup::Unknown { reason };
-            }
+            unreadable = unreadable.or(found.unreadable);
             if !found.has_more {
-                return Lookup::NotFound;
+                return match unreadable {
+                    Some(reason) => Lookup::Unknown { reason },
+                    None => Lookup::NotFound,
+                };
             }
             match found.last_id {
                 Some(last) => cursor = Some(last),
