@@ -5,6 +5,7 @@
 mod auth;
 mod cache;
 mod group_commit;
+mod mismatch;
 mod skew;
 mod watch;
 

@@ -8,6 +8,7 @@ mod idempotency;
 mod incident;
 mod lifecycle;
 mod limits;
+mod mismatch;
 mod observability;
 mod time;
 mod validation;

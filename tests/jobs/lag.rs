@@ -345,7 +345,7 @@ async fn a_search_lag_below_the_provider_max_processing_is_refused_at_start() {
 /// a failed read is never taken for "not found".
 #[tokio::test]
 async fn the_charge_list_lookup_finds_in_its_window_and_a_failed_read_concludes_nothing() {
-    use payments_domain::provider::{CreatedWindow, Gateway, Lookup, ProviderOutcome};
+    use payments_domain::provider::{CreatedWindow, Expected, Gateway, Lookup, ProviderOutcome};
     use payments_gateway::HttpGateway;
 
     let sandbox = payments_sandbox::SandboxHandle::start(SandboxConfig {
@@ -378,8 +378,12 @@ async fn the_charge_list_lookup_finds_in_its_window_and_a_failed_read_concludes_
     let created = ours["created"].as_i64().unwrap();
     let gateway =
         HttpGateway::new(&sandbox.url(), "sk_test_sandbox", Duration::from_secs(5)).unwrap();
+    let expected = Expected {
+        amount_cents: 100,
+        currency: "GBP".to_owned(),
+    };
     assert_eq!(
-        gateway.find_charge("ch_ours").await,
+        gateway.find_charge("ch_ours", &expected).await,
         Lookup::NotFound,
         "Search lags"
     );
@@ -388,7 +392,9 @@ async fn the_charge_list_lookup_finds_in_its_window_and_a_failed_read_concludes_
         to: created + 300,
     };
     assert_eq!(
-        gateway.find_charge_listed("ch_ours", around).await,
+        gateway
+            .find_charge_listed("ch_ours", around, &expected)
+            .await,
         Lookup::Found(ProviderOutcome::Succeeded {
             provider_id: ours["id"].as_str().unwrap().to_owned()
         })
@@ -398,14 +404,18 @@ async fn the_charge_list_lookup_finds_in_its_window_and_a_failed_read_concludes_
         to: created - 1,
     };
     assert_eq!(
-        gateway.find_charge_listed("ch_ours", before).await,
+        gateway
+            .find_charge_listed("ch_ours", before, &expected)
+            .await,
         Lookup::NotFound
     );
     // A read the provider refuses (here our key) concludes nothing.
     let refused = HttpGateway::new(&sandbox.url(), "", Duration::from_secs(5)).unwrap();
     assert!(
         matches!(
-            refused.find_charge_listed("ch_ours", around).await,
+            refused
+                .find_charge_listed("ch_ours", around, &expected)
+                .await,
             Lookup::Unknown { .. }
         ),
         "a failed read is not \"not found\""

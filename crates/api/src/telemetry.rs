@@ -18,6 +18,7 @@
 //! | [`KEYLESS_REQUESTS_TOTAL`] | mode | routes |
 //! | [`PROVIDER_REQUEST_DURATION_SECONDS`] | outcome | payments-gateway |
 //! | [`PROVIDER_OUTCOMES_TOTAL`] | outcome | payments-gateway |
+//! | [`PROVIDER_MISMATCH_TOTAL`] | call | payments-gateway |
 //! | [`LEASE_TAKEOVERS_TOTAL`] | | payments-domain |
 //! | [`ABANDONED_TOTAL`] | reason | payments-domain, payments-jobs |
 //! | [`REFUNDS_TOTAL`] | outcome | payments-domain |
@@ -40,7 +41,9 @@ use payments_domain::limits::RATE_LIMITED_TOTAL;
 use payments_domain::service::{
     ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, RECONCILED_TOTAL, REFUNDS_TOTAL, REPLAY_CACHE_TOTAL,
 };
-use payments_gateway::{PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS};
+use payments_gateway::{
+    PROVIDER_MISMATCH_TOTAL, PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS,
+};
 use payments_jobs::pruner::PRUNED_RECORDS_TOTAL;
 use payments_jobs::reaper::REAPER_RECORDS_TOTAL;
 use payments_store::WRITE_BATCH_SIZE;
@@ -51,13 +54,14 @@ pub use payments_app::telemetry::{
 };
 
 /// Every counter the binaries export.
-pub const COUNTERS: [&str; 14] = [
+pub const COUNTERS: [&str; 15] = [
     HTTP_REQUESTS_TOTAL,
     IDEMPOTENT_REPLAYS_TOTAL,
     IDEMPOTENCY_CONFLICTS_TOTAL,
     IDEMPOTENCY_KEY_REUSED_TOTAL,
     KEYLESS_REQUESTS_TOTAL,
     PROVIDER_OUTCOMES_TOTAL,
+    PROVIDER_MISMATCH_TOTAL,
     LEASE_TAKEOVERS_TOTAL,
     ABANDONED_TOTAL,
     REFUNDS_TOTAL,

@@ -21,7 +21,9 @@ use payments_domain::limits::RATE_LIMITED_TOTAL;
 use payments_domain::service::{
     ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, RECONCILED_TOTAL, REFUNDS_TOTAL, REPLAY_CACHE_TOTAL,
 };
-use payments_gateway::{PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS};
+use payments_gateway::{
+    PROVIDER_MISMATCH_TOTAL, PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS,
+};
 use payments_store::WRITE_BATCH_SIZE;
 
 /// Requests by `route` (the matched pattern), `method` and `status`.
@@ -156,6 +158,19 @@ pub const METRICS: &[Metric] = &[
         in_jobs: true,
     },
     Metric {
+        name: PROVIDER_MISMATCH_TOTAL,
+        kind: Kind::Counter,
+        help: "Provider charges and refunds that do not show what the operation asked for \
+               (amount, currency, paid, captured), by call (charges, refunds: our POST's \
+               answer; find_charge, find_refund: reconciliation's lookups). Each is left \
+               unknown for a person.",
+        series: Series::Each(&[(
+            "call",
+            &["charges", "refunds", "find_charge", "find_refund"],
+        )]),
+        in_jobs: true,
+    },
+    Metric {
         name: LEASE_TAKEOVERS_TOTAL,
         kind: Kind::Counter,
         help: "Expired leases taken over to re-drive a charge or refund.",
@@ -165,8 +180,9 @@ pub const METRICS: &[Metric] = &[
     Metric {
         name: ABANDONED_TOTAL,
         kind: Kind::Counter,
-        help: "Requests abandoned with their outcome unknown, by reason (reaper, key_retention).",
-        series: Series::Each(&[("reason", &["reaper", "key_retention"])]),
+        help: "Requests abandoned with their outcome unknown, by reason (reaper, key_retention, \
+               provider_mismatch).",
+        series: Series::Each(&[("reason", &["reaper", "key_retention", "provider_mismatch"])]),
         in_jobs: true,
     },
     Metric {

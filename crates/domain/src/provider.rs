@@ -48,6 +48,9 @@ pub struct ProviderRefundRequest {
     /// The provider's id of the charge refunded.
     pub gateway_charge_id: String,
     pub amount_cents: i64,
+    /// The charge's currency (ISO 4217, upper case). Not sent: the provider
+    /// refunds in the charge's currency; its answer is checked against it.
+    pub currency: String,
     pub reason: Option<RefundReason>,
     pub metadata: BTreeMap<String, String>,
 }
@@ -60,9 +63,38 @@ impl ProviderRefundRequest {
             refund_id: refund.id.clone(),
             gateway_charge_id: refund.gateway_charge_id.clone()?,
             amount_cents: refund.amount_cents,
+            currency: refund.currency.clone(),
             reason: refund.reason,
             metadata: refund.metadata.clone(),
         })
+    }
+}
+
+/// What a provider object must show to be the one our operation asked for:
+/// its amount and currency. A charge or refund that shows anything else is
+/// never taken for ours as asked, whatever its status says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expected {
+    pub amount_cents: i64,
+    /// ISO 4217, upper case (the provider's lower case matches it).
+    pub currency: String,
+}
+
+impl Expected {
+    /// What the charge asked for.
+    pub fn of_charge(charge: &Charge) -> Self {
+        Self {
+            amount_cents: charge.amount_cents,
+            currency: charge.currency.clone(),
+        }
+    }
+
+    /// What the refund asked for, in its charge's currency.
+    pub fn of_refund(refund: &Refund) -> Self {
+        Self {
+            amount_cents: refund.amount_cents,
+            currency: refund.currency.clone(),
+        }
     }
 }
 
@@ -121,6 +153,10 @@ pub enum Doubt {
     /// make the charge or refund. Never a reason to give up on the
     /// operation; the time of this answer restarts its search lag.
     InFlight,
+    /// The provider's object does not show what the operation asked for
+    /// (another amount or currency, a charge not paid or not captured).
+    /// The same call gets the same answer: it is left for a person.
+    Mismatch,
 }
 
 impl Doubt {
@@ -147,6 +183,11 @@ impl Doubt {
                 "the payment provider is still processing this operation, so the outcome is not \
                  known yet; retry with the same idempotency key, which never charges twice"
             }
+            Self::Mismatch => {
+                "the payment provider's answer does not match this request (amount, currency or \
+                 capture), so the outcome is unknown; it is left for a person to reconcile, do \
+                 not retry it with a new key"
+            }
         }
     }
 
@@ -158,6 +199,7 @@ impl Doubt {
             Self::Unreachable => "unreachable",
             Self::ProviderError => "provider_error",
             Self::InFlight => "in_flight",
+            Self::Mismatch => "mismatch",
         }
     }
 }
@@ -195,24 +237,38 @@ pub trait Gateway: Send + Sync + std::fmt::Debug {
     async fn create_refund(&self, request: &ProviderRefundRequest) -> ProviderOutcome;
 
     /// The provider's charge whose metadata names our `charge_id` (Stripe's
-    /// Search API, which lags behind the provider's writes).
-    async fn find_charge(&self, charge_id: &str) -> Lookup;
+    /// Search API, which lags behind the provider's writes). Found only if it
+    /// shows what was `expected`; otherwise `Unknown`.
+    async fn find_charge(&self, charge_id: &str, expected: &Expected) -> Lookup;
 
     /// The same, read from the provider's charge list (Stripe's
     /// `GET /v1/charges`, which does not lag as its Search may) among the
     /// charges created within `created` (Unix seconds, both ends included),
     /// every page of it. `NotFound` only once the last page was read; a
-    /// failed or incomplete read is `Unknown`.
-    async fn find_charge_listed(&self, charge_id: &str, created: CreatedWindow) -> Lookup;
+    /// failed or incomplete read is `Unknown`; found only if it shows what
+    /// was `expected`.
+    async fn find_charge_listed(
+        &self,
+        charge_id: &str,
+        created: CreatedWindow,
+        expected: &Expected,
+    ) -> Lookup;
 
     /// The provider's refund of `gateway_charge_id` whose metadata names our
-    /// `refund_id` (Stripe's refund list of the charge: Stripe's Search API
-    /// has no refunds).
-    async fn find_refund(&self, gateway_charge_id: &str, refund_id: &str) -> Lookup;
+    /// `refund_id` (Stripe's refund list of the charge, every page of it:
+    /// Stripe's Search API has no refunds). `NotFound` only after the last
+    /// page; found only if it shows what was `expected`.
+    async fn find_refund(
+        &self,
+        gateway_charge_id: &str,
+        refund_id: &str,
+        expected: &Expected,
+    ) -> Lookup;
 
     /// The provider's refund `gateway_refund_id` (Stripe's
     /// `GET /v1/refunds/{id}`): how reconciliation polls a refund the
     /// provider answered `pending` until it is final. `NotFound` when the
-    /// provider does not know the id.
-    async fn retrieve_refund(&self, gateway_refund_id: &str) -> Lookup;
+    /// provider does not know the id; found final only if it shows what was
+    /// `expected`.
+    async fn retrieve_refund(&self, gateway_refund_id: &str, expected: &Expected) -> Lookup;
 }

@@ -32,7 +32,7 @@ use crate::idempotency::{
 use crate::limits::{RATE_LIMITED_TOTAL, RateLimit};
 use crate::list::{self, ChargeQuery, Cursor, List};
 use crate::provider::{
-    CreatedWindow, Doubt, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome,
+    CreatedWindow, Doubt, Expected, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome,
     ProviderRefundRequest,
 };
 use crate::refund::{Refund, RefundRequest};
@@ -584,6 +584,15 @@ impl ChargeService {
         };
         let (outcome, response) = match settle(&operation, outcome) {
             Ok(settled) => settled,
+            // The provider answers the same call the same way: a re-drive
+            // cannot settle it, so it is abandoned now, for a person.
+            Err((Doubt::Mismatch, reason)) => {
+                tracing::error!(%record_id, operation = operation.id(), %reason, "ABANDONED: the provider's answer does not match the operation; marked unknown, a person must reconcile it");
+                metrics::counter!(ABANDONED_TOTAL, "reason" => "provider_mismatch").increment(1);
+                return self
+                    .abandon(record_id, lease_token, &operation, &reason)
+                    .await;
+            }
             Err((doubt, reason)) => {
                 tracing::warn!(%record_id, operation = operation.id(), doubt = doubt.as_str(), %reason, ?on_unknown, "provider outcome unknown");
                 if on_unknown == OnUnknown::ReleaseLease {
@@ -729,14 +738,23 @@ impl ChargeService {
     /// provider answered `pending`, by the provider's id; changes nothing.
     pub async fn reconciliation(&self, unsettled: &Unsettled) -> Decision {
         let lookup = match &unsettled.operation {
-            Operation::Charge(charge) => self.gateway.find_charge(&charge.id).await,
+            Operation::Charge(charge) => {
+                let expected = Expected::of_charge(charge);
+                self.gateway.find_charge(&charge.id, &expected).await
+            }
             // A refund the provider answered `pending` has its id: polled by
             // it. Not finding an id the provider gave is never "not made".
-            Operation::Refund(Refund {
-                status: ChargeStatus::Pending,
-                gateway_refund_id: Some(id),
-                ..
-            }) => match self.gateway.retrieve_refund(id).await {
+            Operation::Refund(
+                refund @ Refund {
+                    status: ChargeStatus::Pending,
+                    gateway_refund_id: Some(id),
+                    ..
+                },
+            ) => match self
+                .gateway
+                .retrieve_refund(id, &Expected::of_refund(refund))
+                .await
+            {
                 Lookup::NotFound => Lookup::Unknown {
                     reason: format!(
                         "the provider does not know its refund {id}, which it answered pending"
@@ -745,7 +763,12 @@ impl ChargeService {
                 found => found,
             },
             Operation::Refund(refund) => match &refund.gateway_charge_id {
-                Some(charge) => self.gateway.find_refund(charge, &refund.id).await,
+                Some(charge) => {
+                    let expected = Expected::of_refund(refund);
+                    self.gateway
+                        .find_refund(charge, &refund.id, &expected)
+                        .await
+                }
                 None => Lookup::NotFound,
             },
         };
@@ -791,7 +814,12 @@ impl ChargeService {
                 .map_or(0, |t| t.timestamp()),
             to: latest,
         };
-        match self.gateway.find_charge_listed(&charge.id, created).await {
+        let expected = Expected::of_charge(charge);
+        match self
+            .gateway
+            .find_charge_listed(&charge.id, created, &expected)
+            .await
+        {
             Lookup::NotFound => not_made(operation),
             Lookup::Found(found) => match settle(operation, found) {
                 Ok((outcome, answer)) => Decision::Settle { outcome, answer },

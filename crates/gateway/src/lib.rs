@@ -12,52 +12,89 @@
 //! - `wire`: the provider's JSON shapes, private to this crate.
 //! - [`classify`]: every provider answer becomes success, decline (final) or
 //!   unknown outcome. Only an answer that proves what happened is final.
+//! - `checked`, `judge`: a final answer or a found object counts only if it
+//!   shows what the operation asked for (amount, currency; a charge that
+//!   succeeded paid and captured). Anything else is unknown, loudly
+//!   ([`PROVIDER_MISMATCH_TOTAL`], an error log line), for a person.
+//! - Lookups read Stripe's pages as documented: a refund list is followed
+//!   page by page (`starting_after`, `has_more`) up to a bound, fields Stripe
+//!   documents as nullable may be null, and an unreadable page names the
+//!   field. "Not found" is concluded only from a complete, readable read.
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 use payments_domain::provider::{
-    CreatedWindow, Doubt, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome,
+    CreatedWindow, Doubt, Expected, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome,
     ProviderRefundRequest,
 };
 use secrecy::{ExposeSecret, SecretString};
+use serde::de::DeserializeOwned;
 
 /// The provider calls' latency and outcomes, by `outcome` (metric names, with
 /// the others in `payments_api::telemetry`).
 pub const PROVIDER_REQUEST_DURATION_SECONDS: &str = "payments_provider_request_duration_seconds";
 pub const PROVIDER_OUTCOMES_TOTAL: &str = "payments_provider_outcomes_total";
+/// Provider objects that do not show what the operation asked for (amount,
+/// currency, paid, captured), by `call`: `charges`, `refunds` (the answer to
+/// our POST), `find_charge`, `find_refund` (reconciliation's lookups).
+pub const PROVIDER_MISMATCH_TOTAL: &str = "payments_provider_mismatch_total";
+
+/// Stripe's largest list page.
+const REFUND_PAGE_SIZE: u8 = 100;
+/// The most pages of `GET /v1/charges` one confirmation reads (100,000
+/// charges): past it the read is incomplete, and nothing is concluded.
+pub const MAX_LIST_PAGES: u32 = 1000;
+/// The most pages of one charge's refunds a lookup reads (10,000 refunds at
+/// Stripe's page size). A refund not among them is unknown, never "not
+/// found": its reservation stays held, and a person looks.
+const MAX_REFUND_PAGES: u32 = 100;
 
 mod wire {
-    use serde::Deserialize;
+    use serde::{Deserialize, Deserializer};
 
     /// A charge or a refund object: its id and status (a refund's
-    /// `failure_reason`, a charge's `failure_code`, when it failed) and
-    /// metadata.
+    /// `failure_reason`, a charge's `failure_code`, when it failed), and
+    /// what it is for (amount, currency; a charge's `paid` and `captured`),
+    /// which is checked against what was asked. (Its metadata, which says
+    /// whose it is, is read from the page: `names`.)
+    ///
+    /// Stripe documents a refund's `status` as nullable: null reads as
+    /// empty, which is not final. The checked fields are optional here so
+    /// that a missing one is a mismatch, not an unreadable object.
     #[derive(Debug, Deserialize)]
     pub struct Object {
         pub id: String,
         /// What it is: `charge`, `refund` (Stripe names every object).
         #[serde(default)]
         pub object: Option<String>,
+        #[serde(default, deserialize_with = "null_as_default")]
         pub status: String,
         pub failure_reason: Option<String>,
         pub failure_code: Option<String>,
-        #[serde(default)]
-        pub metadata: std::collections::BTreeMap<String, String>,
+        pub amount: Option<i64>,
+        pub currency: Option<String>,
+        pub paid: Option<bool>,
+        pub captured: Option<bool>,
     }
 
-    /// A search result or a list.
+    /// A search result or a list. Its objects are read one by one
+    /// (`HttpGateway::page`), so that one the adapter cannot read does not
+    /// hide the others.
     #[derive(Debug, Deserialize)]
     pub struct Page {
-        pub data: Vec<Object>,
+        pub data: Vec<serde_json::Value>,
+        pub has_more: bool,
     }
 
-    /// A page of `GET /v1/charges`, and whether more follow it.
-    #[derive(Debug, Deserialize)]
-    pub struct ChargeList {
-        pub data: Vec<Object>,
-        pub has_more: bool,
+    /// A nullable field: null reads as its default.
+    fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: Default + Deserialize<'de>,
+    {
+        Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
     }
 
     #[derive(Debug, Deserialize)]
@@ -82,6 +119,46 @@ pub struct HttpGateway {
     client: reqwest::Client,
     base_url: String,
     secret_key: SecretString,
+    /// How a charge's refund list is read: page size, most pages.
+    refund_paging: (u8, u32),
+}
+
+/// Which object a call makes or finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Charge,
+    Refund,
+}
+
+impl Kind {
+    /// As in `metadata[payments_{name}_id]` and in messages.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Charge => "charge",
+            Self::Refund => "refund",
+        }
+    }
+
+    /// The lookup's `call` label.
+    fn lookup(self) -> &'static str {
+        match self {
+            Self::Charge => "find_charge",
+            Self::Refund => "find_refund",
+        }
+    }
+}
+
+/// What one page of a search or a list held for us.
+#[derive(Debug)]
+struct Found {
+    /// The object whose metadata names our id, read.
+    ours: Option<wire::Object>,
+    has_more: bool,
+    /// The page's last object's id: the next page starts after it.
+    last_id: Option<String>,
+    /// Why some object could not be told apart from ours (its metadata is
+    /// unreadable): the page cannot prove ours is absent.
+    unreadable: Option<String>,
 }
 
 impl HttpGateway {
@@ -101,7 +178,16 @@ impl HttpGateway {
             client,
             base_url: base_url.trim_end_matches('/').to_owned(),
             secret_key: secret_key.into(),
+            refund_paging: (REFUND_PAGE_SIZE, MAX_REFUND_PAGES),
         })
+    }
+
+    /// Reads a charge's refund list `page_size` (1 to 100) at a time, at
+    /// most `max_pages` pages (by default Stripe's 100, and 100 pages), so a
+    /// test can reach the bound with a few refunds.
+    pub fn with_refund_paging(mut self, page_size: u8, max_pages: u32) -> Self {
+        self.refund_paging = (page_size.clamp(1, REFUND_PAGE_SIZE), max_pages);
+        self
     }
 }
 
@@ -149,33 +235,77 @@ fn with_metadata(
 impl Gateway for HttpGateway {
     async fn create_charge(&self, request: &ProviderChargeRequest) -> ProviderOutcome {
         let form = charge_form(request);
-        self.post("charges", &request.idempotency_key, &form).await
+        let expected = Expected {
+            amount_cents: request.amount_cents,
+            currency: request.currency.clone(),
+        };
+        self.post("charges", &request.idempotency_key, &form, &expected)
+            .await
     }
 
     async fn create_refund(&self, request: &ProviderRefundRequest) -> ProviderOutcome {
         let form = refund_form(request);
-        self.post("refunds", &request.idempotency_key, &form).await
-    }
-
-    async fn find_charge(&self, charge_id: &str) -> Lookup {
-        // Our ids are `ch_` and hex: nothing to escape in the query.
-        let query = format!("metadata['payments_charge_id']:'{charge_id}'");
-        let url = format!("{}/v1/charges/search", self.base_url);
-        self.find(&url, &[("query", &query)], ("charge", charge_id))
+        let expected = Expected {
+            amount_cents: request.amount_cents,
+            currency: request.currency.clone(),
+        };
+        self.post("refunds", &request.idempotency_key, &form, &expected)
             .await
     }
 
-    async fn find_charge_listed(&self, charge_id: &str, created: CreatedWindow) -> Lookup {
-        self.list_charges_for(charge_id, created).await
+    async fn find_charge(&self, charge_id: &str, expected: &Expected) -> Lookup {
+        // Our ids are `ch_` and hex: nothing to escape in the query.
+        let query = format!("metadata['payments_charge_id']:'{charge_id}'");
+        let url = format!("{}/v1/charges/search", self.base_url);
+        self.find(
+            &url,
+            &[("query", &query)],
+            (Kind::Charge, charge_id),
+            expected,
+        )
+        .await
     }
 
-    async fn find_refund(&self, gateway_charge_id: &str, refund_id: &str) -> Lookup {
+    /// Every page of the charge's refunds, newest first, until ours or the
+    /// last page; `NotFound` only from a complete read of the list.
+    async fn find_refund(
+        &self,
+        gateway_charge_id: &str,
+        refund_id: &str,
+        expected: &Expected,
+    ) -> Lookup {
         let url = format!("{}/v1/refunds", self.base_url);
-        let query = [("charge", gateway_charge_id), ("limit", "100")];
-        self.find(&url, &query, ("refund", refund_id)).await
+        let (page_size, max_pages) = self.refund_paging;
+        let query = [("charge", gateway_charge_id)];
+        let what = format!("the provider's refund list of {gateway_charge_id}");
+        let ours = (Kind::Refund, refund_id);
+        self.paged(&url, &query, (page_size, max_pages), ours, expected, &what)
+            .await
     }
 
-    async fn retrieve_refund(&self, gateway_refund_id: &str) -> Lookup {
+    /// Every page of the charges created within `created`, newest first,
+    /// until ours or the last page (Stripe's Search may lag; its list does
+    /// not).
+    async fn find_charge_listed(
+        &self,
+        charge_id: &str,
+        created: CreatedWindow,
+        expected: &Expected,
+    ) -> Lookup {
+        let url = format!("{}/v1/charges", self.base_url);
+        let (from, to) = (created.from.to_string(), created.to.to_string());
+        let query = [
+            ("created[gte]", from.as_str()),
+            ("created[lte]", to.as_str()),
+        ];
+        let what = format!("the provider's charges created from {from} to {to}");
+        let ours = (Kind::Charge, charge_id);
+        let paging = (REFUND_PAGE_SIZE, MAX_LIST_PAGES);
+        self.paged(&url, &query, paging, ours, expected, &what)
+            .await
+    }
+
+    async fn retrieve_refund(&self, gateway_refund_id: &str, expected: &Expected) -> Lookup {
         // The provider's id goes into the path: only a plain one.
         let plain = |c: char| c.is_ascii_alphanumeric() || c == '_';
         if gateway_refund_id.is_empty() || !gateway_refund_id.chars().all(plain) {
@@ -214,77 +344,111 @@ impl Gateway for HttpGateway {
                 };
             }
         };
-        // The object is judged as the answer to the refund's creation is.
-        match classify(200, &body) {
+        // The object is judged, and checked, as the answer to the refund's
+        // creation is.
+        match checked(classify(200, &body), 200, &body, "find_refund", expected) {
             ProviderOutcome::Unknown { reason, .. } => Lookup::Unknown { reason },
             found => Lookup::Found(found),
         }
     }
 }
 
-/// The most pages of `GET /v1/charges` one confirmation reads (100,000
-/// charges): past it the read is incomplete, and nothing is concluded.
-pub const MAX_LIST_PAGES: usize = 1000;
-
 impl HttpGateway {
-    /// Our charge in the provider's charge list: every page of the charges
-    /// created within `created`, 100 a page, newest first, each page after
-    /// the last id of the one before (`starting_after`), until `has_more`
-    /// is false. Any failed, unreadable or endless read is `Unknown`.
-    async fn list_charges_for(&self, charge_id: &str, created: CreatedWindow) -> Lookup {
-        let url = format!("{}/v1/charges", self.base_url);
-        let (from, to) = (created.from.to_string(), created.to.to_string());
-        let key = "payments_charge_id";
-        let mut after: Option<String> = None;
-        for _ in 0..MAX_LIST_PAGES {
-            let mut query = vec![
-                ("created[gte]", from.as_str()),
-                ("created[lte]", to.as_str()),
-                ("limit", "100"),
-            ];
-            if let Some(after) = &after {
-                query.push(("starting_after", after.as_str()));
+    /// Every page of a list (`query` plus `limit` and `starting_after`),
+    /// newest first, until ours or the last page, at most `max_pages` of
+    /// `page_size`. `NotFound` only from a complete, readable read of the
+    /// whole list; a failed page, an unreadable object that could be ours, a
+    /// `has_more` with no new page, or the bound is `Unknown`.
+    async fn paged(
+        &self,
+        url: &str,
+        query: &[(&str, &str)],
+        (page_size, max_pages): (u8, u32),
+        ours: (Kind, &str),
+        expected: &Expected,
+        what: &str,
+    ) -> Lookup {
+        let limit = page_size.to_string();
+        let mut cursor: Option<String> = None;
+        // An object whose metadata could not be read may be ours: it only
+        // stops "not found", and ours may still be on a later page.
+        let mut unreadable: Option<String> = None;
+        for _ in 0..max_pages {
+            let mut page_query = query.to_vec();
+            page_query.push(("limit", limit.as_str()));
+            if let Some(after) = &cursor {
+                page_query.push(("starting_after", after.as_str()));
             }
-            let page = match self.get::<wire::ChargeList>(&url, &query).await {
-                Ok(page) => page,
+            let found = match self.page(url, &page_query, ours).await {
+                Ok(found) => found,
                 Err(reason) => return Lookup::Unknown { reason },
             };
-            let last = page.data.last().map(|o| o.id.clone());
-            let ours = page
-                .data
-                .into_iter()
-                .find(|o| o.metadata.get(key).map(String::as_str) == Some(charge_id));
-            if let Some(object) = ours {
-                return judged(object);
+            if let Some(object) = found.ours {
+                return judge(ours.0, object, expected);
             }
-            if !page.has_more {
-                return Lookup::NotFound;
+            unreadable = unreadable.or(found.unreadable);
+            if !found.has_more {
+                return match unreadable {
+                    Some(reason) => Lookup::Unknown { reason },
+                    None => Lookup::NotFound,
+                };
             }
-            match last {
-                Some(last) if after.as_deref() != Some(last.as_str()) => after = Some(last),
+            match found.last_id {
+                Some(last) if cursor.as_deref() != Some(last.as_str()) => cursor = Some(last),
                 _ => {
                     return Lookup::Unknown {
-                        reason: "the provider's charge list says it has more but gives no \
-                                 new page: the read is incomplete"
-                            .to_owned(),
+                        reason: format!(
+                            "{what} says it has more but gives no new page: the read is \
+                             incomplete; not concluding it was not made"
+                        ),
                     };
                 }
             }
         }
         Lookup::Unknown {
             reason: format!(
-                "more than {MAX_LIST_PAGES} pages of charges in the window: the read is \
-                 incomplete"
+                "{} is not among the newest {} of {what} ({max_pages} pages read) and there are \
+                 more; not concluding it was not made",
+                ours.1,
+                u64::from(page_size) * u64::from(max_pages)
             ),
         }
     }
 
-    /// A GET of `url` with `query`, its 2xx body decoded; `Err` with why not.
-    async fn get<T: serde::de::DeserializeOwned>(
+    /// A GET of a search (one page: its query names our id), and the object
+    /// whose `metadata[payments_{kind}_id]` is `id`, judged as a final answer.
+    async fn find(
         &self,
         url: &str,
         query: &[(&str, &str)],
-    ) -> Result<T, String> {
+        ours: (Kind, &str),
+        expected: &Expected,
+    ) -> Lookup {
+        match self.page(url, query, ours).await {
+            Ok(Found {
+                ours: Some(object), ..
+            }) => judge(ours.0, object, expected),
+            Ok(Found {
+                unreadable: Some(reason),
+                ..
+            }) => Lookup::Unknown { reason },
+            Ok(_) => Lookup::NotFound,
+            Err(reason) => Lookup::Unknown { reason },
+        }
+    }
+
+    /// One GET of a search or a list page, read: our object (whose
+    /// `metadata[payments_{kind}_id]` is `id`), `has_more` and the last id.
+    /// `Err` when the page cannot be had or read (the reason names the
+    /// field). Each object is read on its own: one with nulls or fields the
+    /// adapter does not know is skipped unless it is ours; one whose
+    /// metadata cannot be read makes the page unable to prove ours absent.
+    async fn page(
+        &self,
+        url: &str,
+        query: &[(&str, &str)],
+        (kind, id): (Kind, &str),
+    ) -> Result<Found, String> {
         let mut url = reqwest::Url::parse(url).map_err(|e| format!("bad provider URL: {e}"))?;
         url.query_pairs_mut().extend_pairs(query);
         let response = self
@@ -297,75 +461,44 @@ impl HttpGateway {
         if !response.status().is_success() {
             return Err(format!("provider lookup answered {}", response.status()));
         }
-        response
-            .json::<T>()
+        let body = response
+            .bytes()
             .await
-            .map_err(|e| format!("unreadable provider page: {e}"))
-    }
-
-    /// A GET of a search or a list, and the object whose
-    /// `metadata[payments_{what}_id]` is `id`, judged as a final answer.
-    async fn find(&self, url: &str, query: &[(&str, &str)], (what, id): (&str, &str)) -> Lookup {
-        let mut url = match reqwest::Url::parse(url) {
-            Ok(url) => url,
-            Err(e) => {
-                return Lookup::Unknown {
-                    reason: format!("bad provider URL: {e}"),
-                };
-            }
+            .map_err(|e| format!("reading the provider's page failed: {e}"))?;
+        let page: wire::Page =
+            decode(&body).map_err(|e| format!("unreadable provider page: {e}"))?;
+        let key = format!("payments_{}_id", kind.name());
+        let mut found = Found {
+            ours: None,
+            has_more: page.has_more,
+            last_id: page
+                .data
+                .last()
+                .and_then(|o| o.get("id"))
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned),
+            unreadable: None,
         };
-        url.query_pairs_mut().extend_pairs(query);
-        let sent = self
-            .client
-            .get(url)
-            .bearer_auth(self.secret_key.expose_secret())
-            .send()
-            .await;
-        let page = match sent {
-            Ok(response) if response.status().is_success() => response.json::<wire::Page>().await,
-            Ok(response) => {
-                let reason = format!("provider lookup answered {}", response.status());
-                return Lookup::Unknown { reason };
+        for (i, object) in page.data.into_iter().enumerate() {
+            match names(&object, &key) {
+                Ok(Some(named)) if named == id => {
+                    let object = decode_value::<wire::Object>(object).map_err(|e| {
+                        format!("unreadable provider {} data[{i}]: {e}", kind.name())
+                    })?;
+                    found.ours = Some(object);
+                    return Ok(found);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    found.unreadable.get_or_insert_with(|| {
+                        format!(
+                            "unreadable provider page at data[{i}]{e}; cannot tell it from ours"
+                        )
+                    });
+                }
             }
-            Err(e) => {
-                return Lookup::Unknown {
-                    reason: format!("provider lookup failed: {e}"),
-                };
-            }
-        };
-        let page = match page {
-            Ok(page) => page,
-            Err(e) => {
-                return Lookup::Unknown {
-                    reason: format!("unreadable provider page: {e}"),
-                };
-            }
-        };
-        let key = format!("payments_{what}_id");
-        let ours = page
-            .data
-            .into_iter()
-            .find(|o| o.metadata.get(&key).map(String::as_str) == Some(id));
-        match ours {
-            None => Lookup::NotFound,
-            Some(object) => match object.status.as_str() {
-                "succeeded" => Lookup::Found(ProviderOutcome::Succeeded {
-                    provider_id: object.id,
-                }),
-                "failed" => Lookup::Found(ProviderOutcome::Declined {
-                    code: object
-                        .failure_code
-                        .or(object.failure_reason)
-                        .unwrap_or_else(|| "failed".to_owned()),
-                    decline_code: None,
-                    message: format!("the provider's {} failed", object.id),
-                    provider_id: Some(object.id),
-                }),
-                other => Lookup::Unknown {
-                    reason: format!("the provider's {} is {other:?}, not final", object.id),
-                },
-            },
         }
+        Ok(found)
     }
 
     /// `POST /v1/{what}` under the provider key, classified, timed and logged.
@@ -374,6 +507,7 @@ impl HttpGateway {
         what: &'static str,
         key: &str,
         form: &[(String, String)],
+        expected: &Expected,
     ) -> ProviderOutcome {
         let started = std::time::Instant::now();
         let sent = self
@@ -388,7 +522,7 @@ impl HttpGateway {
             Ok(response) => {
                 let status = response.status().as_u16();
                 match response.bytes().await {
-                    Ok(body) => classify(status, &body),
+                    Ok(body) => checked(classify(status, &body), status, &body, what, expected),
                     Err(e) => ProviderOutcome::Unknown {
                         doubt: doubt_of(&e),
                         reason: format!("reading the provider's {status} answer failed: {e}"),
@@ -424,9 +558,146 @@ impl HttpGateway {
     }
 }
 
-/// What a provider charge found by our id says: final when `succeeded`
-/// or `failed`, else not yet known.
-fn judged(object: wire::Object) -> Lookup {
+/// The value of `metadata[key]` an object names, if any; `Err` (the path
+/// below the object, and what is wrong) when its metadata cannot be read.
+/// Null metadata (Stripe documents a refund's as nullable) names nothing.
+fn names<'a>(object: &'a serde_json::Value, key: &str) -> Result<Option<&'a str>, String> {
+    use serde_json::Value;
+    let Value::Object(fields) = object else {
+        return Err(": not an object".to_owned());
+    };
+    match fields.get("metadata") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(metadata)) => match metadata.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(named)) => Ok(Some(named)),
+            Some(_) => Err(format!(".metadata.{key}: not a string")),
+        },
+        Some(_) => Err(".metadata: neither an object nor null".to_owned()),
+    }
+}
+
+/// JSON read into `T`; an error names the field (`data[3].status: invalid
+/// type: ...`).
+fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, String> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let value = serde_path_to_error::deserialize(&mut deserializer).map_err(path_error)?;
+    deserializer.end().map_err(|e| e.to_string())?;
+    Ok(value)
+}
+
+/// The same from an already parsed value.
+fn decode_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(path_error)
+}
+
+fn path_error(e: serde_path_to_error::Error<serde_json::Error>) -> String {
+    format!("at {}: {}", e.path(), e.inner())
+}
+
+/// Why `object` is not the one our operation asked for, if it is not: its
+/// amount or currency differ, or (a charge that succeeded) it is not paid
+/// or not captured. A field the provider left out matches nothing.
+fn mismatch(kind: Kind, object: &wire::Object, expected: &Expected) -> Option<String> {
+    let mut wrong = Vec::new();
+    if object.amount != Some(expected.amount_cents) {
+        wrong.push(format!(
+            "amount {} (asked {})",
+            shown(&object.amount),
+            expected.amount_cents
+        ));
+    }
+    let currency = object.currency.as_deref();
+    if !currency.is_some_and(|c| c.eq_ignore_ascii_case(&expected.currency)) {
+        wrong.push(format!(
+            "currency {} (asked {})",
+            shown(&currency),
+            expected.currency.to_ascii_lowercase()
+        ));
+    }
+    if kind == Kind::Charge && object.status == "succeeded" {
+        if object.paid != Some(true) {
+            wrong.push(format!("paid {}", shown(&object.paid)));
+        }
+        if object.captured != Some(true) {
+            wrong.push(format!("captured {}", shown(&object.captured)));
+        }
+    }
+    (!wrong.is_empty()).then(|| {
+        format!(
+            "the provider's {} {} ({}) shows {}",
+            kind.name(),
+            object.id,
+            if object.status.is_empty() {
+                "no status"
+            } else {
+                object.status.as_str()
+            },
+            wrong.join(", ")
+        )
+    })
+}
+
+fn shown<T: std::fmt::Display>(value: &Option<T>) -> String {
+    value
+        .as_ref()
+        .map_or_else(|| "none".to_owned(), ToString::to_string)
+}
+
+/// Counts and logs a mismatch, loudly: nobody but a person can settle it.
+fn mismatched(call: &'static str, reason: String) -> String {
+    metrics::counter!(PROVIDER_MISMATCH_TOTAL, "call" => call).increment(1);
+    tracing::error!(
+        call,
+        %reason,
+        "PROVIDER MISMATCH: the provider's object does not show what the operation asked \
+         for; its outcome stays unknown for a person"
+    );
+    format!("mismatch: {reason}")
+}
+
+/// A final answer to our POST counts only if its object shows what was
+/// asked: a 200 whose object does not is unknown (`Doubt::Mismatch`), counted
+/// and logged. Answers without an object (402, 400, 5xx) and unknown
+/// outcomes pass as they are.
+fn checked(
+    outcome: ProviderOutcome,
+    status: u16,
+    body: &[u8],
+    call: &'static str,
+    expected: &Expected,
+) -> ProviderOutcome {
+    if status != 200 || matches!(outcome, ProviderOutcome::Unknown { .. }) {
+        return outcome;
+    }
+    let kind = if call == "charges" {
+        Kind::Charge
+    } else {
+        Kind::Refund
+    };
+    match decode::<wire::Object>(body) {
+        Ok(object) => match mismatch(kind, &object, expected) {
+            None => outcome,
+            Some(reason) => ProviderOutcome::Unknown {
+                doubt: Doubt::Mismatch,
+                reason: mismatched(call, reason),
+            },
+        },
+        Err(e) => ProviderOutcome::Unknown {
+            doubt: Doubt::ProviderError,
+            reason: format!("unreadable provider object {e}"),
+        },
+    }
+}
+
+/// A found object as a lookup's answer: unknown (loudly) unless it shows
+/// what was asked; then final if its status is.
+fn judge(kind: Kind, object: wire::Object, expected: &Expected) -> Lookup {
+    if let Some(reason) = mismatch(kind, &object, expected) {
+        return Lookup::Unknown {
+            reason: mismatched(kind.lookup(), reason),
+        };
+    }
     match object.status.as_str() {
         "succeeded" => Lookup::Found(ProviderOutcome::Succeeded {
             provider_id: object.id,
@@ -440,6 +711,12 @@ fn judged(object: wire::Object) -> Lookup {
             message: format!("the provider's {} failed", object.id),
             provider_id: Some(object.id),
         }),
+        "" => Lookup::Unknown {
+            reason: format!(
+                "the provider's {} has no status (null), not final",
+                object.id
+            ),
+        },
         other => Lookup::Unknown {
             reason: format!("the provider's {} is {other:?}, not final", object.id),
         },
@@ -622,6 +899,210 @@ mod tests {
     }
 
     #[test]
+    fn request_errors_are_final() {
+        let unknown_token = classify(
+            400,
+            br#"{"error":{"type":"invalid_request_error","code":"resource_missing","param":"source","message":"No such token: 'tok_x'"}}"#,
+        );
+        assert_eq!(
+            unknown_token,
+            ProviderOutcome::Rejected {
+                code: "resource_missing".to_owned(),
+                message: "No such token: 'tok_x'".to_owned(),
+            }
+        );
+    }
+
+    #[test]
+    fn form_uses_stripe_names() {
+        let request = ProviderChargeRequest {
+            idempotency_key: "k".to_owned(),
+            charge_id: "ch_ours".to_owned(),
+            amount_cents: 4900,
+            currency: "GBP".to_owned(),
+            card_token: "tok_visa".to_owned(),
+            description: Some("tea".to_owned()),
+            metadata: [("order".to_owned(), "42".to_owned())].into(),
+        };
+        let form = charge_form(&request);
+        let has = |k: &str, v: &str| form.contains(&(k.to_owned(), v.to_owned()));
+        assert!(has("currency", "gbp"));
+        assert!(has("metadata[order]", "42"));
+        assert!(has("metadata[payments_charge_id]", "ch_ours"));
+        assert!(has("amount", "4900"));
+        let refund = ProviderRefundRequest {
+            idempotency_key: "k".to_owned(),
+            refund_id: "re_ours".to_owned(),
+            gateway_charge_id: "ch_theirs".to_owned(),
+            amount_cents: 300,
+            currency: "GBP".to_owned(),
+            reason: Some(payments_domain::refund::RefundReason::Duplicate),
+            metadata: Default::default(),
+        };
+        let form = refund_form(&refund);
+        let has = |k: &str, v: &str| form.contains(&(k.to_owned(), v.to_owned()));
+        assert!(has("charge", "ch_theirs") && has("amount", "300") && has("reason", "duplicate"));
+        assert!(has("metadata[payments_refund_id]", "re_ours"));
+    }
+
+    fn gbp(amount_cents: i64) -> Expected {
+        Expected {
+            amount_cents,
+            currency: "GBP".to_owned(),
+        }
+    }
+
+    /// Issue 23: a 200 counts only if it shows what was asked: amount,
+    /// currency, and for a charge that succeeded, paid and captured.
+    #[test]
+    fn a_success_for_another_amount_currency_or_capture_is_a_mismatch() {
+        let charge = |fields: &str| {
+            let body =
+                format!(r#"{{"id":"ch_1","object":"charge","status":"succeeded",{fields}}}"#);
+            let outcome = classify(200, body.as_bytes());
+            checked(outcome, 200, body.as_bytes(), "charges", &gbp(4900))
+        };
+        let ok = r#""amount":4900,"currency":"gbp","paid":true,"captured":true"#;
+        assert_eq!(
+            charge(ok),
+            ProviderOutcome::Succeeded {
+                provider_id: "ch_1".to_owned()
+            }
+        );
+        for (fields, shown) in [
+            (
+                r#""amount":100,"currency":"usd","paid":true,"captured":true"#,
+                "amount 100 (asked 4900), currency usd (asked gbp)",
+            ),
+            (
+                r#""amount":4900,"currency":"gbp","paid":true,"captured":false"#,
+                "captured false",
+            ),
+            (
+                r#""amount":4900,"currency":"gbp","paid":false,"captured":true"#,
+                "paid false",
+            ),
+            (
+                r#""amount":4900,"currency":"gbp""#,
+                "paid none, captured none",
+            ),
+            (
+                r#""currency":"gbp","paid":true,"captured":true"#,
+                "amount none (asked 4900)",
+            ),
+        ] {
+            match charge(fields) {
+                ProviderOutcome::Unknown {
+                    doubt: Doubt::Mismatch,
+                    reason,
+                } => assert!(reason.contains(shown), "{fields}: {reason}"),
+                other => panic!("{fields}: {other:?}"),
+            }
+        }
+        // A refund: amount and currency (the charge's).
+        let refund = |body: &str| {
+            checked(
+                classify(200, body.as_bytes()),
+                200,
+                body.as_bytes(),
+                "refunds",
+                &gbp(400),
+            )
+        };
+        assert!(matches!(
+            refund(r#"{"id":"re_1","status":"succeeded","amount":400,"currency":"gbp"}"#),
+            ProviderOutcome::Succeeded { .. }
+        ));
+        assert!(matches!(
+            refund(r#"{"id":"re_1","status":"succeeded","amount":300,"currency":"gbp"}"#),
+            ProviderOutcome::Unknown {
+                doubt: Doubt::Mismatch,
+                ..
+            }
+        ));
+        // A failed refund for another amount is not a decline to trust.
+        assert!(matches!(
+            refund(r#"{"id":"re_1","status":"failed","amount":300,"currency":"gbp"}"#),
+            ProviderOutcome::Unknown {
+                doubt: Doubt::Mismatch,
+                ..
+            }
+        ));
+        // Answers without an object pass as classified.
+        let declined = br#"{"error":{"type":"card_error","code":"card_declined"}}"#;
+        assert!(matches!(
+            checked(
+                classify(402, declined),
+                402,
+                declined,
+                "charges",
+                &gbp(4900)
+            ),
+            ProviderOutcome::Declined { .. }
+        ));
+    }
+
+    /// Issue 23: what a lookup finds is judged the same way, and a null
+    /// status is not final.
+    #[test]
+    fn a_found_object_is_judged_against_what_was_asked() -> Result<(), String> {
+        let object = |json: serde_json::Value| decode_value::<wire::Object>(json);
+        let ours = object(serde_json::json!({
+            "id": "re_1", "status": "succeeded", "amount": 400, "currency": "gbp",
+            "metadata": null
+        }))?;
+        assert!(matches!(
+            judge(Kind::Refund, ours, &gbp(400)),
+            Lookup::Found(ProviderOutcome::Succeeded { .. })
+        ));
+        let other = object(serde_json::json!({
+            "id": "re_1", "status": "succeeded", "amount": 400, "currency": "eur"
+        }))?;
+        assert!(matches!(
+            judge(Kind::Refund, other, &gbp(400)),
+            Lookup::Unknown { reason } if reason.contains("currency eur (asked gbp)")
+        ));
+        let null_status = object(serde_json::json!({
+            "id": "re_1", "status": null, "amount": 400, "currency": "gbp"
+        }))?;
+        assert!(matches!(
+            judge(Kind::Refund, null_status, &gbp(400)),
+            Lookup::Unknown { reason } if reason.contains("no status")
+        ));
+        Ok(())
+    }
+
+    /// Issue 23: a decode error names the field; null metadata names
+    /// nothing, unreadable metadata is an error naming where.
+    #[test]
+    fn decode_errors_name_the_field() {
+        let page = decode::<wire::Page>(br#"{"data":[],"has_more":null}"#);
+        assert!(
+            page.as_ref().is_err_and(|e| e.contains("has_more")),
+            "{page:?}"
+        );
+        let object = decode_value::<wire::Object>(serde_json::json!({"id": "re_1", "status": 7}));
+        assert!(
+            object.as_ref().is_err_and(|e| e.starts_with("at status:")),
+            "{object:?}"
+        );
+        let key = "payments_refund_id";
+        let of = |json: serde_json::Value| names(&json, key).map(|n| n.map(str::to_owned));
+        assert_eq!(of(serde_json::json!({"metadata": null})), Ok(None));
+        assert_eq!(of(serde_json::json!({"id": "re_1"})), Ok(None));
+        assert_eq!(
+            of(serde_json::json!({"metadata": {key: "re_ours"}})),
+            Ok(Some("re_ours".to_owned()))
+        );
+        assert_eq!(
+            of(serde_json::json!({"metadata": {key: 5}})),
+            Err(".metadata.payments_refund_id: not a string".to_owned())
+        );
+        assert!(of(serde_json::json!({"metadata": "x"})).is_err());
+        assert!(of(serde_json::json!(null)).is_err());
+    }
+
+    #[test]
     fn a_key_still_in_flight_is_its_own_doubt() {
         let in_flight = classify(
             409,
@@ -662,52 +1143,6 @@ mod tests {
                 "{status}: {other:?}"
             );
         }
-    }
-
-    #[test]
-    fn request_errors_are_final() {
-        let unknown_token = classify(
-            400,
-            br#"{"error":{"type":"invalid_request_error","code":"resource_missing","param":"source","message":"No such token: 'tok_x'"}}"#,
-        );
-        assert_eq!(
-            unknown_token,
-            ProviderOutcome::Rejected {
-                code: "resource_missing".to_owned(),
-                message: "No such token: 'tok_x'".to_owned(),
-            }
-        );
-    }
-
-    #[test]
-    fn form_uses_stripe_names() {
-        let request = ProviderChargeRequest {
-            idempotency_key: "k".to_owned(),
-            charge_id: "ch_ours".to_owned(),
-            amount_cents: 4900,
-            currency: "GBP".to_owned(),
-            card_token: "tok_visa".to_owned(),
-            description: Some("tea".to_owned()),
-            metadata: [("order".to_owned(), "42".to_owned())].into(),
-        };
-        let form = charge_form(&request);
-        let has = |k: &str, v: &str| form.contains(&(k.to_owned(), v.to_owned()));
-        assert!(has("currency", "gbp"));
-        assert!(has("metadata[order]", "42"));
-        assert!(has("metadata[payments_charge_id]", "ch_ours"));
-        assert!(has("amount", "4900"));
-        let refund = ProviderRefundRequest {
-            idempotency_key: "k".to_owned(),
-            refund_id: "re_ours".to_owned(),
-            gateway_charge_id: "ch_theirs".to_owned(),
-            amount_cents: 300,
-            reason: Some(payments_domain::refund::RefundReason::Duplicate),
-            metadata: Default::default(),
-        };
-        let form = refund_form(&refund);
-        let has = |k: &str, v: &str| form.contains(&(k.to_owned(), v.to_owned()));
-        assert!(has("charge", "ch_theirs") && has("amount", "300") && has("reason", "duplicate"));
-        assert!(has("metadata[payments_refund_id]", "re_ours"));
     }
 
     #[test]

@@ -64,18 +64,25 @@ pub(crate) async fn list_charges(
     })))
 }
 
-/// Validates, asks the network and records the charge. Returns the final
-/// answer and whether a charge was recorded.
+/// Validates, asks the network and records the charge (with the config's
+/// answer overrides). Returns the final answer and whether a charge was
+/// recorded.
 fn charge(
     ledger: &Ledger,
-    _: &SandboxConfig,
+    config: &SandboxConfig,
     params: &FormParams,
     key: Option<&str>,
 ) -> (StoredResponse, bool) {
-    let request = match params.charge_request() {
+    let mut request = match params.charge_request() {
         Ok(request) => request,
         Err(error) => return (error.to_stored(), false),
     };
+    if let Some(amount) = config.answer_amount_override {
+        request.amount = amount;
+    }
+    if let Some(currency) = &config.answer_currency_override {
+        request.currency = currency.to_ascii_lowercase();
+    }
     let Some(authorization) = network::authorize(&request.source) else {
         let error = ApiError::invalid_request(format!("No such token: '{}'", request.source))
             .with_code("resource_missing")

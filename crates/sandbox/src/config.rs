@@ -41,6 +41,16 @@ pub struct SandboxConfig {
     /// settled later through `POST /_sandbox/refunds/{id}`, as Stripe's test
     /// helpers do), `failed` or `canceled` (nothing refunded).
     pub refund_status: RefundStatus,
+    /// The amount (minor units) every charge and refund is made, recorded,
+    /// answered and listed with, instead of the one asked for: a provider
+    /// whose answer does not match the request.
+    pub answer_amount_override: Option<u64>,
+    /// The same for the currency (three letters, stored lower-case).
+    pub answer_currency_override: Option<String>,
+    /// `GET /v1/refunds` lists a refund made without metadata (as from the
+    /// provider's dashboard) with `metadata: null` and `status: null`:
+    /// Stripe documents both fields of a refund as nullable.
+    pub nulls_in_refund_lists: bool,
 }
 
 /// A refund's status, as Stripe names it. `pending` and `requires_action`
@@ -82,6 +92,9 @@ impl Default for SandboxConfig {
             key_retention_secs: DEFAULT_KEY_RETENTION_SECS,
             search_lag_ms: 0,
             refund_status: RefundStatus::Succeeded,
+            answer_amount_override: None,
+            answer_currency_override: None,
+            nulls_in_refund_lists: false,
         }
     }
 }
@@ -100,6 +113,16 @@ impl SandboxConfig {
                 message: format!(
                     "error_rate must be between 0.0 and 1.0, got {}",
                     self.error_rate
+                ),
+            });
+        }
+        if let Some(currency) = &self.answer_currency_override
+            && (currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_alphabetic()))
+        {
+            return Err(InvalidConfig {
+                field: "answer_currency_override",
+                message: format!(
+                    "answer_currency_override must be three letters, got {currency:?}"
                 ),
             });
         }
@@ -148,6 +171,17 @@ mod tests {
     #[test]
     fn unknown_fields_are_rejected() {
         assert!(serde_json::from_str::<SandboxConfig>(r#"{"latency":5}"#).is_err());
+    }
+
+    #[test]
+    fn a_currency_override_must_be_a_currency_code() {
+        for (currency, valid) in [("usd", true), ("USD", true), ("us", false), ("us1", false)] {
+            let config = SandboxConfig {
+                answer_currency_override: Some(currency.to_owned()),
+                ..SandboxConfig::default()
+            };
+            assert_eq!(config.validate().is_ok(), valid, "{currency}");
+        }
     }
 
     #[test]

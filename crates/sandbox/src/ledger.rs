@@ -178,9 +178,18 @@ pub(crate) enum SettleRefusal {
 /// The refund's failure reason when it fails with none given.
 pub(crate) const DEFAULT_FAILURE_REASON: &str = "unknown";
 
-/// `GET /v1/refunds?charge=` named a charge the sandbox does not know.
+/// `GET /v1/charges?starting_after=` named a charge the sandbox does not know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct NoSuchCharge;
+
+/// Why `GET /v1/refunds` has no page to answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ListRefusal {
+    /// `charge=` named a charge the sandbox does not know.
+    NoSuchCharge,
+    /// `starting_after=` named no refund of the list.
+    NoSuchRefund,
+}
 
 /// A page of a list or a search, newest first.
 #[derive(Debug, Clone)]
@@ -362,7 +371,7 @@ impl Ledger {
             object: "refund",
             amount,
             charge: request.charge,
-            currency: charge.currency.clone(),
+            currency: request.currency.unwrap_or_else(|| charge.currency.clone()),
             status,
             failure_reason: (status == RefundStatus::Failed)
                 .then(|| DEFAULT_FAILURE_REASON.to_owned()),
@@ -429,24 +438,31 @@ impl Ledger {
         Ok(settled)
     }
 
-    /// Refunds newest first, only `charge`'s if given (which must exist).
+    /// Refunds newest first, only `charge`'s if given (which must exist),
+    /// from just after the refund `starting_after` (which must be in the
+    /// list), as Stripe pages a list.
     pub(crate) fn refund_page(
         &self,
         charge: Option<&str>,
         limit: usize,
-    ) -> Result<Page<Refund>, NoSuchCharge> {
+        starting_after: Option<&str>,
+    ) -> Result<Page<Refund>, ListRefusal> {
         let books = self.lock();
         if charge.is_some_and(|charge| !books.has_charge(charge)) {
-            return Err(NoSuchCharge);
+            return Err(ListRefusal::NoSuchCharge);
         }
-        let matches = books
+        let mut matches = books
             .refunds
             .iter()
             .rev()
             .map(|entry| &entry.refund)
-            .filter(|refund| charge.is_none_or(|charge| refund.charge == charge))
-            .cloned();
-        Ok(Page::of(matches, limit))
+            .filter(|refund| charge.is_none_or(|charge| refund.charge == charge));
+        if let Some(cursor) = starting_after
+            && !matches.by_ref().any(|refund| refund.id == cursor)
+        {
+            return Err(ListRefusal::NoSuchRefund);
+        }
+        Ok(Page::of(matches.cloned(), limit))
     }
 
     /// Charges created within `created`, newest first, from the one after
@@ -620,6 +636,7 @@ mod tests {
             amount,
             reason: None,
             metadata: BTreeMap::new(),
+            currency: None,
         }
     }
 
@@ -718,7 +735,10 @@ mod tests {
                 .err(),
             Some(RefundRefusal::NoSuchCharge)
         );
-        assert!(ledger.refund_page(Some("ch_nope"), 10).is_err());
+        assert_eq!(
+            ledger.refund_page(Some("ch_nope"), 10, None).err(),
+            Some(ListRefusal::NoSuchCharge)
+        );
         assert_eq!(ledger.stats().refunds, 0);
     }
 

@@ -6,7 +6,8 @@
 //!
 //! - [`config`]: [`SandboxConfig`], the fault-injection settings (latency,
 //!   error rate, hang, drop-after-charge, key retention, search lag, the
-//!   status new refunds get) and their validation.
+//!   status new refunds get, answers with another amount or currency, nulls
+//!   in refund lists) and their validation.
 //! - `server`: [`serve`] runs the accept loop on a listener the caller bound,
 //!   serving each connection with hyper so a handler can close its own
 //!   connection without answering; [`SandboxHandle`] runs it in the
@@ -37,7 +38,7 @@
 //! | --- | --- |
 //! | `POST /v1/charges` | form: `amount`, `currency`, `source`, `description`, `metadata[k]`; `Authorization: Bearer <any>`; optional `Idempotency-Key`. Answers Stripe's charge object (with `amount_refunded`, `refunded`) |
 //! | `POST /v1/refunds` | form: `charge` (`ch_...`), `amount` (default: what is left), `reason` (`duplicate`, `fraudulent`, `requested_by_customer`), `metadata[k]`; bearer auth and `Idempotency-Key` as for charges. Answers Stripe's refund object (`re_...`, with the configured `refund_status`: `succeeded` unless set to `pending`, `requires_action`, `failed` or `canceled`) |
-//! | `GET /v1/refunds` | query: `charge` (optional), `limit` (1-100, default 10); bearer auth. Stripe's list, newest first |
+//! | `GET /v1/refunds` | query: `charge` (optional), `limit` (1-100, default 10), `starting_after` (a refund id of the list: the next page); bearer auth. Stripe's list, newest first, `has_more` while older refunds are left. With `nulls_in_refund_lists`, a refund made without metadata shows `metadata` and `status` null |
 //! | `GET /v1/refunds/{id}` | bearer auth. The refund as it stands now; 404 `resource_missing` for an unknown id |
 //! | `GET /v1/charges` | query: `created[gte]`, `created[gt]`, `created[lte]`, `created[lt]` or `created` (Unix seconds), `limit` (1-100, default 10), `starting_after` (`ch_...`: the page after it); bearer auth. Stripe's list, newest first, with `has_more`; shows a charge at once, whatever `search_lag_ms` |
 //! | `GET /v1/charges/search` | query: `query=metadata['KEY']:'VALUE'` (or double quotes), `limit` (1-100, default 10); bearer auth. Stripe's `search_result`, newest first, once the index caught up (`search_lag_ms`) |
@@ -55,9 +56,10 @@
 //! `charge_already_refunded` once nothing is left; `amount_too_large`
 //! (param `amount`) for more than is left, amounts in minor units.
 //! `GET /v1/refunds?charge=` with an unknown charge is `resource_missing`
-//! too, and so is `GET /v1/charges?starting_after=` with an unknown charge
-//! (param `starting_after`). A search query of any other form is a 400
-//! with param `query`.
+//! too, and so is a `starting_after` that is not a refund of the list, or
+//! `GET /v1/charges?starting_after=` with an unknown charge (param
+//! `starting_after`). A search query of any other form is a 400 with param
+//! `query`.
 //!
 //! # Decisions
 //!

@@ -82,6 +82,7 @@ async fn main() -> anyhow::Result<()> {
         key_retention_secs: args.key_retention_secs,
         search_lag_ms: args.search_lag_ms,
         refund_status: args.refund_status,
+        ..SandboxConfig::default()
     };
     config.validate().context("invalid sandbox configuration")?;
 

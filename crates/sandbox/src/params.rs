@@ -58,17 +58,23 @@ pub(crate) struct RefundRequest {
     /// One of Stripe's [`REFUND_REASONS`].
     pub(crate) reason: Option<&'static str>,
     pub(crate) metadata: BTreeMap<String, String>,
+    /// Stripe takes no currency: a refund is in its charge's (`None`). Set
+    /// only by the sandbox's `answer_currency_override`.
+    pub(crate) currency: Option<String>,
 }
 
 /// The reasons Stripe accepts for a refund.
 pub(crate) const REFUND_REASONS: [&str; 3] = ["duplicate", "fraudulent", "requested_by_customer"];
 
-/// `GET /v1/refunds`: which refunds, and how many at most.
+/// `GET /v1/refunds`: which refunds, how many at most, and from where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct RefundListRequest {
     /// Only this charge's refunds; `None` for every refund.
     pub(crate) charge: Option<String>,
     pub(crate) limit: usize,
+    /// Stripe's cursor: the page starts after this refund (the last one of
+    /// the previous page), in the list's newest-first order.
+    pub(crate) starting_after: Option<String>,
 }
 
 /// `GET /v1/charges`: Stripe's `created` bounds (Unix seconds; `created=N`
@@ -223,15 +229,17 @@ impl FormParams {
             amount,
             reason,
             metadata: known.metadata,
+            currency: None,
         })
     }
 
     /// The query of `GET /v1/refunds`.
     pub(crate) fn refund_list_request(&self) -> Result<RefundListRequest, ApiError> {
-        let known = self.sort(&["charge", "limit"], false)?;
+        let known = self.sort(&["charge", "limit", "starting_after"], false)?;
         Ok(RefundListRequest {
             charge: known.non_empty("charge").map(str::to_owned),
             limit: parse_limit(known.non_empty("limit"))?,
+            starting_after: known.non_empty("starting_after").map(str::to_owned),
         })
     }
 
@@ -497,6 +505,7 @@ mod tests {
                 amount: Some(300),
                 reason: Some("requested_by_customer"),
                 metadata: BTreeMap::from([("ticket".into(), "7".into())]),
+                currency: None,
             }
         );
         // Without an amount the ledger refunds what is left; empty is absent.
@@ -574,11 +583,15 @@ mod tests {
         assert_eq!((all.charge, all.limit), (None, 10));
         let one = FormParams::parse_query(Some("charge=ch_1&limit=100"))?.refund_list_request()?;
         assert_eq!((one.charge.as_deref(), one.limit), (Some("ch_1"), 100));
+        let next = FormParams::parse_query(Some("charge=ch_1&starting_after=re_9"))?
+            .refund_list_request()?;
+        assert_eq!(next.starting_after.as_deref(), Some("re_9"));
         for query in [
             "limit=0",
             "limit=101",
             "limit=ten",
             "charge=ch_1&metadata[a]=b",
+            "ending_before=re_1",
         ] {
             assert!(
                 FormParams::parse_query(Some(query))?

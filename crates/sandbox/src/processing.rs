@@ -41,7 +41,7 @@ pub(crate) struct Operation {
     /// the idempotency key with what it made. Returns the final answer
     /// (stored under the key) and whether something was recorded: only then
     /// does `drop_after_charge` close the connection. The request's config
-    /// says how (a refund's `refund_status`).
+    /// says how (a refund's `refund_status`, the answer overrides).
     pub(crate) apply:
         fn(&Ledger, &SandboxConfig, &FormParams, Option<&str>) -> (StoredResponse, bool),
 }

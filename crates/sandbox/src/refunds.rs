@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::config::{RefundStatus, SandboxConfig};
 use crate::error::ApiError;
-use crate::ledger::{Ledger, NoSuchCharge, Refund, RefundRefusal, SettleRefusal};
+use crate::ledger::{Ledger, ListRefusal, Refund, RefundRefusal, SettleRefusal};
 use crate::params::FormParams;
 use crate::processing::{self, Operation};
 use crate::response::StoredResponse;
@@ -37,7 +37,8 @@ pub(crate) async fn create_refund(
     processing::serve(state, connection, headers, body, REFUNDS).await
 }
 
-/// Validates and refunds, with the configured `refund_status`. Returns the
+/// Validates and refunds, with the configured `refund_status` and the
+/// config's answer overrides. Returns the
 /// final answer and whether a refund was recorded; a refusal records
 /// nothing, so it is answered even under `drop_after_charge`.
 fn refund(
@@ -46,10 +47,16 @@ fn refund(
     params: &FormParams,
     key: Option<&str>,
 ) -> (StoredResponse, bool) {
-    let request = match params.refund_request() {
+    let mut request = match params.refund_request() {
         Ok(request) => request,
         Err(error) => return (error.to_stored(), false),
     };
+    if let Some(amount) = config.answer_amount_override {
+        request.amount = Some(amount);
+    }
+    if let Some(currency) = &config.answer_currency_override {
+        request.currency = Some(currency.to_ascii_lowercase());
+    }
     let charge = request.charge.clone();
     match ledger.refund(request, key.map(str::to_owned), config.refund_status) {
         Ok(refund) => {
@@ -101,8 +108,9 @@ fn no_such_charge(charge: &str) -> ApiError {
         .with_param("charge")
 }
 
-/// `GET /v1/refunds[?charge=ch_..][&limit=N]`: Stripe's list, newest first.
-/// No faults: they model what happens to money-moving requests.
+/// `GET /v1/refunds[?charge=ch_..][&limit=N][&starting_after=re_..]`:
+/// Stripe's list, newest first, a page at a time. No faults: they model
+/// what happens to money-moving requests.
 pub(crate) async fn list_refunds(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -112,11 +120,36 @@ pub(crate) async fn list_refunds(
     let request = FormParams::parse_query(query.as_deref())?.refund_list_request()?;
     let page = state
         .ledger
-        .refund_page(request.charge.as_deref(), request.limit)
-        .map_err(|NoSuchCharge| no_such_charge(request.charge.as_deref().unwrap_or_default()))?;
+        .refund_page(
+            request.charge.as_deref(),
+            request.limit,
+            request.starting_after.as_deref(),
+        )
+        .map_err(|refusal| match refusal {
+            ListRefusal::NoSuchCharge => {
+                no_such_charge(request.charge.as_deref().unwrap_or_default())
+            }
+            ListRefusal::NoSuchRefund => ApiError::invalid_request(format!(
+                "No such refund: '{}'",
+                request.starting_after.as_deref().unwrap_or_default()
+            ))
+            .with_code("resource_missing")
+            .with_param("starting_after"),
+        })?;
+    let mut data = json!(page.data);
+    if state.config().nulls_in_refund_lists
+        && let Some(refunds) = data.as_array_mut()
+    {
+        for refund in refunds {
+            if refund["metadata"] == json!({}) {
+                refund["metadata"] = Value::Null;
+                refund["status"] = Value::Null;
+            }
+        }
+    }
     Ok(Json(json!({
         "object": "list",
-        "data": page.data,
+        "data": data,
         "has_more": page.has_more,
         "url": "/v1/refunds",
     })))

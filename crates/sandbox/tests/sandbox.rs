@@ -1080,8 +1080,13 @@ async fn refunds_are_listed_newest_first_by_charge() -> TestResult {
         (&[("limit", "101")], "parameter_invalid_integer", "limit"),
         (
             &[("starting_after", "re_1")],
-            "parameter_unknown",
+            "resource_missing",
             "starting_after",
+        ),
+        (
+            &[("ending_before", "re_1")],
+            "parameter_unknown",
+            "ending_before",
         ),
     ] {
         let (status, body) = sandbox.get_v1("/v1/refunds", query).await?;
@@ -1095,6 +1100,206 @@ async fn refunds_are_listed_newest_first_by_charge() -> TestResult {
         .send()
         .await?;
     assert_eq!(unauthenticated.status(), StatusCode::UNAUTHORIZED);
+    Ok(())
+}
+
+/// A charge's refunds page as Stripe's list does: newest first, at most 100
+/// a page, `has_more` while older ones are left, the next page from
+/// `starting_after` (the last id of the page before); a cursor that is not
+/// in the list is `resource_missing`. Walked to the end, the pages hold
+/// every refund of the charge once.
+#[tokio::test]
+async fn refund_lists_page_with_starting_after_as_stripe_does() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let charge = sandbox.paid_charge(&[]).await?;
+    let other = sandbox.paid_charge(&[]).await?;
+    for (charge, count) in [(&charge, 250), (&other, 3)] {
+        for _ in 0..count {
+            let response = sandbox
+                .post_refund(&[("charge", charge), ("amount", "1")], None)
+                .await?;
+            assert_eq!(response.status(), StatusCode::OK);
+        }
+    }
+    let newest_first: Vec<Value> = sandbox
+        .refunds()
+        .await?
+        .into_iter()
+        .rev()
+        .filter(|refund| refund["charge"] == charge.as_str())
+        .map(|refund| refund["id"].clone())
+        .collect();
+    assert_eq!(newest_first.len(), 250);
+
+    let mut seen = Vec::new();
+    let mut shapes = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut query = vec![("charge", charge.as_str()), ("limit", "100")];
+        if let Some(cursor) = &cursor {
+            query.push(("starting_after", cursor));
+        }
+        let (status, page) = sandbox.get_v1("/v1/refunds", &query).await?;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let data = page["data"].as_array().ok_or("no data")?;
+        shapes.push((data.len(), page["has_more"].clone()));
+        seen.extend(data.iter().map(|refund| refund["id"].clone()));
+        if page["has_more"] != true {
+            break;
+        }
+        cursor = data
+            .last()
+            .and_then(|refund| refund["id"].as_str())
+            .map(str::to_owned);
+    }
+    assert_eq!(
+        shapes,
+        [(100, json!(true)), (100, json!(true)), (50, json!(false))]
+    );
+    assert_eq!(seen, newest_first);
+
+    // A refund of another charge is not in this charge's list.
+    let foreign = sandbox
+        .refunds()
+        .await?
+        .into_iter()
+        .rev()
+        .find(|refund| refund["charge"] == other.as_str())
+        .and_then(|refund| refund["id"].as_str().map(str::to_owned))
+        .ok_or("no refund of the other charge")?;
+    let (status, body) = sandbox
+        .get_v1(
+            "/v1/refunds",
+            &[("charge", &charge), ("starting_after", &foreign)],
+        )
+        .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "resource_missing");
+    assert_eq!(body["error"]["param"], "starting_after");
+    // The oldest refund's page is empty, and says so.
+    let oldest = newest_first.last().and_then(Value::as_str).ok_or("none")?;
+    let (status, last) = sandbox
+        .get_v1(
+            "/v1/refunds",
+            &[("charge", &charge), ("starting_after", oldest)],
+        )
+        .await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (last["data"].clone(), last["has_more"].clone()),
+        (json!([]), json!(false))
+    );
+    Ok(())
+}
+
+/// `answer_amount_override` and `answer_currency_override` make a provider
+/// whose answers do not match the request: the charge or refund is made,
+/// recorded, answered and listed with the override. A currency that is not
+/// three letters is refused, naming the field.
+#[tokio::test]
+async fn answer_overrides_make_another_amount_and_currency() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let (status, config) = body_json(
+        sandbox
+            .set_config(json!({"answer_amount_override": 100, "answer_currency_override": "USD"}))
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{config}");
+    let (status, charge) = body_json(
+        sandbox
+            .post_charge(&charge_form("tok_visa"), Some("k-1"))
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{charge}");
+    assert_eq!(
+        (charge["amount"].clone(), charge["currency"].clone()),
+        (json!(100), json!("usd"))
+    );
+    let recorded = sandbox.charges().await?;
+    assert_eq!(
+        (
+            recorded[0]["amount"].clone(),
+            recorded[0]["currency"].clone()
+        ),
+        (json!(100), json!("usd"))
+    );
+    let charge_id = charge["id"].as_str().ok_or("no id")?;
+
+    sandbox
+        .set_config(json!({"answer_amount_override": 30, "answer_currency_override": "eur"}))
+        .await?
+        .error_for_status()?;
+    let (status, refund) = body_json(
+        sandbox
+            .post_refund(&[("charge", charge_id), ("amount", "50")], None)
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::OK, "{refund}");
+    assert_eq!(
+        (refund["amount"].clone(), refund["currency"].clone()),
+        (json!(30), json!("eur"))
+    );
+    let (_, list) = sandbox
+        .get_v1("/v1/refunds", &[("charge", charge_id)])
+        .await?;
+    assert_eq!(list["data"][0]["amount"], 30);
+
+    let (status, body) = body_json(
+        sandbox
+            .set_config(json!({"answer_currency_override": "dollars"}))
+            .await?,
+    )
+    .await?;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["param"], "answer_currency_override");
+    Ok(())
+}
+
+/// `nulls_in_refund_lists`: a refund made without metadata is listed with
+/// `metadata` and `status` null, as Stripe's refund object allows; one with
+/// metadata, and every POST answer, are unchanged.
+#[tokio::test]
+async fn refund_lists_can_show_stripes_nullable_fields_as_null() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let charge = sandbox.paid_charge(&[]).await?;
+    let mut made = Vec::new();
+    for form in [
+        &[
+            ("charge", charge.as_str()),
+            ("amount", "100"),
+            ("metadata[ticket]", "T-1"),
+        ][..],
+        &[("charge", charge.as_str()), ("amount", "200")],
+    ] {
+        let (status, refund) = body_json(sandbox.post_refund(form, None).await?).await?;
+        assert_eq!(status, StatusCode::OK, "{refund}");
+        made.push(refund);
+    }
+    sandbox
+        .set_config(json!({"nulls_in_refund_lists": true}))
+        .await?
+        .error_for_status()?;
+    let (status, list) = sandbox
+        .get_v1("/v1/refunds", &[("charge", &charge)])
+        .await?;
+    assert_eq!(status, StatusCode::OK);
+    let mut bare = made[1].clone();
+    bare["metadata"] = Value::Null;
+    bare["status"] = Value::Null;
+    assert_eq!(list["data"], json!([bare, made[0]]));
+    let (_, third) = body_json(
+        sandbox
+            .post_refund(&[("charge", charge.as_str()), ("amount", "300")], None)
+            .await?,
+    )
+    .await?;
+    assert_eq!(
+        (third["metadata"].clone(), third["status"].clone()),
+        (json!({}), json!("succeeded"))
+    );
     Ok(())
 }
 
@@ -1601,7 +1806,9 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
     assert_eq!(
         current,
         json!({"latency_ms": 5, "error_rate": 0.0, "hang": false, "drop_after_charge": false,
-               "key_retention_secs": 86400, "search_lag_ms": 0, "refund_status": "succeeded"})
+               "key_retention_secs": 86400, "search_lag_ms": 0, "refund_status": "succeeded",
+               "answer_amount_override": null, "answer_currency_override": null,
+               "nulls_in_refund_lists": false})
     );
 
     for bad in [
@@ -1625,7 +1832,9 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
     let (status, body) = body_json(sandbox.set_config(json!({"error_rate": 0.25})).await?).await?;
     assert_eq!(status, StatusCode::OK);
     let expected = json!({"latency_ms": 0, "error_rate": 0.25, "hang": false, "drop_after_charge": false,
-               "key_retention_secs": 86400, "search_lag_ms": 0, "refund_status": "succeeded"});
+               "key_retention_secs": 86400, "search_lag_ms": 0, "refund_status": "succeeded",
+               "answer_amount_override": null, "answer_currency_override": null,
+               "nulls_in_refund_lists": false});
     assert_eq!(body, expected);
     assert_eq!(sandbox.get_json("/_sandbox/config").await?, expected);
     Ok(())
