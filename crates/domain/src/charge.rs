@@ -61,6 +61,30 @@ impl fmt::Display for CustomerId {
     }
 }
 
+/// The longest object id the tables hold (`VARCHAR(64)`).
+const MAX_OBJECT_ID: usize = 64;
+
+/// Whether `id` has the shape of an object id this server makes: 1-64
+/// letters, digits and `_` (ours are a prefix, `ch_` or `re_`, and 32 hex
+/// digits). An id of another shape cannot exist, so it is answered without
+/// a query: no database sees bytes it cannot hold (PostgreSQL refuses NUL
+/// in text).
+pub(crate) fn is_object_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_OBJECT_ID
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Whether `id` can be a charge's id: `ch_` and an object id's characters.
+pub fn is_charge_id(id: &str) -> bool {
+    id.starts_with("ch_") && is_object_id(id)
+}
+
+/// Whether `id` can be a refund's id: `re_` and an object id's characters.
+pub fn is_refund_id(id: &str) -> bool {
+    id.starts_with("re_") && is_object_id(id)
+}
+
 /// A positive amount in the currency's minor unit, at most the configured maximum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AmountCents(i64);
@@ -201,12 +225,12 @@ const MAX_DESCRIPTION: usize = 1000;
 const MAX_METADATA_KEYS: usize = 49;
 /// The prefix of the metadata keys this server sends to the provider.
 pub const RESERVED_METADATA_PREFIX: &str = "payments_";
-const MAX_METADATA_KEY: usize = 40;
+pub(crate) const MAX_METADATA_KEY: usize = 40;
 /// PostgreSQL text cannot hold U+0000 and other backends would store it
 /// silently; the provider's form encoding would pass it on. Refused alike
 /// everywhere.
-const NUL_REFUSED: &str = "text must not contain the NUL character (\\u0000)";
-const MAX_METADATA_VALUE: usize = 500;
+pub(crate) const NUL_REFUSED: &str = "text must not contain the NUL character (\\u0000)";
+pub(crate) const MAX_METADATA_VALUE: usize = 500;
 
 /// A valid `POST /api/charges` body.
 #[derive(Debug, Clone, PartialEq, Eq)]
