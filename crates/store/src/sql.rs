@@ -39,14 +39,14 @@ const CHARGE_COLUMNS: &str = "id, customer_id, amount_cents, currency, card_toke
      created_at, updated_at, provider_called_at";
 
 /// A `charges` row as `ChargeRow` reads it.
-const CHARGE_ROW: &str = "id, customer_id, amount_cents, currency, card_token, description, \
-     {metadata metadata}, status, provider_key, gateway_charge_id, decline_code, amount_refunded, \
-     idempotency_key, created_at, updated_at";
+const CHARGE_ROW: &str = "id, {customer_id customer_id}, amount_cents, currency, card_token, \
+     description, {metadata metadata}, status, provider_key, gateway_charge_id, decline_code, \
+     amount_refunded, idempotency_key, created_at, updated_at";
 
 /// A `refunds` row (`r`) as `RefundRow` reads it, with its charge's (`c`)
 /// provider id.
-const REFUND_ROW: &str = "r.id, r.charge_id, r.customer_id, r.amount_cents, r.currency, \
-     r.reason, {metadata r.metadata}, r.status, r.provider_key, c.gateway_charge_id, \
+const REFUND_ROW: &str = "r.id, r.charge_id, {customer_id r.customer_id}, r.amount_cents, \
+     r.currency, r.reason, {metadata r.metadata}, r.status, r.provider_key, c.gateway_charge_id, \
      r.gateway_refund_id, r.failure_code, r.created_at, r.updated_at";
 
 /// Which charges or refunds a settlement may change, by their status.
