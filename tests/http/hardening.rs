@@ -369,6 +369,77 @@ async fn padded_customer_ids_are_refused_at_authentication(backend: Backend) {
     assert_eq!(app.sandbox_charges().await.len(), 1);
 }
 
+/// SQLite rolling a transaction back itself (as on a full disk or an I/O
+/// error; here a trigger's `RAISE(ROLLBACK)` on every write, claims and
+/// readiness probe alike) leaves the driver's `ROLLBACK` failing and its
+/// one writer connection still counting a transaction. The connection is
+/// replaced: once the fault is gone, other customers' writes succeed
+/// without a restart, and the failed charge's retry with its key charges
+/// once. `/readyz` answers 503 while no write can commit, and 200 again
+/// after.
+async fn sqlite_recovers_from_a_transaction_it_rolled_back(write_batch: u32) {
+    let options = AppOptions {
+        sqlite_write_batch: write_batch,
+        ..AppOptions::default()
+    };
+    let app = spawn_app(Backend::Sqlite, options)
+        .await
+        .expect("SQLite needs no server");
+    let ready = || async {
+        let r = app.http.get(format!("{}/readyz", app.base_url)).send();
+        r.await.unwrap().status().as_u16()
+    };
+    let charge = |customer: &'static str, key: String| {
+        let app = &app;
+        async move {
+            let r = app
+                .post_charge(customer, Some(&key), &charge_body(4900, "tok_visa"))
+                .await;
+            r.status().as_u16()
+        }
+    };
+    assert_eq!(charge("cus_before", new_key()).await, 201);
+    assert_eq!(ready().await, 200);
+
+    let fault = [
+        "CREATE TRIGGER fault_claims BEFORE INSERT ON idempotent_requests \
+         BEGIN SELECT RAISE(ROLLBACK, 'simulated: database or disk is full'); END",
+        "CREATE TRIGGER fault_probe BEFORE UPDATE ON _sqlx_migrations \
+         BEGIN SELECT RAISE(ROLLBACK, 'simulated: database or disk is full'); END",
+    ];
+    for sql in fault {
+        app.db.execute(sql, "", "").await;
+    }
+    let failed_key = new_key();
+    let failed = charge("cus_a", failed_key.clone()).await;
+    assert!(failed >= 500, "a write SQLite rolled back fails: {failed}");
+    let ready_while_failing = ready().await;
+
+    for sql in ["DROP TRIGGER fault_claims", "DROP TRIGGER fault_probe"] {
+        app.db.execute(sql, "", "").await;
+    }
+    let other = charge("cus_b", new_key()).await;
+    let ready_after = ready().await;
+    assert_eq!(
+        (ready_while_failing, other, ready_after),
+        (503, 201, 200),
+        "(/readyz while every write fails, another customer's charge once the fault is gone, \
+         /readyz then)"
+    );
+    assert_eq!(charge("cus_a", failed_key).await, 201, "the retry charges");
+    assert_eq!(app.sandbox_charges().await.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_recovers_from_a_transaction_it_rolled_back_in_a_batch() {
+    sqlite_recovers_from_a_transaction_it_rolled_back(payments_store::DEFAULT_WRITE_BATCH).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_recovers_from_a_transaction_it_rolled_back_unbatched() {
+    sqlite_recovers_from_a_transaction_it_rolled_back(1).await;
+}
+
 backend_tests!(padded_customer_ids_are_refused_at_authentication);
 backend_tests!(
     serializable;
