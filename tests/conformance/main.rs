@@ -1198,8 +1198,89 @@ async fn a_list_page_is_one_index_range_scan_on_postgres() {
     }
 }
 
+/// A customer id compares byte for byte on every backend: `cus_victim `
+/// (a trailing space, which MariaDB's `utf8mb4_bin`, a PAD SPACE
+/// collation, compared equal to `cus_victim`) is another customer, who sees
+/// none of `cus_victim`'s charges, by no filter. The store is asked
+/// directly: authentication refuses such an id before it reaches a store.
+/// Ids are read back exactly as written, trailing spaces included.
+async fn customer_ids_compare_exactly(backend: Backend) {
+    let Some(db) = db(backend).await else { return };
+    let store = db.store();
+    let order = json!({"amount_cents": 100, "currency": "GBP", "card_token": "tok_visa",
+        "metadata": {"order": "42"}});
+    let mut victim_claim = claim("victim-key", "cus_victim", &order);
+    if let Operation::Charge(charge) = &mut victim_claim.operation {
+        // As the service stores it, for `?idempotency_key=`.
+        charge.idempotency_key = Some("victim-key".to_owned());
+    }
+    claimed(&store, &victim_claim).await;
+    let query = |q: &[(&str, &str)]| {
+        let pairs: Vec<(String, String)> = q
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        payments_domain::list::ChargeQuery::parse(&pairs).unwrap()
+    };
+    let filters = [
+        query(&[]),
+        query(&[("idempotency_key", "victim-key")]),
+        query(&[("metadata[order]", "42")]),
+        query(&[("status", "pending")]),
+    ];
+    let victim = CustomerId::parse("cus_victim").unwrap();
+    for filter in &filters {
+        let own = store.list_charges(&victim, filter).await.unwrap();
+        assert_eq!(own.len(), 1, "the owner sees its charge: {filter:?}");
+    }
+    for other in ["cus_victim ", "cus_victim   ", "CUS_VICTIM"] {
+        let other = CustomerId::unvalidated_for_tests(other);
+        for filter in &filters {
+            let seen = store.list_charges(&other, filter).await.unwrap();
+            assert!(
+                seen.is_empty(),
+                "{other:?} sees {:?} of cus_victim's charges with {filter:?}: {seen:?}",
+                seen.len()
+            );
+        }
+    }
+    // A padded id is kept as written, and sees only its own.
+    let padded = CustomerId::unvalidated_for_tests("cus_padded ");
+    let request = ChargeRequest::from_json(&body(200), 1_000_000).unwrap();
+    let mut padded_claim = claim("padded-key", "cus_padded", &body(200));
+    padded_claim.customer = padded.clone();
+    padded_claim.operation = Operation::Charge(Charge::pending(&padded, &request));
+    claimed(&store, &padded_claim).await;
+    let charge = store
+        .charge(&charge_of(&padded_claim).id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(charge.customer_id, "cus_padded ");
+    let record = store
+        .record_by_key(&padded_claim.key, CHARGES_ROUTE)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.customer_id, "cus_padded ");
+    let listed = store.list_charges(&padded, &query(&[])).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|c| &c.id).collect::<Vec<_>>(),
+        [&charge.id]
+    );
+    let unpadded = CustomerId::parse("cus_padded").unwrap();
+    assert!(
+        store
+            .list_charges(&unpadded, &query(&[]))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 backend_tests!(
     all;
+    customer_ids_compare_exactly,
     acknowledged_writes_are_read_at_once_everywhere,
     known_keys_are_answered_from_their_record,
     concurrent_claims_have_one_winner,

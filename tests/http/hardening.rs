@@ -8,8 +8,8 @@ use std::time::Duration;
 use payments_api::server::HttpTimeouts;
 use payments_domain::idempotency::RequestFingerprint;
 use payments_tests::{
-    AppOptions, Backend, TestApp, backend_tests, charge_body, network_backend_tests, new_key,
-    spawn_app,
+    Answer, AppOptions, Backend, TestApp, backend_tests, charge_body, network_backend_tests,
+    new_key, spawn_app,
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -294,6 +294,153 @@ async fn slow_clients_are_cut_off(backend: Backend) {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
 
+/// A token whose subject has whitespace at an end or a control character
+/// is refused 401 with a message that says so, on every route, before any
+/// query: `cus_victim ` never lists `cus_victim`'s charges (MariaDB's
+/// PAD SPACE collation compared the two equal), by key or otherwise.
+async fn padded_customer_ids_are_refused_at_authentication(backend: Backend) {
+    let Some(app) = app(backend).await else {
+        return;
+    };
+    let key = new_key();
+    let body = json!({"amount_cents": 4900, "currency": "GBP", "card_token": "tok_visa",
+        "description": "the victim's order", "metadata": {"order": "42"}});
+    let victim = app
+        .post_charge("cus_victim", Some(&key), &body.to_string())
+        .await;
+    assert_eq!(victim.status(), 201);
+    let charge_id = victim.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for sub in [
+        "cus_victim ",
+        " cus_victim",
+        "cus_victim\t",
+        "cus_victim\u{a0}",
+        "cus_\u{1}victim",
+    ] {
+        let token = app.token(sub);
+        let gets = [
+            "/api/charges".to_owned(),
+            format!("/api/charges?idempotency_key={key}"),
+            "/api/charges?metadata[order]=42".to_owned(),
+            format!("/api/charges/{charge_id}"),
+            format!("/api/charges/{charge_id}/refunds"),
+        ];
+        for path in gets {
+            let r = app
+                .http
+                .get(format!("{}{path}", app.base_url))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap();
+            let www = r.headers().get("www-authenticate").cloned();
+            let answer = Answer::of(r).await;
+            assert_eq!(answer.status, 401, "{sub:?} {path}: {}", answer.body);
+            assert_eq!(answer.body["error"]["code"], "unauthorized");
+            let message = answer.body["error"]["message"].as_str().unwrap_or_default();
+            assert!(
+                message.contains("customer id") && message.contains("whitespace"),
+                "{message}"
+            );
+            assert!(
+                !message.contains("victim"),
+                "the subject is not echoed: {message}"
+            );
+            assert_eq!(
+                www.as_ref().and_then(|v| v.to_str().ok()),
+                Some(r#"Bearer error="invalid_token""#)
+            );
+        }
+        let post = app
+            .http
+            .post(format!("{}/api/charges", app.base_url))
+            .bearer_auth(&token)
+            .header("idempotency-key", new_key())
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(post.status(), 401, "{sub:?}");
+    }
+    assert_eq!(app.db.charges().await, 1, "nothing else stored");
+    assert_eq!(app.sandbox_charges().await.len(), 1);
+}
+
+/// SQLite rolling a transaction back itself (as on a full disk or an I/O
+/// error; here a trigger's `RAISE(ROLLBACK)` on every write, claims and
+/// readiness probe alike) leaves the driver's `ROLLBACK` failing and its
+/// one writer connection still counting a transaction. The connection is
+/// replaced: once the fault is gone, other customers' writes succeed
+/// without a restart, and the failed charge's retry with its key charges
+/// once. `/readyz` answers 503 while no write can commit, and 200 again
+/// after.
+async fn sqlite_recovers_from_a_transaction_it_rolled_back(write_batch: u32) {
+    let options = AppOptions {
+        sqlite_write_batch: write_batch,
+        ..AppOptions::default()
+    };
+    let app = spawn_app(Backend::Sqlite, options)
+        .await
+        .expect("SQLite needs no server");
+    let ready = || async {
+        let r = app.http.get(format!("{}/readyz", app.base_url)).send();
+        r.await.unwrap().status().as_u16()
+    };
+    let charge = |customer: &'static str, key: String| {
+        let app = &app;
+        async move {
+            let r = app
+                .post_charge(customer, Some(&key), &charge_body(4900, "tok_visa"))
+                .await;
+            r.status().as_u16()
+        }
+    };
+    assert_eq!(charge("cus_before", new_key()).await, 201);
+    assert_eq!(ready().await, 200);
+
+    let fault = [
+        "CREATE TRIGGER fault_claims BEFORE INSERT ON idempotent_requests \
+         BEGIN SELECT RAISE(ROLLBACK, 'simulated: database or disk is full'); END",
+        "CREATE TRIGGER fault_probe BEFORE UPDATE ON _sqlx_migrations \
+         BEGIN SELECT RAISE(ROLLBACK, 'simulated: database or disk is full'); END",
+    ];
+    for sql in fault {
+        app.db.execute(sql, "", "").await;
+    }
+    let failed_key = new_key();
+    let failed = charge("cus_a", failed_key.clone()).await;
+    assert!(failed >= 500, "a write SQLite rolled back fails: {failed}");
+    let ready_while_failing = ready().await;
+
+    for sql in ["DROP TRIGGER fault_claims", "DROP TRIGGER fault_probe"] {
+        app.db.execute(sql, "", "").await;
+    }
+    let other = charge("cus_b", new_key()).await;
+    let ready_after = ready().await;
+    assert_eq!(
+        (ready_while_failing, other, ready_after),
+        (503, 201, 200),
+        "(/readyz while every write fails, another customer's charge once the fault is gone, \
+         /readyz then)"
+    );
+    assert_eq!(charge("cus_a", failed_key).await, 201, "the retry charges");
+    assert_eq!(app.sandbox_charges().await.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_recovers_from_a_transaction_it_rolled_back_in_a_batch() {
+    sqlite_recovers_from_a_transaction_it_rolled_back(payments_store::DEFAULT_WRITE_BATCH).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_recovers_from_a_transaction_it_rolled_back_unbatched() {
+    sqlite_recovers_from_a_transaction_it_rolled_back(1).await;
+}
+
+backend_tests!(padded_customer_ids_are_refused_at_authentication);
 backend_tests!(
     serializable;
     readyz_hides_database_errors,

@@ -318,3 +318,121 @@ async fn optional_key_mode_serves_keyless_requests_unprotected(backend: Backend)
 }
 
 backend_tests!(optional_key_mode_serves_keyless_requests_unprotected);
+
+/// Ids and query values no backend can store or compare, table-driven over
+/// every path id and every query parameter: a NUL (PostgreSQL's text
+/// refuses it: it answered 500), ids of a shape no object has, `created`
+/// bounds outside what every backend can store (PostgreSQL answered 500
+/// "timestamp out of range"). A path id that cannot exist is a 404; a query
+/// value is a 400 naming its parameter. Metadata keys a client may have
+/// stored, odd as they are, are still looked up (200).
+async fn unstorable_ids_and_values_are_refused(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let with_metadata =
+        r#"{"amount_cents":4900,"currency":"GBP","card_token":"tok_visa","metadata":{"k":"v"}}"#;
+    let charge = app.charge_json("cus_1", with_metadata).await;
+    let id = charge["id"].as_str().unwrap().to_owned();
+    let refunds = format!("/api/charges/{id}/refunds");
+    let long = format!("ch_{}", "a".repeat(62));
+    let not_found = [
+        "/api/charges/%00".to_owned(),
+        "/api/charges/ch_%00".to_owned(),
+        "/api/charges/ch_1%20".to_owned(),
+        format!("/api/charges/{long}"),
+        format!("/api/charges/{}", id.replacen("ch_", "re_", 1)),
+        "/api/refunds/%00".to_owned(),
+        "/api/refunds/re_%00".to_owned(),
+        format!("/api/refunds/{id}"),
+        "/api/charges/%00/refunds".to_owned(),
+        "/api/charges/ch_%00/refunds?limit=1".to_owned(),
+    ];
+    // Every case is run, and every answer that is not as expected listed.
+    let mut wrong = Vec::new();
+    let mut expect =
+        |what: String, answer: Answer, status: u16, code: &str, param: Option<&str>| {
+            let error = &answer.body["error"];
+            let param_ok = param.is_none_or(|p| error["param"] == p);
+            if answer.status != status || (status >= 400 && error["code"] != code) || !param_ok {
+                wrong.push(format!("{what}: {} {}", answer.status, answer.body));
+            }
+        };
+    for path in &not_found {
+        let answer = app.get_as("cus_1", path).await;
+        expect(format!("GET {path}"), answer, 404, "not_found", None);
+    }
+    for charge_id in ["%00", "ch_%00", "re_1"] {
+        let body = serde_json::json!({"amount_cents": 100});
+        let answer = app.post_refund("cus_1", charge_id, &new_key(), &body).await;
+        let what = format!("POST /api/charges/{charge_id}/refunds");
+        expect(what, answer, 404, "not_found", None);
+    }
+    let bad_queries = [
+        ("/api/charges?idempotency_key=%00", "idempotency_key"),
+        ("/api/charges?idempotency_key=a%00b", "idempotency_key"),
+        ("/api/charges?idempotency_key=a%20b", "idempotency_key"),
+        ("/api/charges?starting_after=%00", "starting_after"),
+        ("/api/charges?starting_after=ch_%00", "starting_after"),
+        ("/api/charges?ending_before=%00", "ending_before"),
+        ("/api/charges?status=%00", "status"),
+        ("/api/charges?limit=%00", "limit"),
+        ("/api/charges?created[gte]=%00", "created[gte]"),
+        ("/api/charges?created[gte]=-99999999999", "created[gte]"),
+        ("/api/charges?created[lt]=-99999999999", "created[lt]"),
+        (
+            "/api/charges?created[gte]=-9223372036854775808",
+            "created[gte]",
+        ),
+        ("/api/charges?created[gte]=-8000000000000", "created[gte]"),
+        ("/api/charges?created[lt]=8000000000000", "created[lt]"),
+        ("/api/charges?created[lt]=99999999999999", "created[lt]"),
+        ("/api/charges?created[lt]=-1", "created[lt]"),
+        ("/api/charges?metadata[%00]=x", "metadata[\u{0}]"),
+        ("/api/charges?metadata[k%00]=x", "metadata[k\u{0}]"),
+        ("/api/charges?metadata[k]=%00", "metadata[k]"),
+        ("/api/charges?metadata[k]=a%00", "metadata[k]"),
+        ("/api/charges?%00=x", "\u{0}"),
+    ];
+    let refund_queries = [
+        ("starting_after=%00", "starting_after"),
+        ("ending_before=%00", "ending_before"),
+        ("limit=%00", "limit"),
+        ("status=%00", "status"),
+    ];
+    let refund_queries = refund_queries.map(|(q, p)| (format!("{refunds}?{q}"), p));
+    let queries = bad_queries
+        .iter()
+        .map(|(q, p)| ((*q).to_owned(), *p))
+        .chain(refund_queries);
+    for (path, param) in queries {
+        let answer = app.get_as("cus_1", &path).await;
+        expect(
+            format!("GET {path}"),
+            answer,
+            400,
+            "invalid_request",
+            Some(param),
+        );
+    }
+    let found = [
+        "/api/charges?created[gte]=0".to_owned(),
+        "/api/charges?created[lt]=253402300799".to_owned(),
+        "/api/charges?metadata[%01]=x".to_owned(),
+        "/api/charges?metadata[a.b]=x".to_owned(),
+        "/api/charges?metadata[*]=x".to_owned(),
+        "/api/charges?metadata[$]=x".to_owned(),
+        "/api/charges?metadata[a%20b]=x".to_owned(),
+        "/api/charges?metadata['%3B]=x".to_owned(),
+        "/api/charges?metadata[%E2%98%95]=%01".to_owned(),
+        format!("{refunds}?limit=1"),
+    ];
+    for path in &found {
+        let answer = app.get_as("cus_1", path).await;
+        expect(format!("GET {path}"), answer, 200, "", None);
+    }
+    assert!(wrong.is_empty(), "not as expected:\n{}", wrong.join("\n"));
+    assert_eq!(app.db.charges().await, 1, "nothing stored");
+}
+
+backend_tests!(unstorable_ids_and_values_are_refused);

@@ -188,6 +188,16 @@ impl TestDb {
     /// A fresh database, or `None` when the backend is unavailable here (the
     /// skip is printed, and is a failure under `REQUIRE_ALL_BACKENDS=1`).
     pub async fn new(backend: Backend, pool_size: u32) -> Option<Self> {
+        Self::with_write_batch(backend, pool_size, payments_store::DEFAULT_WRITE_BATCH).await
+    }
+
+    /// [`TestDb::new`] with SQLite's group commit set (`SQLITE_WRITE_BATCH`;
+    /// 1: off). Other backends ignore it.
+    pub async fn with_write_batch(
+        backend: Backend,
+        pool_size: u32,
+        write_batch: u32,
+    ) -> Option<Self> {
         let admin_url = match backend.admin_url() {
             None => None,
             Some(Ok(url)) => Some(url),
@@ -196,7 +206,9 @@ impl TestDb {
                 return None;
             }
         };
-        Some(Self::on_server(backend, admin_url, pool_size).await)
+        let cluster = (backend == Backend::Galera)
+            .then(|| galera::Galera::shared().expect("the shared cluster"));
+        Some(Self::build(backend, admin_url, pool_size, cluster, write_batch).await)
     }
 
     /// A fresh database on the server of `admin_url` (for SQLite, `None`: a
@@ -205,13 +217,15 @@ impl TestDb {
     pub async fn on_server(backend: Backend, admin_url: Option<String>, pool_size: u32) -> Self {
         let cluster = (backend == Backend::Galera)
             .then(|| galera::Galera::shared().expect("the shared cluster"));
-        Self::build(backend, admin_url, pool_size, cluster).await
+        let batch = payments_store::DEFAULT_WRITE_BATCH;
+        Self::build(backend, admin_url, pool_size, cluster, batch).await
     }
 
     /// A fresh database on a Galera cluster of the caller's own.
     pub async fn on_cluster(cluster: &galera::Galera, pool_size: u32) -> Self {
         let admin_url = Some(cluster.urls[0].clone());
-        Self::build(Backend::Galera, admin_url, pool_size, Some(cluster)).await
+        let batch = payments_store::DEFAULT_WRITE_BATCH;
+        Self::build(Backend::Galera, admin_url, pool_size, Some(cluster), batch).await
     }
 
     async fn build(
@@ -219,11 +233,12 @@ impl TestDb {
         admin_url: Option<String>,
         pool_size: u32,
         cluster: Option<&galera::Galera>,
+        write_batch: u32,
     ) -> Self {
         let pool = PoolSettings {
             max_connections: pool_size,
             acquire_timeout: Duration::from_secs(30),
-            write_batch: payments_store::DEFAULT_WRITE_BATCH,
+            write_batch,
         };
         let server = match (backend.engine(), admin_url) {
             (Some(engine), Some(admin_url)) => Some(TestDatabase::create(engine, admin_url).await),
@@ -696,6 +711,8 @@ pub struct AppOptions {
     pub rate_limit: (u32, u32),
     /// `PROVIDER_MAX_PROCESSING`; `None`: its default.
     pub provider_max_processing: Option<Duration>,
+    /// `SQLITE_WRITE_BATCH`: SQLite's group commit (1: off).
+    pub sqlite_write_batch: u32,
 }
 
 impl Default for AppOptions {
@@ -711,6 +728,7 @@ impl Default for AppOptions {
             replay_cache: true,
             rate_limit: (0, 0),
             provider_max_processing: None,
+            sqlite_write_batch: payments_store::DEFAULT_WRITE_BATCH,
         }
     }
 }
@@ -753,7 +771,8 @@ impl std::fmt::Debug for TestApp {
 /// `AppState::new`) from the default settings and `options`; `None` if the
 /// backend is unavailable here.
 pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp> {
-    let db = TestDb::new(backend, options.pool_size).await?;
+    let db =
+        TestDb::with_write_batch(backend, options.pool_size, options.sqlite_write_batch).await?;
     let sandbox = SandboxHandle::start(options.sandbox.clone())
         .await
         .expect("start sandbox");

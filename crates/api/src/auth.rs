@@ -188,7 +188,11 @@ impl Authenticator {
         };
         checked.map_err(|reason| {
             tracing::info!(reason, "bearer token refused");
-            ApiError::Unauthorized
+            if reason == INVALID_SUB {
+                ApiError::InvalidSubject
+            } else {
+                ApiError::Unauthorized
+            }
         })
     }
 
@@ -232,7 +236,7 @@ impl Authenticator {
             return Err("issued in the future");
         }
         let sub = claims.sub.ok_or("missing sub")?;
-        CustomerId::parse(&sub).map_err(|_| "invalid sub")
+        CustomerId::parse(&sub).map_err(|_| INVALID_SUB)
     }
 
     /// The static key's verdict, for the unit tests.
@@ -244,6 +248,11 @@ impl Authenticator {
         }
     }
 }
+
+/// The reason for a token whose signature and claims are valid but whose
+/// `sub` is not a customer id ([`CustomerId::RULE`]): answered with its own
+/// message, since the client cannot fix it by retrying.
+const INVALID_SUB: &str = "invalid sub";
 
 /// A short, fixed reason for the log: never the token or a claim's value.
 fn reason(kind: &ErrorKind) -> &'static str {
@@ -420,6 +429,24 @@ mod tests {
         );
         let empty_sub = mint_hs256(SECRET, "", Duration::from_secs(60)).expect("sign");
         assert_eq!(auth.check(&empty_sub).err(), Some("invalid sub"));
+    }
+
+    #[test]
+    fn subjects_with_whitespace_at_an_end_or_control_characters_are_refused() {
+        let auth = Authenticator::new(&JwtKey::Hs256(SECRET.into())).expect("secret");
+        for sub in [
+            "cus_1 ",
+            " cus_1",
+            "cus_1\t",
+            "cus_1\u{a0}",
+            "cus\u{0}1",
+            "cus\u{7f}1",
+        ] {
+            let token = mint_hs256(SECRET, sub, Duration::from_secs(60)).expect("sign");
+            assert_eq!(auth.check(&token).err(), Some(INVALID_SUB), "{sub:?}");
+        }
+        let inner = mint_hs256(SECRET, "cus 1", Duration::from_secs(60)).expect("sign");
+        assert_eq!(auth.check(&inner).expect("valid").as_str(), "cus 1");
     }
 
     #[test]

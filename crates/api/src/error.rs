@@ -16,6 +16,15 @@ pub enum ApiError {
     /// error="invalid_token"` (RFC 6750).
     #[error("a valid bearer token is required")]
     Unauthorized,
+    /// A token that verifies but whose `sub` is not a customer id (it has
+    /// whitespace at an end, or a control character): 401 with
+    /// `WWW-Authenticate: Bearer error="invalid_token"`, and a message
+    /// that says why (never the subject itself).
+    #[error(
+        "the bearer token's subject (sub) is not a valid customer id: {}",
+        payments_domain::charge::CustomerId::RULE
+    )]
+    InvalidSubject,
     /// No bearer token was sent: `WWW-Authenticate: Bearer`, without an
     /// error code (RFC 6750 section 3.1).
     #[error("a bearer token is required")]
@@ -74,7 +83,9 @@ pub enum ApiError {
 impl ApiError {
     fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
-            Self::Unauthorized | Self::NoCredentials => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            Self::Unauthorized | Self::InvalidSubject | Self::NoCredentials => {
+                (StatusCode::UNAUTHORIZED, "unauthorized")
+            }
             Self::KeyMissing(_) => (StatusCode::BAD_REQUEST, "idempotency_key_missing"),
             Self::KeyInvalid(_) => (StatusCode::BAD_REQUEST, "idempotency_key_invalid"),
             Self::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
@@ -168,7 +179,7 @@ impl IntoResponse for ApiError {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         match self {
-            Self::Unauthorized => {
+            Self::Unauthorized | Self::InvalidSubject => {
                 headers.insert(
                     header::WWW_AUTHENTICATE,
                     HeaderValue::from_static(r#"Bearer error="invalid_token""#),

@@ -35,19 +35,32 @@ impl InvalidRequest {
     }
 }
 
-/// The customer a request acts for: the JWT `sub`. 1-255 characters, no
-/// control characters.
+/// The customer a request acts for: the JWT `sub`. 1-255 bytes, no
+/// control characters, and no whitespace at either end: `cus_a ` is not a
+/// second spelling of `cus_a` (a database that pads trailing spaces, as
+/// MySQL's `PAD SPACE` collations do, would compare the two equal).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct CustomerId(String);
 
 impl CustomerId {
+    /// What [`CustomerId::parse`] refuses, said once for every refusal.
+    pub const RULE: &str = "a customer id is 1-255 bytes, without control characters and \
+        without whitespace at its start or end";
+
     pub fn parse(s: &str) -> Result<Self, InvalidRequest> {
-        if s.is_empty() || s.len() > 255 || s.chars().any(char::is_control) {
-            return Err(InvalidRequest::body(
-                "customer id must be 1-255 characters without control characters",
-            ));
+        let padded = s.starts_with(char::is_whitespace) || s.ends_with(char::is_whitespace);
+        if s.is_empty() || s.len() > 255 || s.chars().any(char::is_control) || padded {
+            return Err(InvalidRequest::body(Self::RULE));
         }
         Ok(Self(s.to_owned()))
+    }
+
+    /// A customer id [`CustomerId::parse`] may refuse, for tests of what a
+    /// store does with one (that it still compares ids exactly): never
+    /// for an id from outside.
+    #[doc(hidden)]
+    pub fn unvalidated_for_tests(s: &str) -> Self {
+        Self(s.to_owned())
     }
 
     pub fn as_str(&self) -> &str {
@@ -59,6 +72,30 @@ impl fmt::Display for CustomerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// The longest object id the tables hold (`VARCHAR(64)`).
+const MAX_OBJECT_ID: usize = 64;
+
+/// Whether `id` has the shape of an object id this server makes: 1-64
+/// letters, digits and `_` (ours are a prefix, `ch_` or `re_`, and 32 hex
+/// digits). An id of another shape cannot exist, so it is answered without
+/// a query: no database sees bytes it cannot hold (PostgreSQL refuses NUL
+/// in text).
+pub(crate) fn is_object_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_OBJECT_ID
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Whether `id` can be a charge's id: `ch_` and an object id's characters.
+pub fn is_charge_id(id: &str) -> bool {
+    id.starts_with("ch_") && is_object_id(id)
+}
+
+/// Whether `id` can be a refund's id: `re_` and an object id's characters.
+pub fn is_refund_id(id: &str) -> bool {
+    id.starts_with("re_") && is_object_id(id)
 }
 
 /// A positive amount in the currency's minor unit, at most the configured maximum.
@@ -201,12 +238,12 @@ const MAX_DESCRIPTION: usize = 1000;
 const MAX_METADATA_KEYS: usize = 49;
 /// The prefix of the metadata keys this server sends to the provider.
 pub const RESERVED_METADATA_PREFIX: &str = "payments_";
-const MAX_METADATA_KEY: usize = 40;
+pub(crate) const MAX_METADATA_KEY: usize = 40;
 /// PostgreSQL text cannot hold U+0000 and other backends would store it
 /// silently; the provider's form encoding would pass it on. Refused alike
 /// everywhere.
-const NUL_REFUSED: &str = "text must not contain the NUL character (\\u0000)";
-const MAX_METADATA_VALUE: usize = 500;
+pub(crate) const NUL_REFUSED: &str = "text must not contain the NUL character (\\u0000)";
+pub(crate) const MAX_METADATA_VALUE: usize = 500;
 
 /// A valid `POST /api/charges` body.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,10 @@
 //! `ending_before`, "newer"), so a page costs one index range scan however
 //! deep it is, and stays stable while new objects arrive.
 
-use crate::charge::{ChargeStatus, InvalidRequest};
+use crate::charge::{
+    ChargeStatus, InvalidRequest, MAX_METADATA_KEY, MAX_METADATA_VALUE, NUL_REFUSED, is_object_id,
+};
+use crate::idempotency::IdempotencyKey;
 use chrono::{DateTime, Utc};
 
 /// Page size when `limit` is not given, and its largest value (Stripe's).
@@ -84,14 +87,16 @@ impl ChargeQuery {
                 }
                 "created[gte]" => filter.created_gte = Some(unix_seconds(name, value)?),
                 "created[lt]" => filter.created_lt = Some(unix_seconds(name, value)?),
-                "idempotency_key" if !value.is_empty() && value.len() <= 255 => {
-                    filter.idempotency_key = Some(value.to_owned());
-                }
+                // Only a key the Idempotency-Key header accepts was ever stored.
                 "idempotency_key" => {
-                    return Err(InvalidRequest::param(
-                        name,
-                        "idempotency_key must be 1-255 characters",
-                    ));
+                    let key = IdempotencyKey::parse(value).map_err(|_| {
+                        InvalidRequest::param(
+                            name,
+                            "idempotency_key must be 1-255 visible ASCII characters, \
+                             as sent in Idempotency-Key",
+                        )
+                    })?;
+                    filter.idempotency_key = Some(key.as_str().to_owned());
                 }
                 _ => match name
                     .strip_prefix("metadata[")
@@ -103,14 +108,32 @@ impl ChargeQuery {
                             "filter on at most one metadata key",
                         ));
                     }
-                    Some(key) if !key.is_empty() && !key.contains(['"', '\\', '[', ']']) => {
+                    // NUL is refused in stored metadata: no key or value
+                    // holds it (and PostgreSQL text cannot).
+                    Some(key) if value.contains('\0') => {
+                        return Err(InvalidRequest::param(
+                            &format!("metadata[{key}]"),
+                            NUL_REFUSED,
+                        ));
+                    }
+                    Some(key) if value.chars().count() > MAX_METADATA_VALUE => {
+                        return Err(InvalidRequest::param(
+                            &format!("metadata[{key}]"),
+                            format!("a metadata value is at most {MAX_METADATA_VALUE} characters"),
+                        ));
+                    }
+                    Some(key)
+                        if !key.is_empty()
+                            && key.chars().count() <= MAX_METADATA_KEY
+                            && !key.contains(['"', '\\', '[', ']', '\0']) =>
+                    {
                         filter.metadata = Some((key.to_owned(), value.to_owned()));
                     }
                     Some(key) => {
                         return Err(InvalidRequest::param(
                             &format!("metadata[{key}]"),
                             "a metadata key to filter on must be 1-40 characters without \
-                             quotes, backslashes or brackets",
+                             quotes, backslashes, brackets or NUL",
                         ));
                     }
                     None => return Err(unknown(name)),
@@ -163,10 +186,10 @@ impl PageParams {
             "ending_before" => Cursor::Before(value.to_owned()),
             _ => return Ok(false),
         };
-        if value.is_empty() || value.len() > 255 {
+        if !is_object_id(value) {
             return Err(InvalidRequest::param(
                 name,
-                format!("{name} must be an object id"),
+                format!("{name} must be an object id: 1-64 letters, digits and '_'"),
             ));
         }
         if self.cursor.is_some() {
@@ -209,13 +232,21 @@ fn unknown(name: &str) -> InvalidRequest {
     InvalidRequest::param(name, format!("unknown parameter {name:?}"))
 }
 
+/// The latest `created` bound: 9999-12-31T23:59:59Z, the end of MySQL's
+/// `DATETIME`. With 0 (1970), a range every backend can compare with.
+pub const MAX_CREATED: i64 = 253_402_300_799;
+
 fn unix_seconds(name: &str, value: &str) -> Result<DateTime<Utc>, InvalidRequest> {
     value
         .parse::<i64>()
         .ok()
+        .filter(|secs| (0..=MAX_CREATED).contains(secs))
         .and_then(|secs| DateTime::from_timestamp(secs, 0))
         .ok_or_else(|| {
-            InvalidRequest::param(name, format!("{name} must be a Unix time in seconds"))
+            InvalidRequest::param(
+                name,
+                format!("{name} must be a Unix time in seconds, from 0 to {MAX_CREATED}"),
+            )
         })
 }
 
@@ -320,6 +351,23 @@ mod tests {
             param(&[("metadata[a\"b]", "1")]).as_deref(),
             Some("metadata[a\"b]")
         );
+        // What no backend can store or compare is refused before a query.
+        for (name, value) in [
+            ("starting_after", "ch_\u{0}"),
+            ("ending_before", &"a".repeat(65)),
+            ("idempotency_key", "\u{0}"),
+            ("idempotency_key", "a b"),
+            ("created[gte]", "-99999999999"),
+            ("created[lt]", "253402300800"),
+            ("metadata[k]", "\u{0}"),
+        ] {
+            assert_eq!(param(&[(name, value)]).as_deref(), Some(name), "{value:?}");
+        }
+        assert_eq!(
+            param(&[("metadata[\u{0}]", "x")]).as_deref(),
+            Some("metadata[\u{0}]")
+        );
+        assert_eq!(param(&[("created[lt]", "253402300799")]), None);
         assert_eq!(
             parse_page(&pairs(&[("status", "failed")]))
                 .err()

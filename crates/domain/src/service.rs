@@ -392,6 +392,10 @@ impl ChargeService {
         customer: &CustomerId,
         charge_id: &str,
     ) -> Result<Option<Charge>, StoreError> {
+        // An id no charge can have is not looked up.
+        if !crate::charge::is_charge_id(charge_id) {
+            return Ok(None);
+        }
         Ok(self
             .store
             .charge(charge_id)
@@ -450,6 +454,9 @@ impl ChargeService {
         customer: &CustomerId,
         refund_id: &str,
     ) -> Result<Option<Refund>, StoreError> {
+        if !crate::charge::is_refund_id(refund_id) {
+            return Ok(None);
+        }
         Ok(self
             .store
             .refund(refund_id)

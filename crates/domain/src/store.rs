@@ -236,7 +236,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         None
     }
 
-    /// Reachable, and every migration this build knows is applied.
+    /// Reachable, and every migration this build knows is applied; with
+    /// one writer (SQLite), that writer can commit again after a failure.
     async fn ready(&self) -> Result<(), StoreError>;
 
     /// Inserts the record (`in_progress`) and its pending operation in one

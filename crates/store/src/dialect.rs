@@ -36,6 +36,11 @@ pub trait Dialect: Send + Sync + Sized + std::fmt::Debug + 'static {
     fn metadata(column: &str) -> String {
         format!("{column} AS metadata")
     }
+    /// A `customer_id` column read back as text, named `customer_id`
+    /// (MySQL stores it as bytes, so that it compares exactly).
+    fn customer_id(column: &str) -> String {
+        column.to_owned()
+    }
 
     /// Starts a transaction that will write.
     const BEGIN_WRITE: &'static str = "BEGIN";
@@ -81,8 +86,8 @@ pub trait Dialect: Send + Sync + Sized + std::fmt::Debug + 'static {
 /// - `{new_record}`, `{charge}`, `{refund}`: the nine values of a new
 ///   record, the twelve of a new charge and the nine of a new refund, in the
 ///   order the store binds them;
-/// - `{returning cols}`, `{skip_locked}`, `{for_update}`, `{metadata col}`:
-///   where the backend has them.
+/// - `{returning cols}`, `{skip_locked}`, `{for_update}`, `{metadata col}`,
+///   `{customer_id col}`: where the backend has them.
 pub(crate) fn render<D: Dialect>(template: &str) -> String {
     let mut out = String::with_capacity(template.len() * 2);
     expand::<D>(template, &mut out, &mut 1);
@@ -128,9 +133,10 @@ fn expand<D: Dialect>(template: &str, out: &mut String, next: &mut usize) {
             ("skip_locked", _) => out.push_str(D::SKIP_LOCKED),
             ("for_update", _) => out.push_str(D::FOR_UPDATE),
             ("metadata", column) => out.push_str(&D::metadata(column)),
+            ("customer_id", column) => out.push_str(&D::customer_id(column)),
             ("record", _) => out.push_str(&format!(
-                "{RECORD_COLUMNS}, {} AS lease_live, {} AS expired, {} AS age_ms, \
-                 -({}) AS ttl_left_ms",
+                "{}, {} AS lease_live, {} AS expired, {} AS age_ms, -({}) AS ttl_left_ms",
+                render::<D>(RECORD_COLUMNS),
                 D::flag(&format!(
                     "locked_until IS NOT NULL AND locked_until > {}",
                     D::NOW

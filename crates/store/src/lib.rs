@@ -129,15 +129,20 @@ impl PoolSettings {
             .max_connections(max)
             .acquire_timeout(self.acquire_timeout)
             .test_before_acquire(false)
-            .before_acquire(|conn, meta| {
-                Box::pin(async move {
-                    if meta.idle_for >= PING_IF_IDLE_FOR {
-                        sqlx::Connection::ping(conn).await?;
-                    }
-                    Ok(true)
-                })
-            })
+            .before_acquire(|conn, meta| Box::pin(ping_if_idle(conn, meta)))
     }
+}
+
+/// The check before a pooled connection is handed out: a ping, when it has
+/// been idle for [`PING_IF_IDLE_FOR`].
+pub(crate) async fn ping_if_idle<C: sqlx::Connection>(
+    conn: &mut C,
+    meta: sqlx::pool::PoolConnectionMetadata,
+) -> Result<bool, sqlx::Error> {
+    if meta.idle_for >= PING_IF_IDLE_FOR {
+        conn.ping().await?;
+    }
+    Ok(true)
 }
 
 /// Opens the backend the URL names. Does not migrate.

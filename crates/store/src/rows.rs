@@ -36,12 +36,12 @@ impl Timestamp for DateTime<Utc> {
     }
 }
 
-/// The columns of `idempotent_requests`, in `RecordRow` order; `{record}`
-/// adds `lease_live`, `expired`, `age_ms` and `ttl_left_ms`, computed by the
+/// The columns of `idempotent_requests`, in `RecordRow` order (a template:
+/// `{customer_id ..}` is the dialect's); `{record}` adds `lease_live`, `expired`, `age_ms` and `ttl_left_ms`, computed by the
 /// database.
-pub(crate) const RECORD_COLUMNS: &str = "id, idempotency_key, route, customer_id, request_hash, \
-    state, lease_token, locked_until, charge_id, refund_id, response_status, response_body, \
-    response_content_type, response_location, created_at, completed_at, expires_at";
+pub(crate) const RECORD_COLUMNS: &str = "id, idempotency_key, route, {customer_id customer_id}, \
+    request_hash, state, lease_token, locked_until, charge_id, refund_id, response_status, \
+    response_body, response_content_type, response_location, created_at, completed_at, expires_at";
 
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct RecordRow<T> {

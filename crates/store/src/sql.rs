@@ -5,6 +5,7 @@
 //! read-back (no `RETURNING`) and `DELETE .. LIMIT`, SQLite's single writer.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -39,14 +40,14 @@ const CHARGE_COLUMNS: &str = "id, customer_id, amount_cents, currency, card_toke
      created_at, updated_at, provider_called_at";
 
 /// A `charges` row as `ChargeRow` reads it.
-const CHARGE_ROW: &str = "id, customer_id, amount_cents, currency, card_token, description, \
-     {metadata metadata}, status, provider_key, gateway_charge_id, decline_code, amount_refunded, \
-     idempotency_key, created_at, updated_at";
+const CHARGE_ROW: &str = "id, {customer_id customer_id}, amount_cents, currency, card_token, \
+     description, {metadata metadata}, status, provider_key, gateway_charge_id, decline_code, \
+     amount_refunded, idempotency_key, created_at, updated_at";
 
 /// A `refunds` row (`r`) as `RefundRow` reads it, with its charge's (`c`)
 /// provider id.
-const REFUND_ROW: &str = "r.id, r.charge_id, r.customer_id, r.amount_cents, r.currency, \
-     r.reason, {metadata r.metadata}, r.status, r.provider_key, c.gateway_charge_id, \
+const REFUND_ROW: &str = "r.id, r.charge_id, {customer_id r.customer_id}, r.amount_cents, \
+     r.currency, r.reason, {metadata r.metadata}, r.status, r.provider_key, c.gateway_charge_id, \
      r.gateway_refund_id, r.failure_code, r.created_at, r.updated_at";
 
 /// Which charges or refunds a settlement may change, by their status.
@@ -164,6 +165,7 @@ pub(crate) struct Statements {
     applied_migrations: String,
     claim_or_read: Option<String>,
     finish_one: Option<String>,
+    write_probe: Option<String>,
 }
 
 impl Statements {
@@ -373,6 +375,13 @@ impl Statements {
                 ))
             }),
             finish_record: r(&finish_record),
+            // SQLite's readiness while its writer is failing: a committed
+            // write that changes nothing (the row keeps its values), to a
+            // row every migrated database has.
+            write_probe: D::SINGLE_WRITER.then(|| {
+                r("UPDATE _sqlx_migrations SET success = success \
+                   WHERE version = (SELECT MAX(version) FROM _sqlx_migrations)")
+            }),
         }
     }
 }
@@ -386,6 +395,30 @@ pub struct SqlStore<D: Dialect> {
     cluster: Option<&'static str>,
     /// SQLite: claims and finishes committed in batches (group commit).
     batch: Option<Batcher<D::Db>>,
+    /// SQLite: whether its writer failed (see [`WriterHealth`]).
+    writer_health: Arc<WriterHealth>,
+}
+
+/// Whether the writer connection was found inside a transaction that
+/// SQLite had rolled back itself (so it was replaced), and no readiness
+/// probe's write has committed since: the store is not ready meanwhile.
+#[derive(Debug, Default)]
+pub(crate) struct WriterHealth {
+    failing: AtomicBool,
+}
+
+impl WriterHealth {
+    pub(crate) fn failed(&self) {
+        self.failing.store(true, Ordering::Release);
+    }
+
+    fn failing(&self) -> bool {
+        self.failing.load(Ordering::Acquire)
+    }
+
+    fn restored(&self) {
+        self.failing.store(false, Ordering::Release);
+    }
 }
 
 impl<D: Dialect> Clone for SqlStore<D> {
@@ -396,6 +429,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
             sql: self.sql.clone(),
             cluster: self.cluster,
             batch: self.batch.clone(),
+            writer_health: self.writer_health.clone(),
         }
     }
 }
@@ -417,6 +451,15 @@ impl<D: Dialect> SqlStore<D> {
             sql: Arc::new(Statements::render::<D>()),
             cluster: None,
             batch: None,
+            writer_health: Arc::default(),
+        }
+    }
+
+    /// The same store, its writer's failures reported to `health`.
+    pub(crate) fn watched(self, health: Arc<WriterHealth>) -> Self {
+        Self {
+            writer_health: health,
+            ..self
         }
     }
 
@@ -963,13 +1006,29 @@ sql_impl! {#[async_trait] Store for {
             .map(|m| m.version)
             .filter(|v| !applied.contains(v))
             .collect();
-        if missing.is_empty() {
-            Ok(())
-        } else {
-            Err(StoreError::Invariant(format!(
+        if !missing.is_empty() {
+            return Err(StoreError::Invariant(format!(
                 "migrations not applied: {missing:?} (run `payments-api migrate`)"
-            )))
+            )));
         }
+        let Some(probe) = &self.sql.write_probe else {
+            return Ok(());
+        };
+        // SQLite's one writer: taking it runs its check (a connection left
+        // in a transaction SQLite rolled back is replaced, and the writer
+        // marked failing); while failing, ready only once a write commits.
+        run(|| async {
+            let writer = self.writer.acquire().await?;
+            drop(writer);
+            Ok(())
+        })
+        .await?;
+        if self.writer_health.failing() {
+            run(|| self.write(Self::q(probe))).await?;
+            self.writer_health.restored();
+            tracing::info!("the SQLite writer commits again");
+        }
+        Ok(())
     }
 
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {

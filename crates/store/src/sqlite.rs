@@ -15,16 +15,27 @@
 //! through that connection (group commit, [`crate::batch`]): one fsync for
 //! every claim and finish that queued behind the last commit.
 //!
+//! A transaction SQLite rolls back itself (a full disk, an I/O error, a
+//! trigger's `RAISE(ROLLBACK)`) makes the driver's `ROLLBACK` fail ("no
+//! transaction is active"), and the driver then still counts the
+//! transaction open: every later `BEGIN` on that connection would fail. So
+//! the writer is checked before it is handed out: a connection still
+//! counting a transaction is closed and replaced (whichever write left it
+//! so, batched or not), and the writer is marked failing until a probe
+//! write succeeds ([`payments_domain::store::Store::ready`]).
+//!
 //! Time: the clock of the process that opens the file, so one SQLite
 //! database has one clock. Times are integer Unix milliseconds.
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteQueryResult, SqliteSynchronous};
 
 use crate::dialect::Dialect;
-use crate::{DatabaseUrl, PoolSettings, SqlStore, classify};
+use crate::sql::WriterHealth;
+use crate::{DatabaseUrl, PoolSettings, SqlStore, classify, ping_if_idle};
 use payments_domain::store::StoreError;
 
 /// SQLite's dialect.
@@ -78,9 +89,34 @@ impl SqliteStore {
         {
             std::fs::create_dir_all(dir).map_err(|e| classify(sqlx::Error::from(e)))?;
         }
-        let open = |max| settings.options(max).connect_with(options.clone());
-        let writer = open(1).await.map_err(classify)?;
-        let pool = open(settings.max_connections).await.map_err(classify)?;
-        Ok(Self::new(pool, writer).batched(settings.write_batch))
+        let health = Arc::new(WriterHealth::default());
+        let replaces = health.clone();
+        let writer = settings
+            .options(1)
+            .before_acquire(move |conn, meta| {
+                let health = replaces.clone();
+                Box::pin(async move {
+                    if sqlx::Connection::is_in_transaction(conn) {
+                        tracing::error!(
+                            "the SQLite writer is still inside a transaction that SQLite rolled \
+                             back itself (a full disk, an I/O error): the connection is replaced"
+                        );
+                        health.failed();
+                        return Ok(false);
+                    }
+                    ping_if_idle(conn, meta).await
+                })
+            })
+            .connect_with(options.clone())
+            .await
+            .map_err(classify)?;
+        let pool = settings
+            .options(settings.max_connections)
+            .connect_with(options)
+            .await
+            .map_err(classify)?;
+        Ok(Self::new(pool, writer)
+            .batched(settings.write_batch)
+            .watched(health))
     }
 }
