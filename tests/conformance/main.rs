@@ -272,6 +272,70 @@ async fn takeover_only_after_expiry_and_only_once(backend: Backend) {
     );
 }
 
+/// Reapers racing over many expired records, on a cluster spread over its
+/// nodes: every record is leased by exactly one of them. Each racer claims
+/// until nothing is left, under a lease no run of this test can outlive
+/// (an hour), so a record leased twice can only be two holders at once:
+/// the fencing the reaper relies on, not a lease that ran out.
+async fn expired_records_are_leased_by_one_reaper_each(backend: Backend) {
+    const RECORDS: usize = 40;
+    let Some(db) = db(backend).await else { return };
+    let store = db.store();
+    let mut ids = std::collections::BTreeSet::new();
+    for i in 0..RECORDS {
+        let key = format!("reap-race-{i}");
+        ids.insert(claimed(&store, &claim(&key, "cus_1", &body(100))).await);
+    }
+    db.age(None, secs(60)).await;
+    let conflicts = db.cluster_conflicts().await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(RACERS));
+    let tasks: Vec<_> = (0..RACERS)
+        .map(|i| {
+            let store = db.racer(i);
+            let barrier = barrier.clone();
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let mut taken = Vec::new();
+                let lease = NewLease::new(secs(3600));
+                while let Some(record) = store
+                    .claim_expired(&lease, ClaimAge::Under(LIMIT))
+                    .await
+                    .unwrap()
+                {
+                    assert_eq!(
+                        record.lease.as_ref().map(|l| l.token.as_str()),
+                        Some(lease.token.as_str()),
+                        "the record comes back under the claimer's lease"
+                    );
+                    taken.push(record.id);
+                }
+                taken
+            })
+        })
+        .collect();
+    let mut taken = Vec::new();
+    for t in tasks {
+        taken.extend(t.await.unwrap());
+    }
+    taken.sort();
+    let leased_twice: Vec<_> = taken.windows(2).filter(|w| w[0] == w[1]).collect();
+    assert!(
+        leased_twice.is_empty(),
+        "records leased twice: {leased_twice:?}"
+    );
+    assert_eq!(
+        taken.into_iter().collect::<std::collections::BTreeSet<_>>(),
+        ids,
+        "every expired record was leased"
+    );
+    if let (Some(before), Some(after)) = (conflicts, db.cluster_conflicts().await) {
+        assert!(
+            after > before,
+            "reapers on three nodes really conflicted at certification ({before} -> {after})"
+        );
+    }
+}
+
 /// The guard on the provider's key retention is part of the takeover
 /// statements: a record claimed longer ago than the limit is not taken over
 /// for a re-drive, not by an API retry (`take_over`) nor by a reaper
@@ -1286,6 +1350,7 @@ backend_tests!(
     concurrent_claims_have_one_winner,
     concurrent_finishers_have_one_winner,
     takeover_only_after_expiry_and_only_once,
+    expired_records_are_leased_by_one_reaper_each,
     records_past_the_key_retention_are_never_taken_to_redrive,
     released_lease_is_taken_over_at_once,
     deadlines_are_computed_by_the_database,
