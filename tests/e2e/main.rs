@@ -5,6 +5,7 @@
 mod auth;
 mod cache;
 mod group_commit;
+mod provider;
 mod skew;
 mod watch;
 

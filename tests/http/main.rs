@@ -9,6 +9,7 @@ mod incident;
 mod lifecycle;
 mod limits;
 mod observability;
+mod provider;
 mod time;
 mod validation;
 

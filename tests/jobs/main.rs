@@ -2,6 +2,7 @@
 //! sandbox, and `payments-jobs` as a process.
 #![allow(clippy::unwrap_used)]
 
+mod provider;
 mod pruner;
 mod reaper;
 mod reconciler;

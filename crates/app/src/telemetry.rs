@@ -87,7 +87,17 @@ pub struct Metric {
 }
 
 const PROVIDER_LABELS: &[(&str, &[&str])] = &[
-    ("outcome", &["succeeded", "declined", "rejected", "unknown"]),
+    (
+        "outcome",
+        &[
+            "succeeded",
+            "declined",
+            "rejected",
+            "unknown",
+            "key_refused",
+            "replayed_error",
+        ],
+    ),
     ("call", &["charges", "refunds"]),
 ];
 
@@ -141,7 +151,8 @@ pub const METRICS: &[Metric] = &[
         name: PROVIDER_OUTCOMES_TOTAL,
         kind: Kind::Counter,
         help: "Provider calls by call (charges, refunds) and outcome (succeeded, declined, \
-               rejected, unknown).",
+               rejected, unknown; key_refused: our secret key refused, replayed_error: an \
+               error the provider saved under the key, replayed).",
         series: Series::Each(PROVIDER_LABELS),
         in_jobs: true,
     },
@@ -162,8 +173,9 @@ pub const METRICS: &[Metric] = &[
     Metric {
         name: ABANDONED_TOTAL,
         kind: Kind::Counter,
-        help: "Requests abandoned with their outcome unknown, by reason (reaper, key_retention).",
-        series: Series::Each(&[("reason", &["reaper", "key_retention"])]),
+        help: "Requests abandoned with their outcome unknown, by reason (reaper, key_retention, \
+               replayed_error).",
+        series: Series::Each(&[("reason", &["reaper", "key_retention", "replayed_error"])]),
         in_jobs: true,
     },
     Metric {
@@ -388,8 +400,8 @@ mod tests {
     #[test]
     fn every_combination_of_known_labels_is_a_series() {
         let sets = label_sets(PROVIDER_LABELS);
-        // 4 outcomes x 2 calls.
-        assert_eq!(sets.len(), 8);
+        // 6 outcomes x 2 calls.
+        assert_eq!(sets.len(), 12);
         let first: Vec<(&str, &str)> = sets[0].iter().map(|l| (l.key(), l.value())).collect();
         assert_eq!(first, [("outcome", "succeeded"), ("call", "charges")]);
         assert_eq!(label_sets(&[]), vec![Vec::new()]);

@@ -109,6 +109,16 @@ pub enum Doubt {
     /// The provider answered, with an error or something unreadable
     /// (a 5xx, a 429, our own call still running there).
     ProviderError,
+    /// The provider replayed an error it saved under our key (Stripe saves
+    /// and replays a 500 for the key's retention, `Idempotent-Replayed:
+    /// true`): a re-drive under the same key can never learn more, so the
+    /// operation is abandoned to reconciliation instead.
+    ReplayedError,
+    /// The provider refused our secret key (401, or 403 for a restricted
+    /// key without permission): a configuration error. It says nothing
+    /// about an earlier call under the same key, so the operation stays as
+    /// it was, and the same key works once the secret key is fixed.
+    KeyRefused,
 }
 
 impl Doubt {
@@ -131,6 +141,15 @@ impl Doubt {
                 "the payment provider answered with an error, so the outcome is unknown; retry \
                  with the same idempotency key, which never charges twice"
             }
+            Self::ReplayedError => {
+                "the payment provider repeats the error it gave for this operation, so the \
+                 outcome is unknown and is being reconciled; do not retry it with a new key"
+            }
+            Self::KeyRefused => {
+                "the payment provider refused this server's credentials: a configuration \
+                 error on our side, nothing was done by this attempt; the same idempotency key \
+                 works once it is fixed, do not retry it with a new key"
+            }
         }
     }
 
@@ -141,6 +160,8 @@ impl Doubt {
             Self::Dropped => "dropped",
             Self::Unreachable => "unreachable",
             Self::ProviderError => "provider_error",
+            Self::ReplayedError => "replayed_error",
+            Self::KeyRefused => "key_refused",
         }
     }
 }

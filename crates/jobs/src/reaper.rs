@@ -22,6 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use payments_domain::idempotency::IdempotencyRecord;
+use payments_domain::provider::Doubt;
 use payments_domain::service::{ABANDONED_TOTAL, ChargeError, ChargeService, OnUnknown};
 use payments_domain::store::{ClaimAge, NewLease, Operation, Store, StoreError};
 use payments_domain::time;
@@ -241,6 +242,16 @@ impl Reaper {
                 );
                 Handled::FinishedByOther
             }
+            // The only fresh 500 a drive answers is its abandonment: the
+            // provider replayed an error saved under the key.
+            Ok(reply) if reply.response.status == 500 => {
+                tracing::error!(
+                    record_id = %record.id,
+                    operation = %id,
+                    "the provider replays a saved error: abandoned at once, for reconciliation"
+                );
+                Handled::Abandoned
+            }
             Ok(reply) => {
                 tracing::info!(
                     record_id = %record.id,
@@ -250,6 +261,16 @@ impl Reaper {
                     "reaped: finished with the provider's outcome"
                 );
                 Handled::Reaped
+            }
+            // Our secret key is refused: a configuration error that says
+            // nothing of the operation. Never abandoned for it; the record
+            // waits, lease kept, until the key is fixed.
+            Err(ChargeError::ProviderUnavailable {
+                doubt: Doubt::KeyRefused,
+                reason,
+            }) => {
+                tracing::error!(record_id = %record.id, operation = %id, %reason, "PROVIDER REFUSED OUR SECRET KEY: fix GATEWAY_SECRET_KEY; left as it is, never abandoned for this");
+                Handled::Left
             }
             Err(ChargeError::ProviderUnavailable { reason, .. }) => {
                 // The record's age is the database's, read when it was taken.
