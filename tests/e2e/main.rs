@@ -6,6 +6,7 @@ mod auth;
 mod cache;
 mod group_commit;
 mod mismatch;
+mod provider;
 mod skew;
 mod watch;
 

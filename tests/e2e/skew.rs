@@ -237,7 +237,9 @@ async fn behind_jobs_still_reap_and_prune(backend: Backend) {
     assert_eq!(status, 201);
     r.db.age(Some(&done), Duration::from_secs(3600 + 60)).await;
 
-    r.configure_sandbox(json!({"error_rate": 1.0})).await;
+    // A fault a re-drive recovers from (a 429 is saved nowhere; a 500
+    // would be replayed under the key and abandoned).
+    r.configure_sandbox(json!({"rate_limit_rate": 1.0})).await;
     let unknown = new_key();
     let (status, body) = r.post(&r.api, &unknown).await;
     assert_eq!(status, 503, "{body}");

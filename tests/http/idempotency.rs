@@ -296,13 +296,16 @@ async fn dropped_provider_answer_is_recovered_by_retry(backend: Backend) {
     assert_eq!(replay.headers()["idempotent-replay"], "true");
 }
 
-/// A provider error (500) is an unknown outcome; after it recovers, the
-/// retry with the same key charges exactly once.
+/// A provider error a retry recovers from is an unknown outcome; once it
+/// passes, the retry with the same key charges exactly once. At Stripe
+/// that is a 429 from its rate limiter (answered before the idempotency
+/// layer, saved nowhere), not a 500, which is saved and replayed under the
+/// key (`provider::a_replayed_provider_error_is_not_redriven`).
 async fn provider_errors_are_retryable(backend: Backend) {
     let Some(app) = spawn_app(backend, AppOptions::default()).await else {
         return;
     };
-    app.configure_sandbox(json!({"error_rate": 1.0})).await;
+    app.configure_sandbox(json!({"rate_limit_rate": 1.0})).await;
     let key = new_key();
     let body = charge_body(1200, "tok_mastercard");
     for _ in 0..3 {

@@ -10,6 +10,7 @@ mod lifecycle;
 mod limits;
 mod mismatch;
 mod observability;
+mod provider;
 mod time;
 mod validation;
 

@@ -4,6 +4,7 @@
 
 mod lag;
 mod pending_refunds;
+mod provider;
 mod pruner;
 mod reaper;
 mod reconcile_in_turn;

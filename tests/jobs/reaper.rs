@@ -150,12 +150,15 @@ async fn declines_finish_as_402(backend: Backend) {
 
 /// Provider down: the record is left as it is (pending charge, still in
 /// progress), retried on later passes, and abandoned only past
-/// `abandon_after`: 500 request_abandoned, charge unknown.
+/// `abandon_after`: 500 request_abandoned, charge unknown. The fault is
+/// one a re-drive could recover from (a 429, saved nowhere); a 500 is
+/// saved and replayed, and abandoned at once
+/// (`provider::the_reaper_abandons_on_a_replayed_error_at_once`).
 async fn unreachable_provider_is_abandoned_only_after_the_threshold(backend: Backend) {
     let Some(app) = spawn_app(backend, aged()).await else {
         return;
     };
-    app.configure_sandbox(json!({"error_rate": 1.0})).await;
+    app.configure_sandbox(json!({"rate_limit_rate": 1.0})).await;
     let key = new_key();
     app.db
         .stuck_request(&key, "cus_1", &body("tok_visa"), ago(60))

@@ -66,6 +66,11 @@ pub enum ApiError {
     /// a dropped connection, ...).
     #[error("{}", .0.message())]
     GatewayUnavailable(Doubt),
+    /// The provider refused our secret key (401/403): a configuration
+    /// error, answered 500 `provider_misconfigured` without `Retry-After`
+    /// and never stored; the operation stays as it was.
+    #[error("{}", Doubt::KeyRefused.message())]
+    ProviderMisconfigured,
     /// The database could not be reached (a dropped connection, a pool
     /// timeout, a server restarting). Nothing half-done is visible to a
     /// retry with the same key; the driver's text goes to the log only.
@@ -100,6 +105,9 @@ impl ApiError {
             Self::InProgress => (StatusCode::CONFLICT, "request_in_progress"),
             Self::RateLimited(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limited"),
             Self::GatewayUnavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "gateway_unavailable"),
+            Self::ProviderMisconfigured => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "provider_misconfigured")
+            }
             Self::DatabaseUnavailable(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable")
             }
@@ -122,6 +130,10 @@ impl From<ChargeError> for ApiError {
                 let secs = retry_after.as_millis().div_ceil(1000).max(1);
                 Self::RateLimited(u64::try_from(secs).unwrap_or(u64::MAX))
             }
+            ChargeError::ProviderUnavailable {
+                doubt: Doubt::KeyRefused,
+                ..
+            } => Self::ProviderMisconfigured,
             ChargeError::ProviderUnavailable { doubt, .. } => Self::GatewayUnavailable(doubt),
             ChargeError::ChargeNotFound => Self::NotFound,
             ChargeError::NotRefundable(status) => Self::NotRefundable(status.as_str()),

@@ -67,11 +67,18 @@ pub async fn assemble(
         #[cfg(feature = "dev-sandbox")]
         Provider::Sandbox(addr) => start_sandbox(addr).await?,
     };
-    let gateway = HttpGateway::new(
+    let gateway = HttpGateway::pinned(
         &provider_url,
         secret_key.expose_secret(),
         settings.gateway.gateway_timeout,
+        &settings.gateway.gateway_stripe_version,
     )
+    .ok_or_else(|| {
+        anyhow::anyhow!(
+            "GATEWAY_STRIPE_VERSION {:?} is not a Stripe API version",
+            settings.gateway.gateway_stripe_version
+        )
+    })?
     .context("building the provider client")?;
     let mut service = ChargeService::new(store.clone(), Arc::new(gateway), settings.policy());
     if settings.charges.replay_cache_mb > 0 {

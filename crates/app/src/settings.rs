@@ -260,6 +260,17 @@ pub struct GatewayArgs {
     /// this; RECONCILE_SEARCH_LAG must be at least this long.
     #[arg(long, env = "PROVIDER_MAX_PROCESSING", default_value = "5m", value_parser = humantime::parse_duration)]
     pub provider_max_processing: Duration,
+    /// Allow plain http to a GATEWAY_URL host that is not loopback. Only
+    /// for a sandbox on a private network (the docker compose stack): the
+    /// secret key travels in clear. Refused with a live key (`sk_live_`,
+    /// `rk_live_`); a warning is logged at start.
+    #[arg(long, env = "GATEWAY_ALLOW_PLAIN_HTTP", value_parser = clap::builder::BoolishValueParser::new())]
+    pub gateway_allow_plain_http: bool,
+    /// The Stripe API version sent as `Stripe-Version` on every provider
+    /// call, so answers keep the shape this server reads whatever the
+    /// account's default version is. Change it only with the code.
+    #[arg(long, env = "GATEWAY_STRIPE_VERSION", default_value = payments_gateway::DEFAULT_STRIPE_VERSION)]
+    pub gateway_stripe_version: String,
 }
 
 /// The sandbox's secret key; refused next to a real provider.
@@ -282,6 +293,14 @@ impl GatewayArgs {
 
     /// The lease, timeout and key-retention rules.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if !payments_gateway::is_stripe_version(&self.gateway_stripe_version) {
+            return Err(ConfigError(format!(
+                "GATEWAY_STRIPE_VERSION {:?} is not a Stripe API version (YYYY-MM-DD, \
+                 optionally .name, e.g. {})",
+                self.gateway_stripe_version,
+                payments_gateway::DEFAULT_STRIPE_VERSION
+            )));
+        }
         if self.gateway_timeout.is_zero() {
             return Err("GATEWAY_TIMEOUT must be greater than 0".into());
         }
@@ -326,11 +345,39 @@ impl GatewayArgs {
         let Some(url) = &self.gateway_url else {
             return Ok(None);
         };
-        parse_gateway_url(url)?;
         let secret_key = self
             .gateway_secret_key
             .clone()
             .ok_or("GATEWAY_URL is set but GATEWAY_SECRET_KEY is not")?;
+        let live = ["sk_live_", "rk_live_"]
+            .iter()
+            .any(|p| secret_key.expose_secret().starts_with(p));
+        match parse_gateway_url(url) {
+            Ok(_) => {}
+            // The one exception to the rule, for a sandbox on a private
+            // network: asked for by name, never with a live key.
+            Err(refused) if self.gateway_allow_plain_http && !live => {
+                let parsed = url::Url::parse(url).ok();
+                if parsed.as_ref().is_none_or(|u| u.scheme() != "http") {
+                    return Err(refused);
+                }
+                let mut as_https = url.clone();
+                as_https.replace_range(..4, "https");
+                parse_gateway_url(&as_https)?;
+                tracing::warn!(
+                    gateway_url = %url,
+                    "GATEWAY_ALLOW_PLAIN_HTTP: the provider's secret key travels in clear to a \
+                     host that is not loopback; acceptable only for a sandbox on a private network"
+                );
+            }
+            Err(refused) if self.gateway_allow_plain_http => {
+                return Err(ConfigError(format!(
+                    "{}; GATEWAY_ALLOW_PLAIN_HTTP is refused with a live secret key",
+                    refused.0
+                )));
+            }
+            Err(refused) => return Err(refused),
+        }
         if self.is_real() && secret_key.expose_secret() == SANDBOX_SECRET_KEY {
             return Err(
                 "refusing to start: a real GATEWAY_URL with the sandbox's GATEWAY_SECRET_KEY"
@@ -344,20 +391,27 @@ impl GatewayArgs {
     }
 
     /// Whether GATEWAY_URL names a host other than loopback: a provider
-    /// that may move real money.
+    /// that may move real money. (Plain http to such a host is refused,
+    /// or allowed by GATEWAY_ALLOW_PLAIN_HTTP: it is real all the same.)
     pub fn is_real(&self) -> bool {
         self.gateway_url.as_deref().is_some_and(|url| {
-            parse_gateway_url(url)
-                .is_ok_and(|url| !url.host().is_some_and(|host| host_is_loopback(&host)))
+            let parsed = parse_gateway_url(url).ok().or_else(|| {
+                url::Url::parse(url)
+                    .ok()
+                    .filter(|u| u.scheme() == "http" && u.username().is_empty())
+            });
+            parsed.is_some_and(|url| !url.host().is_some_and(|host| host_is_loopback(&host)))
         })
     }
 }
 
 /// GATEWAY_URL, parsed as the HTTP client will parse it (WHATWG, the `url`
-/// crate): `http` or `https`, a host, and no user info. A backslash is
-/// refused too: parsers disagree on the host of `https://a.example\@localhost`
-/// (`a.example` for the `url` crate, `localhost` for others), and the host
-/// decides whether development secrets are allowed.
+/// crate), by the rule every URL we send a secret to follows
+/// ([`https_or_loopback`]: https, plain http only on loopback, a host, no
+/// user info). A backslash is refused too: parsers disagree on the host of
+/// `https://a.example\@localhost` (`a.example` for the `url` crate,
+/// `localhost` for others), and the host decides whether development
+/// secrets are allowed.
 pub fn parse_gateway_url(raw: &str) -> Result<url::Url, ConfigError> {
     if raw.contains('\\') {
         return Err(ConfigError(format!(
@@ -365,24 +419,55 @@ pub fn parse_gateway_url(raw: &str) -> Result<url::Url, ConfigError> {
              write the URL without it"
         )));
     }
+    https_or_loopback(
+        "GATEWAY_URL",
+        raw,
+        "GATEWAY_SECRET_KEY would travel in clear, and anyone on the way could read it and \
+         move money with it",
+        "the provider is authenticated with GATEWAY_SECRET_KEY, and user info can disguise \
+         the real host",
+    )
+}
+
+/// The rule for every URL this server sends a secret to or trusts what it
+/// fetches from (`GATEWAY_URL`, `JWT_JWKS_URL`): a URL, `https`, or plain
+/// `http` only on loopback ([`host_is_loopback`]), with a host and no user
+/// info. `setting` names it in every message; `why_https` says what plain
+/// http would expose, `why_no_user_info` why user info is refused.
+pub fn https_or_loopback(
+    setting: &str,
+    raw: &str,
+    why_https: &str,
+    why_no_user_info: &str,
+) -> Result<url::Url, ConfigError> {
     let url = url::Url::parse(raw)
-        .map_err(|e| ConfigError(format!("GATEWAY_URL {raw:?} is not an http(s) URL: {e}")))?;
-    if !matches!(url.scheme(), "http" | "https") {
-        return Err(ConfigError(format!(
-            "GATEWAY_URL {raw:?} is not an http(s) URL (scheme {:?})",
-            url.scheme()
-        )));
+        .map_err(|e| ConfigError(format!("{setting} {raw:?} is not a URL: {e}")))?;
+    let loopback = url.host().is_some_and(|host| host_is_loopback(&host));
+    match url.scheme() {
+        "https" => {}
+        "http" if loopback => {}
+        "http" => {
+            return Err(ConfigError(format!(
+                "{setting} must be https (plain http only on loopback): {why_https} (got a URL \
+                 whose host is {:?})",
+                url.host_str().unwrap_or_default()
+            )));
+        }
+        scheme => {
+            return Err(ConfigError(format!(
+                "{setting} {raw:?} is not an http(s) URL (scheme {scheme:?})"
+            )));
+        }
+    }
+    if url.host().is_none() {
+        return Err(ConfigError(format!("{setting} {raw:?} has no host")));
     }
     if !url.username().is_empty() || url.password().is_some() {
         return Err(ConfigError(format!(
-            "GATEWAY_URL must not contain user info (user:password@): the provider is \
-             authenticated with GATEWAY_SECRET_KEY, and user info can disguise the real host \
-             (got a URL whose host is {:?})",
+            "{setting} must not contain user info (user:password@): {why_no_user_info} (got a \
+             URL whose host is {:?})",
             url.host_str().unwrap_or_default()
         )));
-    }
-    if url.host().is_none() {
-        return Err(ConfigError(format!("GATEWAY_URL {raw:?} has no host")));
     }
     Ok(url)
 }
@@ -545,8 +630,8 @@ mod tests {
         // The sandbox's key next to any non-loopback host.
         for url in [
             "https://localhost.example.com",
-            "http://127.0.0.1.example.com",
-            "http://[::ffff:10.0.0.1]:12111",
+            "https://127.0.0.1.example.com",
+            "https://[::ffff:10.0.0.1]:12111",
         ] {
             let e = remote(url, SANDBOX_SECRET_KEY).expect_err("refused");
             assert!(e.contains("sandbox"), "{url}: {e}");
@@ -560,5 +645,90 @@ mod tests {
         }
         let live = gateway("https://api.example.com", "sk_live_x");
         assert!(matches!(live.remote(), Ok(Some(_))) && live.is_real());
+    }
+
+    /// Issue 23, item 3.5: the secret key never travels in clear: plain
+    /// http only to loopback, as for JWT_JWKS_URL (one rule, one function).
+    #[test]
+    fn plain_http_gateway_urls_are_refused_but_on_loopback() {
+        let remote = |url: &str| {
+            let url = format!("--gateway-url={url}");
+            parse(&[&url, "--gateway-secret-key=sk_live_x"])
+                .gateway
+                .remote()
+                .map_err(|e| e.0)
+        };
+        for url in [
+            "http://api.stripe.com",
+            "http://sandbox:12111",
+            "http://10.0.0.1:12111",
+            "http://127.0.0.1.example.com",
+            "http://[::ffff:127.0.0.1]:12111",
+            "http://localhost.example.com",
+        ] {
+            let e = remote(url).expect_err(url);
+            assert!(
+                e.contains("GATEWAY_URL must be https (plain http only on loopback)")
+                    && e.contains("in clear"),
+                "{url}: {e}"
+            );
+        }
+        for url in [
+            "https://api.stripe.com",
+            "http://127.0.0.1:12111",
+            "http://localhost:12111",
+            "http://[::1]:12111",
+        ] {
+            assert!(
+                matches!(remote(url), Ok(Some(_))),
+                "{url}: {:?}",
+                remote(url)
+            );
+        }
+    }
+
+    #[test]
+    fn plain_http_to_a_private_sandbox_only_when_asked_and_never_live() {
+        let remote = |url: &str, key: &str, allow: bool| {
+            let url = format!("--gateway-url={url}");
+            let key = format!("--gateway-secret-key={key}");
+            let mut args = vec![url.as_str(), key.as_str()];
+            if allow {
+                args.push("--gateway-allow-plain-http");
+            }
+            let gateway = parse(&args).gateway;
+            (gateway.remote().map_err(|e| e.0), gateway.is_real())
+        };
+        let (compose, real) = remote("http://sandbox:12111", "sk_test_compose", true);
+        assert!(matches!(compose, Ok(Some(_))) && real, "{compose:?}");
+        let (live, _) = remote("http://sandbox:12111", "sk_live_x", true);
+        assert!(live.expect_err("refused").contains("live"));
+        let (hidden, _) = remote("http://user:pw@sandbox:12111", "sk_test_compose", true);
+        assert!(hidden.expect_err("refused").contains("user info"));
+        let (sandbox_key, _) = remote("http://sandbox:12111", SANDBOX_SECRET_KEY, true);
+        assert!(sandbox_key.expect_err("refused").contains("sandbox"));
+        let (not_asked, _) = remote("http://sandbox:12111", "sk_test_compose", false);
+        assert!(not_asked.expect_err("refused").contains("https"));
+    }
+
+    #[test]
+    fn the_stripe_version_is_pinned_and_checked() {
+        let default = parse(&[]);
+        assert_eq!(
+            default.gateway.gateway_stripe_version,
+            payments_gateway::DEFAULT_STRIPE_VERSION
+        );
+        assert!(default.gateway.validate().is_ok());
+        assert!(
+            parse(&["--gateway-stripe-version=2024-06-20"])
+                .gateway
+                .validate()
+                .is_ok()
+        );
+        for bad in ["latest", "", "2024-06-20 ", "20240620"] {
+            let arg = format!("--gateway-stripe-version={bad}");
+            let e = parse(&[&arg]).gateway.validate().expect_err(bad).0;
+            assert!(e.contains("GATEWAY_STRIPE_VERSION"), "{bad}: {e}");
+        }
     }
 }

@@ -91,7 +91,15 @@ pub struct Metric {
 const PROVIDER_LABELS: &[(&str, &[&str])] = &[
     (
         "outcome",
-        &["succeeded", "declined", "rejected", "pending", "unknown"],
+        &[
+            "succeeded",
+            "declined",
+            "rejected",
+            "pending",
+            "unknown",
+            "key_refused",
+            "replayed_error",
+        ],
     ),
     ("call", &["charges", "refunds"]),
 ];
@@ -146,7 +154,8 @@ pub const METRICS: &[Metric] = &[
         name: PROVIDER_OUTCOMES_TOTAL,
         kind: Kind::Counter,
         help: "Provider calls by call (charges, refunds) and outcome (succeeded, declined, \
-               rejected, unknown).",
+               rejected, unknown; key_refused: our secret key refused, replayed_error: an \
+               error the provider saved under the key, replayed).",
         series: Series::Each(PROVIDER_LABELS),
         in_jobs: true,
     },
@@ -181,8 +190,16 @@ pub const METRICS: &[Metric] = &[
         name: ABANDONED_TOTAL,
         kind: Kind::Counter,
         help: "Requests abandoned with their outcome unknown, by reason (reaper, key_retention, \
-               provider_mismatch).",
-        series: Series::Each(&[("reason", &["reaper", "key_retention", "provider_mismatch"])]),
+               provider_mismatch, replayed_error).",
+        series: Series::Each(&[(
+            "reason",
+            &[
+                "reaper",
+                "key_retention",
+                "provider_mismatch",
+                "replayed_error",
+            ],
+        )]),
         in_jobs: true,
     },
     Metric {
@@ -415,8 +432,8 @@ mod tests {
     #[test]
     fn every_combination_of_known_labels_is_a_series() {
         let sets = label_sets(PROVIDER_LABELS);
-        // 5 outcomes x 2 calls.
-        assert_eq!(sets.len(), 10);
+        // 7 outcomes x 2 calls.
+        assert_eq!(sets.len(), 14);
         let first: Vec<(&str, &str)> = sets[0].iter().map(|l| (l.key(), l.value())).collect();
         assert_eq!(first, [("outcome", "succeeded"), ("call", "charges")]);
         assert_eq!(label_sets(&[]), vec![Vec::new()]);

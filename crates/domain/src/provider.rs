@@ -157,6 +157,16 @@ pub enum Doubt {
     /// (another amount or currency, a charge not paid or not captured).
     /// The same call gets the same answer: it is left for a person.
     Mismatch,
+    /// The provider replayed an error it saved under our key (Stripe saves
+    /// and replays a 500 for the key's retention, `Idempotent-Replayed:
+    /// true`): a re-drive under the same key can never learn more, so the
+    /// operation is abandoned to reconciliation instead.
+    ReplayedError,
+    /// The provider refused our secret key (401, or 403 for a restricted
+    /// key without permission): a configuration error. It says nothing
+    /// about an earlier call under the same key, so the operation stays as
+    /// it was, and the same key works once the secret key is fixed.
+    KeyRefused,
 }
 
 impl Doubt {
@@ -188,6 +198,15 @@ impl Doubt {
                  capture), so the outcome is unknown; it is left for a person to reconcile, do \
                  not retry it with a new key"
             }
+            Self::ReplayedError => {
+                "the payment provider repeats the error it gave for this operation, so the \
+                 outcome is unknown and is being reconciled; do not retry it with a new key"
+            }
+            Self::KeyRefused => {
+                "the payment provider refused this server's credentials: a configuration \
+                 error on our side, nothing was done by this attempt; the same idempotency key \
+                 works once it is fixed, do not retry it with a new key"
+            }
         }
     }
 
@@ -200,6 +219,8 @@ impl Doubt {
             Self::ProviderError => "provider_error",
             Self::InFlight => "in_flight",
             Self::Mismatch => "mismatch",
+            Self::ReplayedError => "replayed_error",
+            Self::KeyRefused => "key_refused",
         }
     }
 }

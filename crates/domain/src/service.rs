@@ -44,8 +44,9 @@ use crate::store::{
 /// Counts the expired leases taken over to re-drive a charge (a metric name,
 /// with the others in `payments_api::telemetry`).
 pub const LEASE_TAKEOVERS_TOTAL: &str = "payments_lease_takeovers_total";
-/// Counts the abandoned records, by `reason`: `key_retention` here, `reaper`
-/// in `payments-jobs`.
+/// Counts the abandoned records, by `reason`: `key_retention` and
+/// `replayed_error` (the provider replays an error saved under the key)
+/// here, `reaper` in `payments-jobs`.
 pub const ABANDONED_TOTAL: &str = "payments_abandoned_total";
 
 /// Counts refunds by final `outcome`: `succeeded`, `failed` (the provider
@@ -598,6 +599,26 @@ impl ChargeService {
                 metrics::counter!(ABANDONED_TOTAL, "reason" => "provider_mismatch").increment(1);
                 return self
                     .abandon(record_id, lease_token, &operation, &reason)
+                    .await;
+            }
+            Err((Doubt::ReplayedError, reason)) => {
+                // Stripe replays the error it saved under this key to every
+                // call with it: a re-drive can never learn more.
+                tracing::error!(
+                    %record_id,
+                    operation = operation.id(),
+                    %reason,
+                    "ABANDONED: the provider replays the error it saved under this operation's \
+                     key; no re-drive can learn more, marked unknown for reconciliation"
+                );
+                metrics::counter!(ABANDONED_TOTAL, "reason" => "replayed_error").increment(1);
+                return self
+                    .abandon(
+                        record_id,
+                        lease_token,
+                        &operation,
+                        "the provider replays a saved error",
+                    )
                     .await;
             }
             Err((doubt, reason)) => {

@@ -51,6 +51,11 @@ pub const MAX_LIST_PAGES: u32 = 1000;
 /// found": its reservation stays held, and a person looks.
 const MAX_REFUND_PAGES: u32 = 100;
 
+/// The Stripe API version every call pins with `Stripe-Version` (the
+/// default of `GATEWAY_STRIPE_VERSION`), so the answers' shapes do not
+/// follow the account's default version when someone upgrades it.
+pub const DEFAULT_STRIPE_VERSION: &str = "2026-09-30.endive";
+
 mod wire {
     use serde::{Deserialize, Deserializer};
 
@@ -169,7 +174,39 @@ impl HttpGateway {
         secret_key: &str,
         timeout: Duration,
     ) -> Result<Self, reqwest::Error> {
-        let client = reqwest::Client::builder()
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            "stripe-version",
+            reqwest::header::HeaderValue::from_static(DEFAULT_STRIPE_VERSION),
+        );
+        Self::build(base_url, secret_key, timeout, headers)
+    }
+
+    /// [`HttpGateway::new`], sending `Stripe-Version: {stripe_version}` on
+    /// every call, posts and lookups alike. `None` when `stripe_version`
+    /// is no Stripe API version (`YYYY-MM-DD`, optionally `.name`).
+    pub fn pinned(
+        base_url: &str,
+        secret_key: &str,
+        timeout: Duration,
+        stripe_version: &str,
+    ) -> Option<Result<Self, reqwest::Error>> {
+        let version = reqwest::header::HeaderValue::from_str(stripe_version)
+            .ok()
+            .filter(|_| is_stripe_version(stripe_version))?;
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert("stripe-version", version);
+        Some(Self::build(base_url, secret_key, timeout, headers))
+    }
+
+    fn build(
+        base_url: &str,
+        secret_key: &str,
+        timeout: Duration,
+        headers: reqwest::header::HeaderMap,
+    ) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder().default_headers(headers);
+        let client = client
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(5)))
             .user_agent(concat!("payments/", env!("CARGO_PKG_VERSION")))
@@ -189,6 +226,23 @@ impl HttpGateway {
         self.refund_paging = (page_size.clamp(1, REFUND_PAGE_SIZE), max_pages);
         self
     }
+}
+
+/// Whether `version` is spelt as Stripe's API versions are: a date,
+/// `YYYY-MM-DD`, then optionally `.` and a lower-case release name
+/// (`2024-06-20`, `2026-09-30.endive`).
+pub fn is_stripe_version(version: &str) -> bool {
+    let (date, name) = match version.split_once('.') {
+        Some((date, name)) => (date, Some(name)),
+        None => (version, None),
+    };
+    let date_ok = date.len() == 10
+        && date.char_indices().all(|(i, c)| match i {
+            4 | 7 => c == '-',
+            _ => c.is_ascii_digit(),
+        });
+    let name_ok = name.is_none_or(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_lowercase()));
+    date_ok && name_ok
 }
 
 /// A charge's form body: `amount`, lower-case `currency`, `source`,
@@ -521,8 +575,18 @@ impl HttpGateway {
         let outcome = match sent {
             Ok(response) => {
                 let status = response.status().as_u16();
+                let replayed = response
+                    .headers()
+                    .get("idempotent-replayed")
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
                 match response.bytes().await {
-                    Ok(body) => checked(classify(status, &body), status, &body, what, expected),
+                    Ok(body) => checked(
+                        replayed_error(classify(status, &body), status, replayed),
+                        status,
+                        &body,
+                        what,
+                        expected,
+                    ),
                     Err(e) => ProviderOutcome::Unknown {
                         doubt: doubt_of(&e),
                         reason: format!("reading the provider's {status} answer failed: {e}"),
@@ -541,8 +605,29 @@ impl HttpGateway {
             ProviderOutcome::Declined { .. } => "declined",
             ProviderOutcome::Rejected { .. } => "rejected",
             ProviderOutcome::Pending { .. } => "pending",
+            ProviderOutcome::Unknown {
+                doubt: Doubt::KeyRefused,
+                ..
+            } => "key_refused",
+            ProviderOutcome::Unknown {
+                doubt: Doubt::ReplayedError,
+                ..
+            } => "replayed_error",
             ProviderOutcome::Unknown { .. } => "unknown",
         };
+        if let ProviderOutcome::Unknown {
+            doubt: Doubt::KeyRefused,
+            reason,
+        } = &outcome
+        {
+            tracing::error!(
+                provider_key = %key,
+                call = what,
+                %reason,
+                "PROVIDER REFUSED OUR SECRET KEY: GATEWAY_SECRET_KEY is wrong, revoked or lacks \
+                 a permission; every provider call fails until it is fixed"
+            );
+        }
         let elapsed = started.elapsed();
         metrics::histogram!(PROVIDER_REQUEST_DURATION_SECONDS, "outcome" => label, "call" => what)
             .record(elapsed.as_secs_f64());
@@ -723,6 +808,21 @@ fn judge(kind: Kind, object: wire::Object, expected: &Expected) -> Lookup {
     }
 }
 
+/// A 5xx the provider replayed from its idempotency store (Stripe saves a
+/// 500 under the key and replays it, `Idempotent-Replayed: true`, for the
+/// key's retention): no re-drive under this key can learn more.
+fn replayed_error(outcome: ProviderOutcome, status: u16, replayed: bool) -> ProviderOutcome {
+    match outcome {
+        ProviderOutcome::Unknown { reason, .. } if replayed && status >= 500 => {
+            ProviderOutcome::Unknown {
+                doubt: Doubt::ReplayedError,
+                reason: format!("replayed from the provider's idempotency store: {reason}"),
+            }
+        }
+        other => other,
+    }
+}
+
 /// Why a call that got no whole answer is in doubt: a timeout, a connection
 /// that could not be made, or one lost after the request went out.
 fn doubt_of(e: &reqwest::Error) -> Doubt {
@@ -781,6 +881,19 @@ pub fn classify(status: u16, body: &[u8]) -> ProviderOutcome {
             },
         },
         402 => declined(serde_json::from_slice::<wire::ErrorEnvelope>(body).ok()),
+        // Our secret key refused (invalid, revoked, or a restricted key
+        // without the permission): a configuration error, answered before
+        // the provider looked at the key, so it says nothing of the call.
+        401 | 403 => {
+            let detail = serde_json::from_slice::<wire::ErrorEnvelope>(body)
+                .ok()
+                .and_then(|e| e.error.message)
+                .unwrap_or_default();
+            ProviderOutcome::Unknown {
+                doubt: Doubt::KeyRefused,
+                reason: format!("provider refused the secret key ({status}): {detail}"),
+            }
+        }
         // A request error (an unknown card token, an amount below the
         // provider's minimum) proves nothing was charged, and retrying the
         // same call gets the same answer: final, but not a decline, which
@@ -895,6 +1008,67 @@ mod tests {
                 matches!(classify(status, body), ProviderOutcome::Unknown { .. }),
                 "{status}"
             );
+        }
+    }
+
+    #[test]
+    fn a_refused_secret_key_is_its_own_doubt() {
+        for status in [401, 403] {
+            let refused = classify(
+                status,
+                br#"{"error":{"type":"invalid_request_error","message":"Invalid API Key provided: sk_test_****1234"}}"#,
+            );
+            assert!(
+                matches!(
+                    refused,
+                    ProviderOutcome::Unknown {
+                        doubt: Doubt::KeyRefused,
+                        ref reason,
+                    } if reason.contains("Invalid API Key")
+                ),
+                "{status}: {refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_a_replayed_5xx_is_a_replayed_error() {
+        let error = || classify(500, br#"{"error":{"type":"api_error","message":"x"}}"#);
+        assert!(matches!(
+            replayed_error(error(), 500, true),
+            ProviderOutcome::Unknown {
+                doubt: Doubt::ReplayedError,
+                ..
+            }
+        ));
+        assert!(matches!(
+            replayed_error(error(), 500, false),
+            ProviderOutcome::Unknown {
+                doubt: Doubt::ProviderError,
+                ..
+            }
+        ));
+        let replayed_success = classify(200, br#"{"id":"ch_1","status":"succeeded"}"#);
+        assert!(matches!(
+            replayed_error(replayed_success, 200, true),
+            ProviderOutcome::Succeeded { .. }
+        ));
+    }
+
+    #[test]
+    fn stripe_versions_are_checked() {
+        for ok in [DEFAULT_STRIPE_VERSION, "2024-06-20", "2025-03-31.basil"] {
+            assert!(is_stripe_version(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "latest",
+            "2024-6-20",
+            "2024-06-20.",
+            "2024-06-20.Basil",
+            "2024-06-20\n",
+        ] {
+            assert!(!is_stripe_version(bad), "{bad:?}");
         }
     }
 

@@ -243,6 +243,16 @@ impl Reaper {
                 );
                 Handled::FinishedByOther
             }
+            // The only fresh 500 a drive answers is its abandonment: the
+            // provider replayed an error saved under the key.
+            Ok(reply) if reply.response.status == 500 => {
+                tracing::error!(
+                    record_id = %record.id,
+                    operation = %id,
+                    "the provider replays a saved error: abandoned at once, for reconciliation"
+                );
+                Handled::Abandoned
+            }
             Ok(reply) => {
                 tracing::info!(
                     record_id = %record.id,
@@ -261,6 +271,16 @@ impl Reaper {
                 reason,
             }) => {
                 tracing::warn!(record_id = %record.id, operation = %id, %reason, "the provider is still processing this key; left for the next pass, never abandoned for it");
+                Handled::Left
+            }
+            // Our secret key is refused: a configuration error that says
+            // nothing of the operation. Never abandoned for it; the record
+            // waits, lease kept, until the key is fixed.
+            Err(ChargeError::ProviderUnavailable {
+                doubt: Doubt::KeyRefused,
+                reason,
+            }) => {
+                tracing::error!(record_id = %record.id, operation = %id, %reason, "PROVIDER REFUSED OUR SECRET KEY: fix GATEWAY_SECRET_KEY; left as it is, never abandoned for this");
                 Handled::Left
             }
             Err(ChargeError::ProviderUnavailable { reason, .. }) => {

@@ -19,8 +19,15 @@ pub struct SandboxConfig {
     /// Milliseconds to sleep before processing a charge or refund.
     pub latency_ms: u64,
     /// Probability (0.0 to 1.0) of answering 500 `api_error` without charging
-    /// or refunding.
+    /// or refunding. Like Stripe, the 500 is saved under the request's
+    /// idempotency key and replayed (`Idempotent-Replayed: true`) to every
+    /// retry with that key for the key's retention: a retry never recovers.
     pub error_rate: f64,
+    /// Probability (0.0 to 1.0) of answering 429 `rate_limit` before the
+    /// idempotency key is even looked at, as Stripe's rate limiter does:
+    /// nothing is done and nothing is saved, so a retry with the same key
+    /// is processed anew. The fault a retry recovers from.
+    pub rate_limit_rate: f64,
     /// Never answer and never charge or refund; the client has to time out.
     pub hang: bool,
     /// Make and store the charge (or refund), then close the connection
@@ -51,6 +58,14 @@ pub struct SandboxConfig {
     /// provider's dashboard) with `metadata: null` and `status: null`:
     /// Stripe documents both fields of a refund as nullable.
     pub nulls_in_refund_lists: bool,
+    /// The only secret key the sandbox accepts (`None`: any non-empty
+    /// key). Any other key is answered 401, as Stripe answers an invalid
+    /// API key, before anything else is looked at.
+    pub secret_key: Option<String>,
+    /// A restricted key the sandbox knows but that has no permission on the
+    /// `/v1` endpoints: answered 403, as Stripe answers a restricted key
+    /// lacking a permission. Only meaningful with `secret_key` set.
+    pub restricted_key: Option<String>,
 }
 
 /// A refund's status, as Stripe names it. `pending` and `requires_action`
@@ -87,6 +102,7 @@ impl Default for SandboxConfig {
         Self {
             latency_ms: 0,
             error_rate: 0.0,
+            rate_limit_rate: 0.0,
             hang: false,
             drop_after_charge: false,
             key_retention_secs: DEFAULT_KEY_RETENTION_SECS,
@@ -95,6 +111,8 @@ impl Default for SandboxConfig {
             answer_amount_override: None,
             answer_currency_override: None,
             nulls_in_refund_lists: false,
+            secret_key: None,
+            restricted_key: None,
         }
     }
 }
@@ -107,14 +125,27 @@ impl SandboxConfig {
 
     /// Checks the invariants the wire format cannot express.
     pub fn validate(&self) -> Result<(), InvalidConfig> {
-        if !(0.0..=1.0).contains(&self.error_rate) {
-            return Err(InvalidConfig {
-                field: "error_rate",
-                message: format!(
-                    "error_rate must be between 0.0 and 1.0, got {}",
-                    self.error_rate
-                ),
-            });
+        for (field, rate) in [
+            ("error_rate", self.error_rate),
+            ("rate_limit_rate", self.rate_limit_rate),
+        ] {
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(InvalidConfig {
+                    field,
+                    message: format!("{field} must be between 0.0 and 1.0, got {rate}"),
+                });
+            }
+        }
+        for (field, key) in [
+            ("secret_key", &self.secret_key),
+            ("restricted_key", &self.restricted_key),
+        ] {
+            if key.as_deref().is_some_and(|key| key.trim().is_empty()) {
+                return Err(InvalidConfig {
+                    field,
+                    message: format!("{field} must not be empty (leave it out to accept any key)"),
+                });
+            }
         }
         if let Some(currency) = &self.answer_currency_override
             && (currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_alphabetic()))

@@ -61,6 +61,37 @@ impl ApiError {
         Self::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
     }
 
+    /// 401 for a key that is not the configured secret key, with Stripe's
+    /// message and the key redacted to its last four characters.
+    pub(crate) fn invalid_api_key(key: &str) -> Self {
+        Self::unauthorized(format!("Invalid API Key provided: {}", redact(key)))
+    }
+
+    /// 403: a restricted key without the permission this endpoint needs.
+    pub(crate) fn permission_denied(key: &str, path: &str) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            format!(
+                "The provided key '{}' does not have the required permissions for this \
+                 endpoint ({path}) on account 'acct_sandbox'.",
+                redact(key)
+            ),
+        )
+    }
+
+    /// 429 `rate_limit`, as Stripe's rate limiter answers (type
+    /// `invalid_request_error`): nothing was done or saved.
+    pub(crate) fn rate_limited() -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "invalid_request_error",
+            "Request rate limit exceeded. Learn more about rate limits here \
+             https://stripe.com/docs/rate-limits (injected by payments-sandbox).",
+        )
+        .with_code("rate_limit")
+    }
+
     /// 404 for a URL the sandbox does not serve.
     pub(crate) fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "invalid_request_error", message)
@@ -131,6 +162,17 @@ impl ApiError {
     pub(crate) fn to_stored(&self) -> StoredResponse {
         StoredResponse::json(self.status, &Envelope { error: &self.body })
     }
+}
+
+/// A key as Stripe shows it in errors: its kind and mode (`sk_test_`),
+/// stars, and its last four characters (none of a short key).
+fn redact(key: &str) -> String {
+    let prefix_len = key.match_indices('_').nth(1).map_or(0, |(at, _)| at + 1);
+    let (prefix, rest) = key.split_at(prefix_len);
+    let rest: Vec<char> = rest.chars().collect();
+    let shown = if rest.len() > 8 { 4 } else { 0 };
+    let tail: String = rest[rest.len() - shown..].iter().collect();
+    format!("{prefix}{}{tail}", "*".repeat(rest.len() - shown))
 }
 
 impl IntoResponse for ApiError {

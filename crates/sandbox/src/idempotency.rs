@@ -2,9 +2,14 @@
 //! the fingerprint of the parameters it was first used with and either "in
 //! flight" or the final response.
 //!
-//! Only final answers are stored (success, decline, validation error). A
-//! request that ends without one (an injected 500, a hang, a cancelled task)
-//! drops its [`Claim`], which releases the key so a retry is processed anew.
+//! Like Stripe, which saves the answer of every request whose processing
+//! began, the answers stored are the final ones (success, decline,
+//! validation error) and the injected 500 (`error_rate`): a retry with the
+//! key gets the same 500 again, marked `Idempotent-Replayed: true`, for the
+//! key's retention. A request that ends without an answer (a hang, a
+//! cancelled task) drops its [`Claim`], which releases the key so a retry
+//! is processed anew. What Stripe answers before its idempotency layer (an
+//! invalid API key, 401; a rate limit, 429) never reaches the table.
 //!
 //! Like Stripe, the sandbox forgets a key once it is older than its key
 //! retention (`key_retention_secs`, 24 h by default): a request with a

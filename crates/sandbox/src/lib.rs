@@ -5,9 +5,12 @@
 //! # Layout
 //!
 //! - [`config`]: [`SandboxConfig`], the fault-injection settings (latency,
-//!   error rate, hang, drop-after-charge, key retention, search lag, the
-//!   status new refunds get, answers with another amount or currency, nulls
-//!   in refund lists) and their validation.
+//!   error rate, rate-limit rate, hang, drop-after-charge, key retention,
+//!   search lag, the status new refunds get, answers with another amount or
+//!   currency, nulls in refund lists), the accepted secret key, and their
+//!   validation.
+//! - `access`: what every `/v1` request goes through first: recorded with
+//!   its `Stripe-Version`, then its secret key checked (401 / 403).
 //! - `server`: [`serve`] runs the accept loop on a listener the caller bound,
 //!   serving each connection with hyper so a handler can close its own
 //!   connection without answering; [`SandboxHandle`] runs it in the
@@ -36,7 +39,7 @@
 //!
 //! | Route | Does |
 //! | --- | --- |
-//! | `POST /v1/charges` | form: `amount`, `currency`, `source`, `description`, `metadata[k]`; `Authorization: Bearer <any>`; optional `Idempotency-Key`. Answers Stripe's charge object (with `amount_refunded`, `refunded`) |
+//! | `POST /v1/charges` | form: `amount`, `currency`, `source`, `description`, `metadata[k]`; `Authorization: Bearer <key>` (any key, or only `secret_key` when set); optional `Idempotency-Key`. Answers Stripe's charge object (with `amount_refunded`, `refunded`) |
 //! | `POST /v1/refunds` | form: `charge` (`ch_...`), `amount` (default: what is left), `reason` (`duplicate`, `fraudulent`, `requested_by_customer`), `metadata[k]`; bearer auth and `Idempotency-Key` as for charges. Answers Stripe's refund object (`re_...`, with the configured `refund_status`: `succeeded` unless set to `pending`, `requires_action`, `failed` or `canceled`) |
 //! | `GET /v1/refunds` | query: `charge` (optional), `limit` (1-100, default 10), `starting_after` (a refund id of the list: the next page); bearer auth. Stripe's list, newest first, `has_more` while older refunds are left. With `nulls_in_refund_lists`, a refund made without metadata shows `metadata` and `status` null |
 //! | `GET /v1/refunds/{id}` | bearer auth. The refund as it stands now; 404 `resource_missing` for an unknown id |
@@ -46,8 +49,9 @@
 //! | `GET /_sandbox/charges` | `{"data":[..]}`: every charge made or declined, oldest first |
 //! | `GET /_sandbox/refunds` | `{"data":[..]}`: every refund made, oldest first, with its status |
 //! | `POST /_sandbox/refunds/{id}` | JSON `{"status": "succeeded" \| "failed" \| "canceled", "failure_reason"?: ".."}`: settles a `pending` or `requires_action` refund, as the provider later does (Stripe's test helpers); a failed or canceled one gives its amount back to the charge. 400 when it is final already, 404 when unknown |
+//! | `GET /_sandbox/requests` | `{"data":[{"method","path","stripe_version"}..]}`: the last 1,000 `/v1` requests as they arrived (refused ones too), oldest first |
 //! | `GET /_sandbox/stats` | `requests`, `in_flight`, `max_in_flight` (of both `POST /v1/*`), `charges`, `refunds` |
-//! | `POST /_sandbox/reset` | forget charges, refunds, keys and counters (not the config) |
+//! | `POST /_sandbox/reset` | forget charges, refunds, keys, counters and the request log (not the config) |
 //! | `GET /healthz` | `{"status":"ok"}` |
 //!
 //! Refund errors (400 `invalid_request_error`): `resource_missing` (param
@@ -69,10 +73,22 @@
 //!   parameters) answers at once, so a retry after `drop_after_charge` gets
 //!   its replay while the fault is still on. A request keeps the config it
 //!   arrived with.
-//! - Order: `latency_ms`, then `hang`, then `error_rate`, then the charge
-//!   or refund, then `drop_after_charge` (only when a charge, succeeded or
+//! - Order: the secret key (`secret_key`, `restricted_key`: 401 / 403),
+//!   then `rate_limit_rate` (429), both before the idempotency key is
+//!   looked at; then `latency_ms`, `hang`, `error_rate`, the charge or
+//!   refund, and `drop_after_charge` (only when a charge, succeeded or
 //!   declined, or a refund was recorded; a validation error or a refused
 //!   refund is answered normally).
+//! - What a retry recovers from, as at Stripe: Stripe saves the status and
+//!   body of every request whose processing began, 500s included, and
+//!   replays them for 24 h; only what it answers before that (an invalid
+//!   key, a rate limit, a request refused as concurrent with the same key)
+//!   or a request that never got an answer is processed anew. So
+//!   `error_rate`'s 500 is saved and replayed (`Idempotent-Replayed:
+//!   true`) to every retry with the key: a re-drive never recovers it.
+//!   The faults a re-drive recovers from are `rate_limit_rate` (429, not
+//!   saved), `hang` (a timeout; the key is released) and
+//!   `drop_after_charge` (the retry gets the saved answer).
 //! - A refund's check against its charge (status, what is left) and its
 //!   record are one critical section, so concurrent refunds can never add
 //!   up to more than the charge, whatever the caller checked first.
@@ -103,6 +119,7 @@
 
 pub mod config;
 
+mod access;
 mod charges;
 mod error;
 mod idempotency;

@@ -27,9 +27,14 @@ struct Args {
     #[arg(long, env = "SANDBOX_LATENCY_MS", default_value_t = 0)]
     latency_ms: u64,
     /// Probability (0.0-1.0) of answering a charge or refund with 500 and
-    /// doing nothing.
+    /// doing nothing; the 500 is saved under the idempotency key and
+    /// replayed to every retry with it, as Stripe does.
     #[arg(long, env = "SANDBOX_ERROR_RATE", default_value_t = 0.0, value_parser = parse_rate)]
     error_rate: f64,
+    /// Probability (0.0-1.0) of answering a charge or refund with 429
+    /// before its idempotency key is looked at: nothing done, nothing saved.
+    #[arg(long, env = "SANDBOX_RATE_LIMIT_RATE", default_value_t = 0.0, value_parser = parse_rate)]
+    rate_limit_rate: f64,
     /// Never answer charge or refund requests, and do nothing.
     #[arg(long, env = "SANDBOX_HANG", value_parser = BoolishValueParser::new())]
     hang: bool,
@@ -46,6 +51,13 @@ struct Args {
     /// (settled later by `POST /_sandbox/refunds/{id}`), failed, canceled.
     #[arg(long, env = "SANDBOX_REFUND_STATUS", default_value = "succeeded", value_parser = parse_refund_status)]
     refund_status: RefundStatus,
+    /// The only secret key accepted on `/v1` (others: 401, as Stripe
+    /// answers an invalid key). Unset: any non-empty key.
+    #[arg(long, env = "SANDBOX_SECRET_KEY", hide_env_values = true)]
+    secret_key: Option<String>,
+    /// A restricted key without permission on `/v1`: answered 403.
+    #[arg(long, env = "SANDBOX_RESTRICTED_KEY", hide_env_values = true)]
+    restricted_key: Option<String>,
 }
 
 fn parse_refund_status(raw: &str) -> Result<RefundStatus, String> {
@@ -77,18 +89,21 @@ async fn main() -> anyhow::Result<()> {
     let config = SandboxConfig {
         latency_ms: args.latency_ms,
         error_rate: args.error_rate,
+        rate_limit_rate: args.rate_limit_rate,
         hang: args.hang,
         drop_after_charge: args.drop_after_charge,
         key_retention_secs: args.key_retention_secs,
         search_lag_ms: args.search_lag_ms,
         refund_status: args.refund_status,
+        secret_key: args.secret_key,
+        restricted_key: args.restricted_key,
         ..SandboxConfig::default()
     };
     config.validate().context("invalid sandbox configuration")?;
 
     tracing::warn!(
         "payments-sandbox is a SIMULATOR: it moves no money, keeps everything in memory \
-         and accepts any API key. Never point a production system at it."
+         and, without --secret-key, accepts any API key. Never point a production system at it."
     );
     let listener = TcpListener::bind(args.listen)
         .await

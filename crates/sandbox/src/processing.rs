@@ -105,6 +105,15 @@ async fn handle(
     let params = FormParams::parse(&body)?;
 
     let config = state.config();
+    // Stripe's rate limiter answers before the idempotency layer: nothing
+    // is done, nothing is saved, and a retry with the key is processed.
+    if injected_error(config.rate_limit_rate) {
+        tracing::warn!(
+            object = operation.object,
+            "fault injection: answering 429, nothing done or saved"
+        );
+        return Err(ApiError::rate_limited());
+    }
     let claim = match key {
         None => None,
         Some(key) => match state.keys.begin(
@@ -155,11 +164,19 @@ async fn process(
         return Outcome::Hang;
     }
     if injected_error(config.error_rate) {
-        tracing::warn!(object, "fault injection: answering 500, nothing done");
-        return Outcome::Respond(
-            ApiError::internal("An unexpected error occurred (injected by payments-sandbox).")
-                .to_stored(),
+        tracing::warn!(
+            object,
+            "fault injection: answering 500, nothing done; saved under the key"
         );
+        // Stripe saves the answer of a request whose processing began, a
+        // 500 included, and replays it to every retry with the key.
+        let response =
+            ApiError::internal("An unexpected error occurred (injected by payments-sandbox).")
+                .to_stored();
+        if let Some(claim) = claim {
+            claim.complete(response.clone());
+        }
+        return Outcome::Respond(response);
     }
     let key = claim.as_ref().map(Claim::key);
     let (response, recorded) = (operation.apply)(&ledger, &config, &params, key);
@@ -174,10 +191,10 @@ async fn process(
     }
 }
 
-fn injected_error(error_rate: f64) -> bool {
+fn injected_error(rate: f64) -> bool {
     // The rate was validated; an invalid one injects nothing rather than
     // panicking.
-    error_rate > 0.0 && Bernoulli::new(error_rate).is_ok_and(|coin| rand::rng().sample(coin))
+    rate > 0.0 && Bernoulli::new(rate).is_ok_and(|coin| rand::rng().sample(coin))
 }
 
 /// The secret key from `Authorization: Bearer <key>`; any non-empty key works.

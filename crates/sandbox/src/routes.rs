@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::config::SandboxConfig;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{charges, refunds, search};
+use crate::{access, charges, refunds, search};
 
 /// Every route the sandbox serves.
 pub(crate) fn router(state: AppState) -> Router {
@@ -27,11 +27,17 @@ pub(crate) fn router(state: AppState) -> Router {
             post(refunds::create_refund).get(refunds::list_refunds),
         )
         .route("/v1/refunds/{id}", get(refunds::retrieve_refund))
+        // Every `/v1` route above: recorded, then the secret key checked.
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            access::check,
+        ))
         .route("/_sandbox/config", get(get_config).post(set_config))
         .route("/_sandbox/charges", get(list_charges))
         .route("/_sandbox/refunds", get(list_refunds))
         .route("/_sandbox/refunds/{id}", post(refunds::settle_refund))
         .route("/_sandbox/stats", get(stats))
+        .route("/_sandbox/requests", get(list_requests))
         .route("/_sandbox/reset", post(reset))
         .route("/healthz", get(health))
         .fallback(not_found)
@@ -68,6 +74,10 @@ async fn list_charges(State(state): State<AppState>) -> Json<Value> {
 
 async fn list_refunds(State(state): State<AppState>) -> Json<Value> {
     Json(json!({ "data": state.ledger.refunds() }))
+}
+
+async fn list_requests(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({ "data": state.requests.all() }))
 }
 
 async fn stats(State(state): State<AppState>) -> Json<Value> {

@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
+use crate::access::RequestLog;
 use crate::config::SandboxConfig;
 use crate::idempotency::KeyTable;
 use crate::ledger::Ledger;
@@ -14,6 +15,8 @@ pub(crate) struct AppState {
     config: Arc<RwLock<SandboxConfig>>,
     pub(crate) ledger: Arc<Ledger>,
     pub(crate) keys: Arc<KeyTable>,
+    /// The last `/v1` requests, for `GET /_sandbox/requests`.
+    pub(crate) requests: Arc<RequestLog>,
 }
 
 impl AppState {
@@ -23,6 +26,7 @@ impl AppState {
             config: Arc::new(RwLock::new(config)),
             ledger: Arc::default(),
             keys: Arc::default(),
+            requests: Arc::default(),
         }
     }
 
@@ -39,9 +43,11 @@ impl AppState {
         *self.config.write().unwrap_or_else(PoisonError::into_inner) = config;
     }
 
-    /// Forgets charges, refunds, keys and counters; keeps the config.
+    /// Forgets charges, refunds, keys, counters and the request log; keeps
+    /// the config.
     pub(crate) fn reset(&self) {
         self.keys.clear();
+        self.requests.clear();
         self.ledger.reset();
     }
 }

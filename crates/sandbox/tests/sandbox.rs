@@ -545,29 +545,164 @@ async fn concurrent_requests_with_one_key_charge_once() -> TestResult {
     Ok(())
 }
 
+/// Issue 23, item 3.4: like Stripe, the sandbox saves the injected 500 under
+/// the key (its processing began) and replays it, marked as a replay, to
+/// every retry with that key, even once the fault is off: a retry never
+/// recovers. A new key is processed normally.
 #[tokio::test]
-async fn injected_errors_charge_nothing_and_release_the_key() -> TestResult {
+async fn injected_errors_charge_nothing_and_are_replayed_under_the_key() -> TestResult {
     let sandbox = spawn_sandbox(SandboxConfig {
         error_rate: 1.0,
         ..SandboxConfig::default()
     })
     .await?;
     let form = charge_form("tok_visa");
-    for _ in 0..3 {
-        let (status, body) = body_json(sandbox.post_charge(&form, Some("flaky")).await?).await?;
-        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
-        assert_eq!(body["error"]["type"], "api_error");
-    }
+    let first = sandbox.post_charge(&form, Some("flaky")).await?;
+    assert!(!is_replay(&first), "the first 500 is fresh");
+    let (status, body) = body_json(first).await?;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(body["error"]["type"], "api_error");
     assert!(sandbox.charges().await?.is_empty());
 
     let healed = sandbox.set_config(json!({"error_rate": 0.0})).await?;
     assert_eq!(healed.status(), StatusCode::OK);
-    let retry = sandbox.post_charge(&form, Some("flaky")).await?;
+    for _ in 0..2 {
+        let retry = sandbox.post_charge(&form, Some("flaky")).await?;
+        assert!(is_replay(&retry), "a saved 500 is replayed");
+        let (status, replayed) = body_json(retry).await?;
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{replayed}");
+        assert_eq!(replayed, body, "byte for byte the saved answer");
+    }
+    assert!(
+        sandbox.charges().await?.is_empty(),
+        "a replay charges nothing"
+    );
+    let (status, _) = body_json(sandbox.post_charge(&form, Some("fresh")).await?).await?;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sandbox.charges().await?.len(), 1);
+    Ok(())
+}
+
+/// The fault a retry recovers from: a 429 from the rate limiter, answered
+/// before the idempotency layer, saves nothing; the retry with the same key
+/// is processed and charges once.
+#[tokio::test]
+async fn rate_limited_requests_charge_nothing_and_leave_the_key_free() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    sandbox
+        .set_config(json!({"rate_limit_rate": 1.0}))
+        .await?
+        .error_for_status()?;
+    let form = charge_form("tok_visa");
+    for _ in 0..3 {
+        let answer = sandbox.post_charge(&form, Some("busy")).await?;
+        assert!(!is_replay(&answer));
+        let (status, body) = body_json(answer).await?;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert_eq!(body["error"]["code"], "rate_limit");
+    }
+    assert!(sandbox.charges().await?.is_empty());
+    sandbox.set_config(json!({})).await?.error_for_status()?;
+    let retry = sandbox.post_charge(&form, Some("busy")).await?;
     assert_eq!(retry.status(), StatusCode::OK);
-    assert!(!is_replay(&retry), "a 500 must not be stored");
-    let again = sandbox.post_charge(&form, Some("flaky")).await?;
+    assert!(!is_replay(&retry), "a 429 is not saved");
+    assert_eq!(sandbox.charges().await?.len(), 1);
+    Ok(())
+}
+
+/// Issue 23, item 3.6: with a secret key configured, another key is
+/// answered 401 as Stripe answers an invalid key (type
+/// `invalid_request_error`, the key redacted) and the restricted key 403;
+/// nothing is charged or saved, so the same idempotency key works once the
+/// right key is sent. Lookups are refused the same way.
+#[tokio::test]
+async fn only_the_configured_secret_key_is_accepted() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    sandbox
+        .set_config(json!({"secret_key": "sk_test_right", "restricted_key": "rk_test_readonly"}))
+        .await?
+        .error_for_status()?;
+    let form = charge_form("tok_visa");
+    let post = |key: &'static str| {
+        sandbox
+            .client
+            .post(sandbox.url("/v1/charges"))
+            .bearer_auth(key)
+            .header("Idempotency-Key", "same")
+            .form(&form)
+            .send()
+    };
+    let (status, body) = body_json(post("sk_test_sandbox_wrong_1234").await?).await?;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("Invalid API Key provided: sk_test_"),
+        "{message}"
+    );
+    assert!(
+        message.ends_with("1234") && !message.contains("wrong"),
+        "{message}"
+    );
+    let (status, body) = body_json(post("rk_test_readonly").await?).await?;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    let lookup = sandbox
+        .client
+        .get(sandbox.url("/v1/refunds"))
+        .bearer_auth("sk_test_other")
+        .send()
+        .await?;
+    assert_eq!(lookup.status(), StatusCode::UNAUTHORIZED);
+    assert!(sandbox.charges().await?.is_empty());
+
+    let right = post("sk_test_right").await?;
+    assert_eq!(right.status(), StatusCode::OK);
+    assert!(!is_replay(&right), "a refused key saved nothing");
+    let again = post("sk_test_right").await?;
     assert!(is_replay(&again));
     assert_eq!(sandbox.charges().await?.len(), 1);
+    Ok(())
+}
+
+/// Issue 23, item 3.7: every `/v1` request is recorded with the
+/// `Stripe-Version` it carried (null when none), posts and lookups alike,
+/// refused ones too, for tests to assert what a client sends.
+#[tokio::test]
+async fn requests_are_recorded_with_their_stripe_version() -> TestResult {
+    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let pinned = sandbox
+        .charge_request(&sandbox.client, &charge_form("tok_visa"), Some("v"))
+        .header("Stripe-Version", "2026-09-30.endive")
+        .send()
+        .await?;
+    assert_eq!(pinned.status(), StatusCode::OK);
+    let lookup = sandbox
+        .client
+        .get(sandbox.url("/v1/refunds"))
+        .bearer_auth("sk_test_sandbox")
+        .header("Stripe-Version", "2024-06-20")
+        .send()
+        .await?;
+    assert_eq!(lookup.status(), StatusCode::OK);
+    sandbox.post_charge(&charge_form("tok_visa"), None).await?;
+    let seen = sandbox.get_json("/_sandbox/requests").await?;
+    assert_eq!(
+        seen["data"],
+        json!([
+            {"method": "POST", "path": "/v1/charges", "stripe_version": "2026-09-30.endive"},
+            {"method": "GET", "path": "/v1/refunds", "stripe_version": "2024-06-20"},
+            {"method": "POST", "path": "/v1/charges", "stripe_version": null},
+        ])
+    );
+    sandbox
+        .client
+        .post(sandbox.url("/_sandbox/reset"))
+        .send()
+        .await?
+        .error_for_status()?;
+    let seen = sandbox.get_json("/_sandbox/requests").await?;
+    assert_eq!(seen["data"], json!([]));
     Ok(())
 }
 
@@ -970,7 +1105,7 @@ async fn invalid_refunds_are_400_and_refund_nothing() -> TestResult {
 }
 
 #[tokio::test]
-async fn injected_errors_refund_nothing_and_release_the_key() -> TestResult {
+async fn injected_errors_refund_nothing_and_are_replayed_under_the_key() -> TestResult {
     let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
     let charge_id = sandbox.paid_charge(&[]).await?;
     sandbox
@@ -985,8 +1120,11 @@ async fn injected_errors_refund_nothing_and_release_the_key() -> TestResult {
 
     sandbox.set_config(json!({})).await?.error_for_status()?;
     let retry = sandbox.post_refund(&form, Some("flaky")).await?;
-    assert_eq!(retry.status(), StatusCode::OK);
-    assert!(!is_replay(&retry), "a 500 must not be stored");
+    assert_eq!(retry.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(is_replay(&retry), "a saved 500 is replayed");
+    assert!(sandbox.refunds().await?.is_empty());
+    let fresh = sandbox.post_refund(&form, Some("fresh")).await?;
+    assert_eq!(fresh.status(), StatusCode::OK);
     assert_eq!(sandbox.refunds().await?.len(), 1);
     Ok(())
 }
@@ -1805,15 +1943,18 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
     let current = sandbox.get_json("/_sandbox/config").await?;
     assert_eq!(
         current,
-        json!({"latency_ms": 5, "error_rate": 0.0, "hang": false, "drop_after_charge": false,
-               "key_retention_secs": 86400, "search_lag_ms": 0, "refund_status": "succeeded",
-               "answer_amount_override": null, "answer_currency_override": null,
-               "nulls_in_refund_lists": false})
+        json!({"latency_ms": 5, "error_rate": 0.0, "rate_limit_rate": 0.0, "hang": false,
+               "drop_after_charge": false, "key_retention_secs": 86400, "search_lag_ms": 0,
+               "refund_status": "succeeded", "answer_amount_override": null,
+               "answer_currency_override": null, "nulls_in_refund_lists": false,
+               "secret_key": null, "restricted_key": null})
     );
 
     for bad in [
         json!({"error_rate": 2.0}),
         json!({"error_rate": -0.5}),
+        json!({"rate_limit_rate": 1.5}),
+        json!({"secret_key": " "}),
         json!({"latncy_ms": 1}),
     ] {
         let (status, body) = body_json(sandbox.set_config(bad.clone()).await?).await?;
@@ -1831,10 +1972,11 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
     // A partial config replaces the whole config; missing fields are defaults.
     let (status, body) = body_json(sandbox.set_config(json!({"error_rate": 0.25})).await?).await?;
     assert_eq!(status, StatusCode::OK);
-    let expected = json!({"latency_ms": 0, "error_rate": 0.25, "hang": false, "drop_after_charge": false,
-               "key_retention_secs": 86400, "search_lag_ms": 0, "refund_status": "succeeded",
-               "answer_amount_override": null, "answer_currency_override": null,
-               "nulls_in_refund_lists": false});
+    let expected = json!({"latency_ms": 0, "error_rate": 0.25, "rate_limit_rate": 0.0,
+               "hang": false, "drop_after_charge": false, "key_retention_secs": 86400,
+               "search_lag_ms": 0, "refund_status": "succeeded", "answer_amount_override": null,
+               "answer_currency_override": null, "nulls_in_refund_lists": false,
+               "secret_key": null, "restricted_key": null});
     assert_eq!(body, expected);
     assert_eq!(sandbox.get_json("/_sandbox/config").await?, expected);
     Ok(())
