@@ -4,10 +4,11 @@
 //! key is still in flight never abandons the operation, and a Search miss is
 //! confirmed with the provider's charge list before anything is concluded.
 
+use crate::reconcile;
 use std::time::{Duration, Instant};
 
 use payments_jobs::reaper::{Reaper, ReaperSettings};
-use payments_jobs::reconciler::{ReconcileReport, Reconciler, ReconcilerSettings};
+use payments_jobs::reconciler::ReconcileReport;
 use payments_sandbox::SandboxConfig;
 use payments_tests::{
     AppOptions, Backend, TestApp, backend_tests, charge_body, new_key, run_binary, spawn_app,
@@ -28,21 +29,6 @@ fn slow(latency_ms: u64, timeout_ms: u64, processing: Duration) -> AppOptions {
         provider_max_processing: Some(processing),
         ..AppOptions::default()
     }
-}
-
-/// One reconciler pass with this search lag.
-async fn reconcile(app: &TestApp, search_lag: Duration) -> ReconcileReport {
-    Reconciler::new(
-        app.service.clone(),
-        ReconcilerSettings {
-            search_lag,
-            batch: 100,
-            progress: payments_jobs::progress::ProgressSettings::default(),
-        },
-    )
-    .try_run_once()
-    .await
-    .unwrap()
 }
 
 /// Ages the key's record (only the record: its charge keeps the time of

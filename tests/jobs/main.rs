@@ -2,6 +2,12 @@
 //! sandbox, and `payments-jobs` as a process.
 #![allow(clippy::unwrap_used)]
 
+use std::time::Duration;
+
+use payments_jobs::reaper::{Reaper, ReaperSettings};
+use payments_jobs::reconciler::{ReconcileReport, Reconciler, ReconcilerSettings};
+use payments_tests::{AppOptions, TestApp};
+
 mod lag;
 mod pending_refunds;
 mod provider;
@@ -10,3 +16,43 @@ mod reaper;
 mod reconcile_in_turn;
 mod reconciler;
 mod runner;
+
+/// The app these tests run: they age records by SQL, which shortens a
+/// record's TTL behind the back of a copy in memory, so no replay cache.
+fn aged() -> AppOptions {
+    AppOptions {
+        replay_cache: false,
+        ..AppOptions::default()
+    }
+}
+
+/// A reaper with `payments-jobs`' defaults: a 10 s lease, abandoned after
+/// 15 minutes, 500 a pass, 4 at once.
+fn reaper(app: &TestApp) -> Reaper {
+    Reaper::new(
+        app.service.clone(),
+        ReaperSettings {
+            lease: Duration::from_secs(10),
+            abandon_after: Duration::from_secs(15 * 60),
+            batch: 500,
+            concurrency: 4,
+        },
+    )
+}
+
+/// A reconciler with this search lag, 100 operations a pass.
+fn reconciler(app: &TestApp, search_lag: Duration) -> Reconciler {
+    Reconciler::new(
+        app.service.clone(),
+        ReconcilerSettings {
+            search_lag,
+            batch: 100,
+            progress: payments_jobs::progress::ProgressSettings::default(),
+        },
+    )
+}
+
+/// One reconciler pass with this search lag.
+async fn reconcile(app: &TestApp, search_lag: Duration) -> ReconcileReport {
+    reconciler(app, search_lag).try_run_once().await.unwrap()
+}

@@ -6,28 +6,14 @@
 //! (the refund failed, its reservation released). A refund the provider
 //! answers `canceled` is final at once: 402 `refund_failed`.
 
+use crate::reconcile;
 use std::time::Duration;
 
-use payments_jobs::reconciler::{ReconcileReport, Reconciler, ReconcilerSettings};
+use payments_jobs::reconciler::ReconcileReport;
 use payments_tests::{
     AppOptions, Backend, TestApp, backend_tests, charge_body, new_key, spawn_app,
 };
 use serde_json::{Value, json};
-
-/// One reconciler pass (the search lag plays no part in polling).
-async fn pass(app: &TestApp) -> ReconcileReport {
-    Reconciler::new(
-        app.service.clone(),
-        ReconcilerSettings {
-            search_lag: Duration::from_secs(60),
-            batch: 100,
-            progress: payments_jobs::progress::ProgressSettings::default(),
-        },
-    )
-    .try_run_once()
-    .await
-    .unwrap()
-}
 
 /// A refund's raw answer: status, whether it was a replay, and the body as
 /// sent (to compare replays byte for byte).
@@ -135,7 +121,7 @@ async fn a_pending_refund_is_201_pending_and_reconciled_when_it_succeeds(backend
 
     // Still pending at the provider: left as it is.
     assert_eq!(
-        pass(&app).await,
+        reconcile(&app, Duration::from_secs(60)).await,
         ReconcileReport {
             pending: 1,
             ..ReconcileReport::default()
@@ -147,7 +133,7 @@ async fn a_pending_refund_is_201_pending_and_reconciled_when_it_succeeds(backend
 
     let gateway_refund_id = created["gateway_refund_id"].as_str().unwrap();
     settle_at_provider(&app, gateway_refund_id, "succeeded").await;
-    let report = pass(&app).await;
+    let report = reconcile(&app, Duration::from_secs(60)).await;
     assert_eq!(
         report,
         ReconcileReport {
@@ -165,7 +151,11 @@ async fn a_pending_refund_is_201_pending_and_reconciled_when_it_succeeds(backend
         (201, first.body.as_str()),
         "the stored 201 stays"
     );
-    assert_eq!(pass(&app).await, ReconcileReport::default(), "nothing left");
+    assert_eq!(
+        reconcile(&app, Duration::from_secs(60)).await,
+        ReconcileReport::default(),
+        "nothing left"
+    );
 }
 
 /// `requires_action` at the provider, then canceled there: 201 `pending`
@@ -194,7 +184,7 @@ async fn a_pending_refund_the_provider_cancels_fails_and_releases_its_reservatio
     assert_eq!(nothing_left.json()["error"]["refundable_amount_cents"], 0);
 
     assert_eq!(
-        pass(&app).await,
+        reconcile(&app, Duration::from_secs(60)).await,
         ReconcileReport {
             pending: 1,
             ..ReconcileReport::default()
@@ -208,7 +198,7 @@ async fn a_pending_refund_the_provider_cancels_fails_and_releases_its_reservatio
         "canceled",
     )
     .await;
-    let report = pass(&app).await;
+    let report = reconcile(&app, Duration::from_secs(60)).await;
     assert_eq!(
         report,
         ReconcileReport {

@@ -2,48 +2,13 @@
 //! under our key (item 3.4), a refused secret key (3.6), and the pinned
 //! `Stripe-Version` on posts and lookups (3.7).
 
+use crate::{aged, reaper, reconcile};
 use std::time::Duration;
 
-use payments_jobs::reaper::{ReapReport, Reaper, ReaperSettings};
-use payments_jobs::reconciler::{ReconcileReport, Reconciler, ReconcilerSettings};
-use payments_tests::{
-    AppOptions, Backend, TestApp, backend_tests, charge_body, new_key, spawn_app,
-};
+use payments_jobs::reaper::ReapReport;
+use payments_jobs::reconciler::ReconcileReport;
+use payments_tests::{Backend, TestApp, backend_tests, charge_body, new_key, spawn_app};
 use serde_json::{Value, json};
-
-/// Records are aged by SQL: no replay cache (see `reaper::aged`).
-fn aged() -> AppOptions {
-    AppOptions {
-        replay_cache: false,
-        ..AppOptions::default()
-    }
-}
-
-fn reaper(app: &TestApp) -> Reaper {
-    Reaper::new(
-        app.service.clone(),
-        ReaperSettings {
-            lease: Duration::from_secs(10),
-            abandon_after: Duration::from_secs(15 * 60),
-            batch: 500,
-            concurrency: 4,
-        },
-    )
-}
-
-async fn reconcile(app: &TestApp) -> ReconcileReport {
-    Reconciler::new(
-        app.service.clone(),
-        ReconcilerSettings {
-            search_lag: Duration::from_secs(60),
-            batch: 100,
-            progress: payments_jobs::progress::ProgressSettings::default(),
-        },
-    )
-    .try_run_once()
-    .await
-    .unwrap()
-}
 
 fn body() -> Value {
     json!({"amount_cents": 4900, "currency": "GBP", "card_token": "tok_visa"})
@@ -93,7 +58,7 @@ async fn a_charge_answered_500_is_abandoned_then_reconciled(backend: Backend) {
         "never re-driven a third time"
     );
 
-    let report = reconcile(&app).await;
+    let report = reconcile(&app, Duration::from_secs(60)).await;
     assert_eq!(
         report,
         ReconcileReport {
@@ -224,7 +189,7 @@ async fn every_provider_call_pins_the_stripe_version(backend: Backend) {
         app.post_charge("cus_1", Some(&key), &body).await.status(),
         500
     );
-    reconcile(&app).await;
+    reconcile(&app, Duration::from_secs(60)).await;
 
     let seen: Value = app
         .http

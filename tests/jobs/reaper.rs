@@ -1,34 +1,13 @@
 //! The reaper finishes what nobody else will, with the provider's real outcome.
 
+use crate::{aged, reaper};
 use std::sync::Arc;
 use std::time::Duration;
 
 use payments_jobs::reaper::{ReapReport, Reaper, ReaperSettings};
-use payments_tests::{
-    AppOptions, Backend, TestApp, backend_tests, charge_body, new_key, spawn_app,
-};
+use payments_tests::{AppOptions, Backend, backend_tests, charge_body, new_key, spawn_app};
 
-/// The app these tests run: they age records by SQL, which shortens a
-/// record's TTL behind the back of a copy in memory, so no replay cache.
-fn aged() -> AppOptions {
-    AppOptions {
-        replay_cache: false,
-        ..AppOptions::default()
-    }
-}
 use serde_json::{Value, json};
-
-fn reaper(app: &TestApp) -> Reaper {
-    Reaper::new(
-        app.service.clone(),
-        ReaperSettings {
-            lease: Duration::from_secs(10),
-            abandon_after: Duration::from_secs(15 * 60),
-            batch: 500,
-            concurrency: 4,
-        },
-    )
-}
 
 fn body(token: &str) -> Value {
     json!({"amount_cents": 4900, "currency": "GBP", "card_token": token})

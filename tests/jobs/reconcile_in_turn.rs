@@ -4,21 +4,12 @@
 //! behind them for ever. Every unsettled operation is looked at within
 //! ceil(unsettled / batch) passes.
 
+use crate::aged;
 use std::time::Duration;
 
 use payments_jobs::reconciler::{Reconciler, ReconcilerSettings};
-use payments_tests::{
-    AppOptions, Backend, TestApp, backend_tests, charge_body, new_key, spawn_app,
-};
+use payments_tests::{Backend, TestApp, backend_tests, charge_body, new_key, spawn_app};
 use serde_json::{Value, json};
-
-/// Records are aged by SQL: no copies in memory.
-fn aged() -> AppOptions {
-    AppOptions {
-        replay_cache: false,
-        ..AppOptions::default()
-    }
-}
 
 const BATCH: u32 = 2;
 /// Operations that need a person, in front of the one that can be settled.

@@ -1,42 +1,17 @@
 //! Reconciliation settles unknown outcomes from the provider's records and
 //! replaces the abandoned answers, so the client's retry gets the real one.
 
+use crate::{aged, reconcile, reconciler};
 use std::sync::Arc;
 use std::time::Duration;
 
 use payments_domain::provider::{Expected, Gateway, Lookup, ProviderOutcome};
 use payments_gateway::HttpGateway;
-use payments_jobs::reconciler::{ReconcileReport, Reconciler, ReconcilerSettings};
+use payments_jobs::reconciler::ReconcileReport;
 use payments_sandbox::{SandboxConfig, SandboxHandle};
-use payments_tests::{
-    AppOptions, Backend, TestApp, backend_tests, charge_body, new_key, spawn_app,
-};
+use payments_tests::{Backend, TestApp, backend_tests, charge_body, new_key, spawn_app};
 
-/// The app these tests run: they age records by SQL, which shortens a
-/// record's TTL behind the back of a copy in memory, so no replay cache.
-fn aged() -> AppOptions {
-    AppOptions {
-        replay_cache: false,
-        ..AppOptions::default()
-    }
-}
 use serde_json::json;
-
-fn reconciler(app: &TestApp, search_lag: Duration) -> Reconciler {
-    Reconciler::new(
-        app.service.clone(),
-        ReconcilerSettings {
-            search_lag,
-            batch: 100,
-            progress: payments_jobs::progress::ProgressSettings::default(),
-        },
-    )
-}
-
-/// One reconciler pass with this search lag.
-async fn pass(app: &TestApp, search_lag: Duration) -> ReconcileReport {
-    reconciler(app, search_lag).try_run_once().await.unwrap()
-}
 
 /// Abandons the charge `key` made, as the key-retention guard does: its
 /// first call ended unknown (the sandbox as configured), then the record is
@@ -68,7 +43,7 @@ async fn a_charge_the_provider_made_is_reconciled_to_succeeded(backend: Backend)
     };
     let key = new_key();
     abandoned_charge(&app, &key, json!({"drop_after_charge": true})).await;
-    let report = pass(&app, Duration::ZERO).await;
+    let report = reconcile(&app, Duration::ZERO).await;
     assert_eq!(
         report,
         ReconcileReport {
@@ -87,7 +62,7 @@ async fn a_charge_the_provider_made_is_reconciled_to_succeeded(backend: Backend)
     let provider = app.sandbox_charges().await;
     assert_eq!(provider.len(), 1, "charged once");
     assert_eq!(charge["gateway_charge_id"], provider[0]["id"]);
-    let again = pass(&app, Duration::ZERO).await;
+    let again = reconcile(&app, Duration::ZERO).await;
     assert_eq!(again, ReconcileReport::default());
 }
 
@@ -103,7 +78,7 @@ async fn a_charge_the_provider_never_made_is_not_made_only_past_the_lag(backend:
     abandoned_charge(&app, &key, json!({"error_rate": 1.0})).await;
     // The last provider call was made (aged) 23.5 h ago; a lag longer than
     // that has not passed.
-    let lagging = pass(&app, Duration::from_secs(24 * 3600)).await;
+    let lagging = reconcile(&app, Duration::from_secs(24 * 3600)).await;
     assert_eq!(
         lagging,
         ReconcileReport {
@@ -112,7 +87,7 @@ async fn a_charge_the_provider_never_made_is_not_made_only_past_the_lag(backend:
         }
     );
     assert_eq!(app.db.charges_with_status("unknown").await, 1);
-    let report = pass(&app, Duration::from_secs(300)).await;
+    let report = reconcile(&app, Duration::from_secs(300)).await;
     assert_eq!(
         report,
         ReconcileReport {
@@ -170,7 +145,7 @@ async fn a_charge_the_provider_declined_is_reconciled_to_failed(backend: Backend
         app.db.records_for_key(&key, "abandoned", Some(500)).await,
         1
     );
-    let report = pass(&app, Duration::ZERO).await;
+    let report = reconcile(&app, Duration::ZERO).await;
     assert_eq!(
         report,
         ReconcileReport {
@@ -195,7 +170,7 @@ async fn a_lagging_search_is_never_taken_for_not_made(backend: Backend) {
     abandoned_charge(&app, &key, json!({"drop_after_charge": true})).await;
     app.configure_sandbox(json!({"search_lag_ms": 3_600_000}))
         .await;
-    let report = pass(&app, Duration::from_secs(24 * 3600)).await;
+    let report = reconcile(&app, Duration::from_secs(24 * 3600)).await;
     assert_eq!(
         report,
         ReconcileReport {
@@ -221,7 +196,7 @@ async fn calls_without_an_id_need_a_person(backend: Backend) {
             "UPDATE charges SET provider_called_at = NULL",
         )
         .await;
-    let report = pass(&app, Duration::ZERO).await;
+    let report = reconcile(&app, Duration::ZERO).await;
     assert_eq!(
         report,
         ReconcileReport {
@@ -304,7 +279,7 @@ async fn a_refund_the_provider_made_is_reconciled(backend: Backend) {
         500
     );
     assert_eq!(app.db.refunds_with_status("unknown").await, 1);
-    let report = pass(&app, Duration::ZERO).await;
+    let report = reconcile(&app, Duration::ZERO).await;
     assert_eq!(
         report,
         ReconcileReport {
@@ -387,7 +362,7 @@ async fn an_unknown_refund_behind_a_full_page_of_newer_refunds_is_found(backend:
             .await;
         assert_eq!(newer.status, 201, "{}", newer.body);
     }
-    let report = pass(&app, Duration::ZERO).await;
+    let report = reconcile(&app, Duration::ZERO).await;
 
     // The client retries with its key; only an answer that says nothing
     // was refunded lets it use a new one.
@@ -523,7 +498,7 @@ async fn nulls_in_a_refund_list_do_not_break_the_lookup(backend: Backend) {
     assert_eq!(dashboard.status(), 200);
     app.configure_sandbox(json!({"nulls_in_refund_lists": true}))
         .await;
-    let report = pass(&app, Duration::ZERO).await;
+    let report = reconcile(&app, Duration::ZERO).await;
     assert_eq!(
         report,
         ReconcileReport {
@@ -555,7 +530,7 @@ async fn a_charge_found_with_another_amount_is_left_for_a_person(backend: Backen
     )
     .await;
     for _ in 0..2 {
-        let report = pass(&app, Duration::ZERO).await;
+        let report = reconcile(&app, Duration::ZERO).await;
         assert_eq!(
             report,
             ReconcileReport {
@@ -590,7 +565,7 @@ async fn a_refund_found_with_another_amount_is_left_for_a_person(backend: Backen
         json!({"drop_after_charge": true, "answer_amount_override": 300}),
     )
     .await;
-    let report = pass(&app, Duration::ZERO).await;
+    let report = reconcile(&app, Duration::ZERO).await;
     assert_eq!(
         report,
         ReconcileReport {
