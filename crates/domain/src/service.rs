@@ -592,33 +592,27 @@ impl ChargeService {
         };
         let (outcome, response) = match settle(&operation, outcome) {
             Ok(settled) => settled,
-            // The provider answers the same call the same way: a re-drive
-            // cannot settle it, so it is abandoned now, for a person.
-            Err((Doubt::Mismatch, reason)) => {
-                tracing::error!(%record_id, operation = operation.id(), %reason, "ABANDONED: the provider's answer does not match the operation; marked unknown, a person must reconcile it");
-                metrics::counter!(ABANDONED_TOTAL, "reason" => "provider_mismatch").increment(1);
-                return self
-                    .abandon(record_id, lease_token, &operation, &reason)
-                    .await;
-            }
-            Err((Doubt::ReplayedError, reason)) => {
-                // Stripe replays the error it saved under this key to every
-                // call with it: a re-drive can never learn more.
+            // The provider answers this key the same way to every call (an
+            // object that does not match the operation, or an error it saved
+            // under the key): no re-drive can learn more, so it is abandoned
+            // now, for reconciliation (and, for a mismatch, a person).
+            Err((doubt @ (Doubt::Mismatch | Doubt::ReplayedError), reason)) => {
+                let why = match doubt {
+                    Doubt::Mismatch => "provider_mismatch",
+                    _ => "replayed_error",
+                };
                 tracing::error!(
                     %record_id,
                     operation = operation.id(),
+                    doubt = doubt.as_str(),
                     %reason,
-                    "ABANDONED: the provider replays the error it saved under this operation's \
-                     key; no re-drive can learn more, marked unknown for reconciliation"
+                    "ABANDONED: the provider answers this operation's key the same way to every \
+                     call (an answer that does not match it, or an error it saved); no re-drive \
+                     can learn more, marked unknown for reconciliation"
                 );
-                metrics::counter!(ABANDONED_TOTAL, "reason" => "replayed_error").increment(1);
+                metrics::counter!(ABANDONED_TOTAL, "reason" => why).increment(1);
                 return self
-                    .abandon(
-                        record_id,
-                        lease_token,
-                        &operation,
-                        "the provider replays a saved error",
-                    )
+                    .abandon(record_id, lease_token, &operation, &reason)
                     .await;
             }
             Err((doubt, reason)) => {

@@ -400,7 +400,7 @@ impl Gateway for HttpGateway {
         };
         // The object is judged, and checked, as the answer to the refund's
         // creation is.
-        match checked(classify(200, &body), 200, &body, "find_refund", expected) {
+        match checked(200, &body, "find_refund", expected) {
             ProviderOutcome::Unknown { reason, .. } => Lookup::Unknown { reason },
             found => Lookup::Found(found),
         }
@@ -580,13 +580,9 @@ impl HttpGateway {
                     .get("idempotent-replayed")
                     .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
                 match response.bytes().await {
-                    Ok(body) => checked(
-                        replayed_error(classify(status, &body), status, replayed),
-                        status,
-                        &body,
-                        what,
-                        expected,
-                    ),
+                    Ok(body) => {
+                        replayed_error(checked(status, &body, what, expected), status, replayed)
+                    }
                     Err(e) => ProviderOutcome::Unknown {
                         doubt: doubt_of(&e),
                         reason: format!("reading the provider's {status} answer failed: {e}"),
@@ -741,36 +737,30 @@ fn mismatched(call: &'static str, reason: String) -> String {
     format!("mismatch: {reason}")
 }
 
-/// A final answer to our POST counts only if its object shows what was
-/// asked: a 200 whose object does not is unknown (`Doubt::Mismatch`), counted
-/// and logged. Answers without an object (402, 400, 5xx) and unknown
-/// outcomes pass as they are.
-fn checked(
-    outcome: ProviderOutcome,
-    status: u16,
-    body: &[u8],
-    call: &'static str,
-    expected: &Expected,
-) -> ProviderOutcome {
-    if status != 200 || matches!(outcome, ProviderOutcome::Unknown { .. }) {
-        return outcome;
+/// Classifies one answer to our POST (as [`classify`]), reading a 200's
+/// object once: a final answer counts only if its object shows what was
+/// asked; one that does not is unknown (`Doubt::Mismatch`), counted and
+/// logged. Answers without an object (402, 400, 5xx) and unknown outcomes
+/// pass as classified.
+fn checked(status: u16, body: &[u8], call: &'static str, expected: &Expected) -> ProviderOutcome {
+    if status != 200 {
+        return classify(status, body);
     }
+    let object = match decode::<wire::Object>(body) {
+        Ok(object) => object,
+        Err(e) => return unparseable(&e),
+    };
     let kind = if call == "charges" {
         Kind::Charge
     } else {
         Kind::Refund
     };
-    match decode::<wire::Object>(body) {
-        Ok(object) => match mismatch(kind, &object, expected) {
-            None => outcome,
-            Some(reason) => ProviderOutcome::Unknown {
-                doubt: Doubt::Mismatch,
-                reason: mismatched(call, reason),
-            },
-        },
-        Err(e) => ProviderOutcome::Unknown {
-            doubt: Doubt::ProviderError,
-            reason: format!("unreadable provider object {e}"),
+    let wrong = mismatch(kind, &object, expected);
+    match (of_object(object), wrong) {
+        (outcome @ ProviderOutcome::Unknown { .. }, _) | (outcome, None) => outcome,
+        (_, Some(reason)) => ProviderOutcome::Unknown {
+            doubt: Doubt::Mismatch,
+            reason: mismatched(call, reason),
         },
     }
 }
@@ -845,40 +835,9 @@ fn doubt_of(e: &reqwest::Error) -> Doubt {
 /// and the call is re-driven later under the same key.
 pub fn classify(status: u16, body: &[u8]) -> ProviderOutcome {
     match status {
-        200 => match serde_json::from_slice::<wire::Object>(body) {
-            Ok(o) if o.status == "succeeded" => ProviderOutcome::Succeeded { provider_id: o.id },
-            Ok(o) if o.status == "failed" => ProviderOutcome::Declined {
-                code: o.failure_reason.unwrap_or_else(|| "failed".to_owned()),
-                decline_code: None,
-                message: format!("the provider's {} failed", o.id),
-                provider_id: Some(o.id),
-            },
-            // A refund the provider settles later (`requires_action`:
-            // until the customer acts) is polled by reconciliation.
-            Ok(o)
-                if o.object.as_deref() == Some("refund")
-                    && matches!(o.status.as_str(), "pending" | "requires_action") =>
-            {
-                ProviderOutcome::Pending { provider_id: o.id }
-            }
-            // A canceled refund refunded nothing, for good.
-            Ok(o) if o.object.as_deref() == Some("refund") && o.status == "canceled" => {
-                ProviderOutcome::Declined {
-                    code: o.failure_reason.unwrap_or_else(|| "canceled".to_owned()),
-                    decline_code: None,
-                    message: format!("the provider's {} was canceled", o.id),
-                    provider_id: Some(o.id),
-                }
-            }
-            // Anything else is not final: re-driven, then reconciled.
-            Ok(o) => ProviderOutcome::Unknown {
-                doubt: Doubt::ProviderError,
-                reason: format!("provider object {} is {:?}, not final", o.id, o.status),
-            },
-            Err(e) => ProviderOutcome::Unknown {
-                doubt: Doubt::ProviderError,
-                reason: format!("unparseable provider object: {e}"),
-            },
+        200 => match decode::<wire::Object>(body) {
+            Ok(object) => of_object(object),
+            Err(e) => unparseable(&e),
         },
         402 => declined(serde_json::from_slice::<wire::ErrorEnvelope>(body).ok()),
         // Our secret key refused (invalid, revoked, or a restricted key
@@ -946,6 +905,50 @@ pub fn classify(status: u16, body: &[u8]) -> ProviderOutcome {
                 reason: format!("provider answered {status} {detail}"),
             }
         }
+    }
+}
+
+/// What a 200's charge or refund object says: final when it `succeeded`
+/// or `failed` (a refund also when `canceled`), pending for a refund the
+/// provider settles later, else not final.
+fn of_object(o: wire::Object) -> ProviderOutcome {
+    match o {
+        o if o.status == "succeeded" => ProviderOutcome::Succeeded { provider_id: o.id },
+        o if o.status == "failed" => ProviderOutcome::Declined {
+            code: o.failure_reason.unwrap_or_else(|| "failed".to_owned()),
+            decline_code: None,
+            message: format!("the provider's {} failed", o.id),
+            provider_id: Some(o.id),
+        },
+        // A refund the provider settles later (`requires_action`:
+        // until the customer acts) is polled by reconciliation.
+        o if o.object.as_deref() == Some("refund")
+            && matches!(o.status.as_str(), "pending" | "requires_action") =>
+        {
+            ProviderOutcome::Pending { provider_id: o.id }
+        }
+        // A canceled refund refunded nothing, for good.
+        o if o.object.as_deref() == Some("refund") && o.status == "canceled" => {
+            ProviderOutcome::Declined {
+                code: o.failure_reason.unwrap_or_else(|| "canceled".to_owned()),
+                decline_code: None,
+                message: format!("the provider's {} was canceled", o.id),
+                provider_id: Some(o.id),
+            }
+        }
+        // Anything else is not final: re-driven, then reconciled.
+        o => ProviderOutcome::Unknown {
+            doubt: Doubt::ProviderError,
+            reason: format!("provider object {} is {:?}, not final", o.id, o.status),
+        },
+    }
+}
+
+/// A 200 whose object cannot be read (the reason names the field).
+fn unparseable(e: &str) -> ProviderOutcome {
+    ProviderOutcome::Unknown {
+        doubt: Doubt::ProviderError,
+        reason: format!("unparseable provider object {e}"),
     }
 }
 
@@ -1133,8 +1136,7 @@ mod tests {
         let charge = |fields: &str| {
             let body =
                 format!(r#"{{"id":"ch_1","object":"charge","status":"succeeded",{fields}}}"#);
-            let outcome = classify(200, body.as_bytes());
-            checked(outcome, 200, body.as_bytes(), "charges", &gbp(4900))
+            checked(200, body.as_bytes(), "charges", &gbp(4900))
         };
         let ok = r#""amount":4900,"currency":"gbp","paid":true,"captured":true"#;
         assert_eq!(
@@ -1174,15 +1176,7 @@ mod tests {
             }
         }
         // A refund: amount and currency (the charge's).
-        let refund = |body: &str| {
-            checked(
-                classify(200, body.as_bytes()),
-                200,
-                body.as_bytes(),
-                "refunds",
-                &gbp(400),
-            )
-        };
+        let refund = |body: &str| checked(200, body.as_bytes(), "refunds", &gbp(400));
         assert!(matches!(
             refund(r#"{"id":"re_1","status":"succeeded","amount":400,"currency":"gbp"}"#),
             ProviderOutcome::Succeeded { .. }
@@ -1205,13 +1199,7 @@ mod tests {
         // Answers without an object pass as classified.
         let declined = br#"{"error":{"type":"card_error","code":"card_declined"}}"#;
         assert!(matches!(
-            checked(
-                classify(402, declined),
-                402,
-                declined,
-                "charges",
-                &gbp(4900)
-            ),
+            checked(402, declined, "charges", &gbp(4900)),
             ProviderOutcome::Declined { .. }
         ));
     }
