@@ -8,6 +8,7 @@ mod idempotency;
 mod incident;
 mod lifecycle;
 mod limits;
+mod lost_tail;
 mod mismatch;
 mod observability;
 mod provider;

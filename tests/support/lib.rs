@@ -165,6 +165,9 @@ fn database_url(url: &str) -> DatabaseUrl {
     url.parse::<DatabaseUrl>().expect("a test database's URL")
 }
 
+/// The tables a lost tail takes rows from, parents first.
+const LOST_TAIL_TABLES: [&str; 3] = ["idempotent_requests", "charges", "refunds"];
+
 /// One test's own database, migrated, with its `Store`.
 pub struct TestDb {
     pub url: String,
@@ -499,6 +502,42 @@ impl TestDb {
             self.age(Some(key), ago).await;
         }
         stuck
+    }
+
+    /// Copies the rows of every money table (records, charges, refunds)
+    /// aside, in the same database, for [`TestDb::lose_tail`].
+    pub async fn snapshot(&self) {
+        for table in LOST_TAIL_TABLES {
+            let sql = format!("CREATE TABLE lost_tail_{table} AS SELECT * FROM {table}");
+            self.execute(&sql, &sql, &sql).await;
+        }
+    }
+
+    /// Puts the rows [`TestDb::snapshot`] copied back, as a database that
+    /// lost its last writes shows them (a promoted asynchronous replica, a
+    /// Galera node that crashed ahead of the cluster, a point-in-time
+    /// restore): everything written since is gone. The rows only: a
+    /// PostgreSQL identity sequence keeps its place (a record id is never
+    /// reused), which nothing relies on. The server must hold no copy in
+    /// memory (`AppOptions::replay_cache` false).
+    pub async fn lose_tail(&self) {
+        for table in LOST_TAIL_TABLES.iter().rev() {
+            let sql = format!("DELETE FROM {table}");
+            self.execute(&sql, &sql, &sql).await;
+        }
+        for table in LOST_TAIL_TABLES {
+            let copy = format!("INSERT INTO {table} SELECT * FROM lost_tail_{table}");
+            let pg = if table == "idempotent_requests" {
+                format!(
+                    "INSERT INTO {table} OVERRIDING SYSTEM VALUE SELECT * FROM lost_tail_{table}"
+                )
+            } else {
+                copy.clone()
+            };
+            self.execute(&copy, &pg, &copy).await;
+            let drop = format!("DROP TABLE lost_tail_{table}");
+            self.execute(&drop, &drop, &drop).await;
+        }
     }
 
     /// Runs backend-specific SQL that returns no rows; returns rows affected.

@@ -310,6 +310,8 @@ impl Settings {
                 remote
             }
         };
+        // Last: the provider's own rules name what is wrong first.
+        self.core.gateway.derivation()?;
         Ok(provider)
     }
 
@@ -420,6 +422,46 @@ mod tests {
             settings(&[
                 &dev,
                 "--gateway-url=http://127.0.0.1:12111",
+                "--gateway-secret-key=sk_test_sandbox"
+            ])
+            .validate()
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_real_provider_needs_its_own_provider_key_secret() {
+        let refused = |args: &[&str]| settings(args).validate().expect_err("refused").0;
+        let real = [
+            "--gateway-url=https://api.example.com",
+            "--gateway-secret-key=sk_live_x",
+        ];
+        let with = |extra: &str| [SECRET, real[0], real[1], extra].map(str::to_owned);
+        let missing = refused(&[SECRET, real[0], real[1]]);
+        assert!(
+            missing.contains("PROVIDER_KEY_SECRET must be set"),
+            "{missing}"
+        );
+        let short = with("--provider-key-secret=too-short");
+        let short = refused(&short.each_ref().map(String::as_str));
+        assert!(short.contains("at least 32 bytes"), "{short}");
+        let dev = with(&format!(
+            "--provider-key-secret={}",
+            payments_app::settings::DEV_PROVIDER_KEY_SECRET
+        ));
+        let dev = refused(&dev.each_ref().map(String::as_str));
+        assert!(dev.contains("development PROVIDER_KEY_SECRET"), "{dev}");
+        let good = with("--provider-key-secret=0123456789abcdef0123456789abcdef");
+        assert!(
+            settings(&good.each_ref().map(String::as_str))
+                .validate()
+                .is_ok()
+        );
+        // A sandbox on loopback derives under the development secret.
+        assert!(
+            settings(&[
+                SECRET,
+                LOOPBACK_SANDBOX,
                 "--gateway-secret-key=sk_test_sandbox"
             ])
             .validate()

@@ -20,6 +20,7 @@ pub mod telemetry;
 use std::sync::Arc;
 
 use anyhow::Context;
+use payments_domain::derive::Derivation;
 use payments_domain::service::{ChargeService, Policy};
 use payments_domain::store::Store;
 use payments_gateway::HttpGateway;
@@ -80,7 +81,9 @@ pub async fn assemble(
         )
     })?
     .context("building the provider client")?;
-    let mut service = ChargeService::new(store.clone(), Arc::new(gateway), settings.policy());
+    let policy = settings.policy()?;
+    pin_derivation(store.as_ref(), &policy.derivation).await?;
+    let mut service = ChargeService::new(store.clone(), Arc::new(gateway), policy);
     if settings.charges.replay_cache_mb > 0 {
         let bytes = settings.charges.replay_cache_mb.saturating_mul(1024 * 1024);
         service = service.with_answers(Arc::new(answers::MokaAnswers::new(bytes)));
@@ -98,16 +101,40 @@ pub async fn assemble(
 
 impl Settings {
     /// The service's rules.
-    pub fn policy(&self) -> Policy {
-        Policy {
+    pub fn policy(&self) -> Result<Policy, ConfigError> {
+        Ok(Policy {
             lease: self.gateway.lease,
             ttl: self.charges.idempotency_ttl,
             max_amount_cents: self.charges.max_amount_cents,
             redrive_limit: self.gateway.redrive_limit(),
             provider_acts_within: self.gateway.provider_acts_within(),
-        }
+            derivation: self.gateway.derivation()?,
+        })
     }
 }
+
+/// Refuses to serve under another PROVIDER_KEY_SECRET than the one the
+/// database's operations were derived under: its fingerprint is stored by
+/// the first process to start, and every replica and jobs runner after it
+/// must show the same. Two secrets would derive two provider keys for one
+/// operation, and a retry after a lost write would charge again.
+async fn pin_derivation(store: &dyn Store, derivation: &Derivation) -> anyhow::Result<()> {
+    let ours = derivation.fingerprint();
+    let pinned = store
+        .pin_setting(PROVIDER_KEY_FINGERPRINT, &ours)
+        .await
+        .map_err(|e| anyhow::anyhow!("reading the provider key secret's fingerprint: {e}"))?;
+    anyhow::ensure!(
+        pinned == ours,
+        "refusing to start: PROVIDER_KEY_SECRET is not the secret this database's operations \
+         were derived under (fingerprint {ours}, the database holds {pinned}); every replica \
+         and jobs runner must use the same secret, and it is never rotated"
+    );
+    Ok(())
+}
+
+/// The name the secret's fingerprint is stored under.
+pub const PROVIDER_KEY_FINGERPRINT: &str = "provider_key_fingerprint";
 
 /// Starts the in-process sandbox; its URL and secret key. It lives as long
 /// as the process.

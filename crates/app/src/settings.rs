@@ -7,6 +7,7 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use clap::Args;
+use payments_domain::derive::Derivation;
 use payments_domain::store::Store;
 use payments_store::{DatabaseUrl, PoolSettings};
 use secrecy::{ExposeSecret, SecretString};
@@ -271,7 +272,18 @@ pub struct GatewayArgs {
     /// account's default version is. Change it only with the code.
     #[arg(long, env = "GATEWAY_STRIPE_VERSION", default_value = payments_gateway::DEFAULT_STRIPE_VERSION)]
     pub gateway_stripe_version: String,
+    /// The secret keyed operations' ids and provider idempotency keys are
+    /// derived under (HMAC-SHA256, at least 32 bytes). Required with a real
+    /// GATEWAY_URL; identical on every replica and jobs runner of one
+    /// database (checked at start); never rotated: a new secret derives new
+    /// keys, and a retry after a lost write would charge again.
+    #[arg(long, env = "PROVIDER_KEY_SECRET", hide_env_values = true, value_parser = secret)]
+    pub provider_key_secret: Option<SecretString>,
 }
+
+/// The derivation secret used without PROVIDER_KEY_SECRET, for a sandbox on
+/// loopback only; refused next to a real provider.
+pub const DEV_PROVIDER_KEY_SECRET: &str = "payments-development-provider-key-secret";
 
 /// The sandbox's secret key; refused next to a real provider.
 pub const SANDBOX_SECRET_KEY: &str = "sk_test_sandbox";
@@ -289,6 +301,31 @@ impl GatewayArgs {
     pub fn provider_acts_within(&self) -> Duration {
         self.gateway_timeout
             .saturating_add(self.provider_max_processing)
+    }
+
+    /// What ids and provider keys are derived under: PROVIDER_KEY_SECRET,
+    /// or the development secret where no real provider is configured.
+    pub fn derivation(&self) -> Result<Derivation, ConfigError> {
+        let secret = match &self.provider_key_secret {
+            Some(secret) => secret.expose_secret(),
+            None if self.is_real() => {
+                return Err(
+                    "PROVIDER_KEY_SECRET must be set with a real GATEWAY_URL: provider \
+                     idempotency keys are derived under it (at least 32 bytes, e.g. \
+                     `openssl rand -hex 32`; the same on every replica and jobs runner, \
+                     never rotated)"
+                        .into(),
+                );
+            }
+            None => DEV_PROVIDER_KEY_SECRET,
+        };
+        if self.is_real() && secret == DEV_PROVIDER_KEY_SECRET {
+            return Err(
+                "refusing to start: a real GATEWAY_URL with the development PROVIDER_KEY_SECRET"
+                    .into(),
+            );
+        }
+        Derivation::new(secret.as_bytes()).map_err(|e| ConfigError(e.to_string()))
     }
 
     /// The lease, timeout and key-retention rules.

@@ -439,8 +439,8 @@ pub struct Charge {
 }
 
 impl Charge {
-    /// A new `pending` charge for a claim, with a fresh id and its provider
-    /// key. It is not stored yet, so it has no time: its timestamps are the
+    /// A new `pending` charge, with a fresh random id and its provider key
+    /// (a claim replaces both with derived ones, [`crate::store::Claim::derive`]). It is not stored yet, so it has no time: its timestamps are the
     /// Unix epoch until the store writes the row and returns it stamped with
     /// the database's clock (`ClaimOutcome::Claimed`, `Store::insert_charge`);
     /// only the stored charge is ever shown.
@@ -465,11 +465,11 @@ impl Charge {
         }
     }
 
-    /// The provider's idempotency key is derived from our charge id, never
-    /// from the client's key: two customers using the same client key, or a
-    /// key reused after expiry, get different charges and so can never
-    /// collide at the provider, while every re-drive of one charge sends the
-    /// same key.
+    /// The provider key of a charge without an idempotency key (the
+    /// `optional` rollout mode), which has nothing to derive from, and of
+    /// every charge made before keys were derived: from its random id.
+    /// A keyed charge's id and key are derived from the operation instead
+    /// ([`crate::derive`], [`crate::store::Claim::derive`]).
     pub fn provider_key_for(charge_id: &str) -> String {
         format!("payments-charge-{charge_id}")
     }

@@ -10,6 +10,9 @@
 //!   `CustomerId`, `CardToken`) and the recorded [`charge::Charge`].
 //! - [`refund`]: the validated refund request and the recorded
 //!   [`refund::Refund`].
+//! - [`derive`]: ids and provider keys derived from the operation (HMAC
+//!   under `PROVIDER_KEY_SECRET`), so a retry after a lost write re-sends
+//!   the same provider call.
 //! - [`idempotency`]: `IdempotencyKey`, the canonical `RequestFingerprint`,
 //!   lease tokens, and the stored record and response of a keyed request.
 //! - [`list`]: `GET /api/charges` and refund lists: Stripe's list shape,
@@ -27,6 +30,7 @@
 
 pub mod answers;
 pub mod charge;
+pub mod derive;
 pub mod envelope;
 pub mod idempotency;
 pub mod limits;

@@ -148,8 +148,9 @@ impl Refund {
         }
     }
 
-    /// Derived from our refund's id, like a charge's: every re-drive of one
-    /// refund sends the same key, and no two refunds share one.
+    /// The provider key of a refund made before keys were derived, from its
+    /// id; a claim's refund gets a derived id and key instead
+    /// ([`crate::store::Claim::derive`]).
     pub fn provider_key_for(refund_id: &str) -> String {
         format!("payments-refund-{refund_id}")
     }

@@ -24,6 +24,7 @@ use serde_json::Value;
 
 use crate::answers::{self, AnswerCache};
 use crate::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId, InvalidRequest};
+use crate::derive::Derivation;
 use crate::envelope::ErrorEnvelope;
 use crate::idempotency::{
     CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, LeaseToken, REFUNDS_ROUTE, RecordId,
@@ -85,7 +86,14 @@ pub struct Policy {
     /// `PROVIDER_MAX_PROCESSING` (it may go on after we stop waiting).
     /// Reconciliation counts its search lag from the end of it.
     pub provider_acts_within: Duration,
+    /// What keyed operations' ids and provider keys are derived under
+    /// (`PROVIDER_KEY_SECRET`, [`crate::derive`]).
+    pub derivation: Derivation,
 }
+
+/// The most generations one (customer, route, key) may take: a key reused
+/// after expiry once a day for years stays far below it.
+const MAX_GENERATIONS: u32 = 100_000;
 
 /// Why a charge or refund request got no stored answer. None of these is
 /// stored: the client may fix the request or wait, and retry with the same
@@ -328,34 +336,70 @@ impl ChargeService {
             // Just read: the claim need not read it again.
             claim.read_first = false;
         }
-        match self.store.claim(&claim).await? {
-            ClaimOutcome::Claimed {
-                record_id,
-                operation,
-            } => {
-                tracing::debug!(%record_id, operation = operation.id(), "claimed");
-                self.drive(
+        let mut generation = 0;
+        loop {
+            claim.derive(&self.policy.derivation, generation);
+            match self.store.claim(&claim).await? {
+                // The key was used before, by an operation whose record
+                // has expired: this is a new one, of the first generation
+                // not made yet.
+                ClaimOutcome::GenerationTaken => {
+                    generation = self.first_free_generation(&mut claim, generation).await?;
+                    tracing::debug!(generation, "a key reused after its record expired");
+                }
+                ClaimOutcome::Claimed {
                     record_id,
-                    &claim.lease.token,
-                    *operation,
-                    OnUnknown::ReleaseLease,
-                )
-                .await
-            }
-            ClaimOutcome::Existing(record) => {
-                self.remember(&record, sent);
-                self.resume(*record, customer, fingerprinted, &fingerprint)
-                    .await
-            }
-            ClaimOutcome::Refused(response) => {
-                metrics::counter!(REFUNDS_TOTAL, "outcome" => "exceeds_charge").increment(1);
-                tracing::info!(status = response.status, "refund does not fit; stored");
-                Ok(Reply {
-                    response,
-                    replayed: false,
-                })
+                    operation,
+                } => {
+                    tracing::debug!(%record_id, operation = operation.id(), "claimed");
+                    return self
+                        .drive(
+                            record_id,
+                            &claim.lease.token,
+                            *operation,
+                            OnUnknown::ReleaseLease,
+                        )
+                        .await;
+                }
+                ClaimOutcome::Existing(record) => {
+                    self.remember(&record, sent);
+                    return self
+                        .resume(*record, customer, fingerprinted, &fingerprint)
+                        .await;
+                }
+                ClaimOutcome::Refused(response) => {
+                    metrics::counter!(REFUNDS_TOTAL, "outcome" => "exceeds_charge").increment(1);
+                    tracing::info!(status = response.status, "refund does not fit; stored");
+                    return Ok(Reply {
+                        response,
+                        replayed: false,
+                    });
+                }
             }
         }
+    }
+
+    /// The first generation after `taken` whose operation was not made
+    /// (its derived id is no charge or refund yet), the claim derived for it.
+    async fn first_free_generation(
+        &self,
+        claim: &mut Claim,
+        taken: u32,
+    ) -> Result<u32, StoreError> {
+        for generation in taken + 1..MAX_GENERATIONS {
+            claim.derive(&self.policy.derivation, generation);
+            let made = match &claim.operation {
+                Operation::Charge(c) => self.store.charge(&c.id).await?.is_some(),
+                Operation::Refund(r) => self.store.refund(&r.id).await?.is_some(),
+            };
+            if !made {
+                return Ok(generation);
+            }
+        }
+        Err(StoreError::Invariant(format!(
+            "idempotency key {:?} has {MAX_GENERATIONS} generations on {}",
+            claim.key, claim.route
+        )))
     }
 
     /// The refusal of a request over its customer's rate, counted.

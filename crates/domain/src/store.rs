@@ -14,6 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::charge::{Charge, ChargeStatus, CustomerId};
+use crate::derive::Derivation;
 use crate::idempotency::{
     IdempotencyKey, IdempotencyRecord, LeaseToken, RecordId, RecordState, RequestFingerprint,
     StoredResponse,
@@ -93,6 +94,30 @@ impl Operation {
     }
 }
 
+impl Claim {
+    /// The claim's operation under the id and provider key that
+    /// `derivation` gives its generation `generation`: a function of the
+    /// customer, the route, the client's key (and a refund's charge), never
+    /// of a row, so a retry after the database lost the claim derives the
+    /// same ones ([`crate::derive`]).
+    pub fn derive(&mut self, derivation: &Derivation, generation: u32) {
+        let (customer, route, key) = (self.customer.as_str(), self.route, self.key.as_str());
+        let (id, provider_key, ids) = match &mut self.operation {
+            Operation::Charge(c) => (
+                &mut c.id,
+                &mut c.provider_key,
+                derivation.charge(customer, route, key, generation),
+            ),
+            Operation::Refund(r) => {
+                let ids = derivation.refund(&r.charge_id, customer, route, key, generation);
+                (&mut r.id, &mut r.provider_key, ids)
+            }
+        };
+        *id = ids.id;
+        *provider_key = ids.provider_key;
+    }
+}
+
 /// A request to claim a key: the record to insert and the pending
 /// operation that goes in the same transaction.
 #[derive(Debug, Clone)]
@@ -128,6 +153,11 @@ pub enum ClaimOutcome {
     },
     /// Someone else has this key; the caller decides from the record.
     Existing(Box<IdempotencyRecord>),
+    /// The operation's id (derived for its generation, see
+    /// [`crate::derive`]) is already a charge or refund: the key was used
+    /// before, by an operation whose record has expired. Nothing was
+    /// written; the caller claims again with the next free generation.
+    GenerationTaken,
     /// A refund that does not fit in what is left of its charge: no refund
     /// was made, and the record was stored complete with this answer
     /// ([`Refund::exceeds_charge`]), replayed to every retry.
@@ -226,6 +256,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Applies this backend's missing migrations. Safe to run from several
     /// processes at once, except on a cluster named by [`Store::cluster`].
     async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// The value stored under `name` in the database's settings, storing
+    /// `value` first if there is none: the first writer's value stands,
+    /// and every later caller gets it back to compare with its own.
+    async fn pin_setting(&self, name: &str, value: &str) -> Result<String, StoreError>;
 
     /// The multi-primary cluster this store is on (`"galera"`), where
     /// concurrent `migrate` calls are not serialised (the migrator's lock,

@@ -95,6 +95,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     // the pruner only talks to the database, and so does the reaper's dry
     // run. The reconciler's dry run looks each operation up at the provider.
     let provider = cli.settings.gateway.remote()?;
+    cli.settings.gateway.derivation()?;
     if provider.is_none() {
         if reconcile {
             let why = if cli.dry_run {

@@ -237,6 +237,7 @@ pub(crate) struct ChargeRecord {
     status: ChargeStatus,
     failure_code: Option<&'static str>,
     idempotency_key: Option<String>,
+    metadata: Metadata,
     created: u64,
 }
 
@@ -520,6 +521,7 @@ impl Ledger {
                 status: entry.charge.status,
                 failure_code: entry.charge.failure_code,
                 idempotency_key: entry.idempotency_key.clone(),
+                metadata: entry.charge.metadata.clone(),
                 created: entry.charge.created,
             })
             .collect()

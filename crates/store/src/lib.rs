@@ -161,6 +161,28 @@ pub async fn connect(url: &DatabaseUrl, pool: &PoolSettings) -> Result<Arc<dyn S
 pub(crate) enum Error {
     Sql(sqlx::Error),
     Invariant(String),
+    /// A transaction read back a row it had just written and did not find
+    /// its own write: the database rolled the transaction back under it
+    /// without the statement that followed failing (seen on Galera, where
+    /// a replicated write set aborts a local transaction that holds its
+    /// rows). Whatever the transaction did is not to be trusted; it is run
+    /// again, like a deadlock.
+    WriteLost(String),
+    /// The claim's operation id (derived for its generation) is already a
+    /// charge or refund: the claim's transaction is rolled back and the
+    /// port answers `ClaimOutcome::GenerationTaken`.
+    GenerationTaken,
+}
+
+impl Error {
+    /// The error as a claim's: a unique violation of the operation's row
+    /// means its generation is taken.
+    pub(crate) fn generation_taken(e: sqlx::Error) -> Self {
+        match e {
+            sqlx::Error::Database(db) if db.is_unique_violation() => Error::GenerationTaken,
+            e => Error::Sql(e),
+        }
+    }
 }
 
 impl From<sqlx::Error> for Error {
@@ -185,6 +207,13 @@ impl From<sqlx::Error> for Error {
 pub(crate) fn classify(e: impl Into<Error>) -> StoreError {
     let e = match e.into() {
         Error::Invariant(what) => return StoreError::Invariant(what),
+        Error::WriteLost(what) => {
+            tracing::warn!(%what, "a transaction lost its own write without an error; running it again");
+            return StoreError::Retryable(what.into());
+        }
+        Error::GenerationTaken => {
+            return StoreError::Invariant("a claim's generation was taken".into());
+        }
         Error::Sql(e) => e,
     };
     let code = match &e {

@@ -163,6 +163,8 @@ pub(crate) struct Statements {
     list_charges: [String; 3],
     list_refunds: [String; 3],
     applied_migrations: String,
+    insert_setting: String,
+    setting: String,
     claim_or_read: Option<String>,
     finish_one: Option<String>,
     write_probe: Option<String>,
@@ -207,8 +209,10 @@ impl Statements {
                     ""
                 }
             )),
+            // Our own row only: a claim that does not find its lease token
+            // lost its write (see `Error::WriteLost`).
             stamp_by_key: r("SELECT id, created_at FROM idempotent_requests \
-                WHERE idempotency_key = $1 AND route = $2"),
+                WHERE idempotency_key = $1 AND route = $2 AND lease_token = $3"),
             // Past its TTL with a final answer a record behaves as absent:
             // reclaimed, but only if it still is that record.
             reclaim: r(&format!(
@@ -350,6 +354,8 @@ impl Statements {
             // fresh key inserts the record and its pending charge (the
             // charge takes the record's `created_at`). No row: the key
             // exists but this statement's snapshot cannot see it.
+            insert_setting: r("INSERT INTO settings (name, value) VALUES ($1, $2)"),
+            setting: r("SELECT value FROM settings WHERE name = $1"),
             claim_or_read: D::ONE_STATEMENT.then(|| {
                 r(&format!(
                     "WITH existing AS (SELECT {{record}} FROM idempotent_requests \
@@ -527,7 +533,7 @@ macro_rules! sql_impl {
             <D::Db as Database>::Connection: Migrate,
             <D::Db as Database>::Arguments: IntoArguments<D::Db>,
             for<'a> &'a str: Encode<'a, D::Db> + Type<D::Db>,
-            for<'a> String: Encode<'a, D::Db> + Type<D::Db>,
+            for<'a> String: Encode<'a, D::Db> + Decode<'a, D::Db> + Type<D::Db>,
             for<'a> Option<String>: Encode<'a, D::Db> + Type<D::Db>,
             for<'a> i64: Encode<'a, D::Db> + Decode<'a, D::Db> + Type<D::Db>,
             for<'a> i32: Encode<'a, D::Db> + Type<D::Db>,
@@ -663,7 +669,7 @@ sql_impl! {{
         conn: &mut <D::Db as Database>::Connection,
         write: Q<'_, D>,
         read: Q<'_, D>,
-    ) -> Result<Option<O>, sqlx::Error>
+    ) -> Result<Option<O>, Error>
     where
         O: for<'r> FromRow<'r, <D::Db as Database>::Row>,
     {
@@ -672,9 +678,11 @@ sql_impl! {{
         } else if D::rows_affected(&write.execute(&mut *conn).await?) == 0 {
             None
         } else {
-            read.fetch_optional(&mut *conn).await?
+            // The write took a row; reading it back must find it.
+            let read = read.fetch_optional(&mut *conn).await?;
+            Some(read.ok_or_else(|| Error::WriteLost("a written row was not read back".into()))?)
         };
-        row.map(|r| O::from_row(&r)).transpose()
+        Ok(row.map(|r| O::from_row(&r)).transpose()?)
     }
 
     /// One claim attempt in a transaction (a batch's savepoint, on
@@ -712,11 +720,11 @@ sql_impl! {{
         c: &Claim,
     ) -> Result<Option<ClaimOutcome>, Error> {
         let insert = Self::new_record(Self::q(&self.sql.insert_record), c);
-        let stamp = || Self::keyed(&self.sql.stamp_by_key, c);
+        let stamp = || Self::keyed(&self.sql.stamp_by_key, c).bind(c.lease.token.as_str());
         // Without ON CONFLICT (MySQL), a duplicate key is the error; InnoDB
         // rolls back only the failed statement.
         let inserted: Option<(i64, D::Ts)> = match Self::stamped(conn, insert, stamp()).await {
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => None,
+            Err(Error::Sql(sqlx::Error::Database(e))) if e.is_unique_violation() => None,
             other => other?,
         };
         let (record_id, at) = match inserted {
@@ -742,7 +750,8 @@ sql_impl! {{
                 Self::charge_values(Self::q(&self.sql.insert_claimed_charge), charge)
                     .bind(record_id.0)
                     .execute(&mut *conn)
-                    .await?;
+                    .await
+                    .map_err(Error::generation_taken)?;
                 Operation::Charge(stored(charge, at))
             }
             Operation::Refund(refund) => {
@@ -756,7 +765,8 @@ sql_impl! {{
                 Self::refund_values(Self::q(&self.sql.insert_claimed_refund), refund, amount)
                     .bind(record_id.0)
                     .execute(&mut *conn)
-                    .await?;
+                    .await
+                    .map_err(Error::generation_taken)?;
                 Operation::Refund(stored_refund(refund, amount, at))
             }
         };
@@ -804,7 +814,8 @@ sql_impl! {{
         charge: &Charge,
     ) -> Result<Option<ClaimOutcome>, Error> {
         let q = Self::new_record(Self::keyed(sql, c), c);
-        let Some(row) = Self::charge_values(q, charge).fetch_optional(&self.pool).await? else {
+        let row = Self::charge_values(q, charge).fetch_optional(&self.pool).await;
+        let Some(row) = row.map_err(Error::generation_taken)? else {
             return Ok(None);
         };
         let record = Self::record(&row)?;
@@ -991,6 +1002,19 @@ sql_impl! {#[async_trait] Store for {
         run(|| async { Ok(migrator.run(&self.writer).await.map_err(sqlx::Error::from)?) }).await
     }
 
+    async fn pin_setting(&self, name: &str, value: &str) -> Result<String, StoreError> {
+        run(|| async {
+            // A unique violation is another process's value standing.
+            match Self::q(&self.sql.insert_setting).bind(name).bind(value).execute(&self.writer).await {
+                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {}
+                other => drop(other?),
+            }
+            let row = Self::q(&self.sql.setting).bind(name).fetch_one(&self.writer).await?;
+            Ok(row.try_get::<String, _>(0)?)
+        })
+        .await
+    }
+
     fn cluster(&self) -> Option<&'static str> {
         self.cluster
     }
@@ -1032,7 +1056,13 @@ sql_impl! {#[async_trait] Store for {
     }
 
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome, StoreError> {
-        run(|| self.claim(claim)).await
+        run(|| async {
+            match self.claim(claim).await {
+                Err(Error::GenerationTaken) => Ok(ClaimOutcome::GenerationTaken),
+                other => other,
+            }
+        })
+        .await
     }
 
     async fn take_over(
@@ -1160,6 +1190,11 @@ sql_impl! {#[async_trait] Store for {
             Self::leased(&self.sql.lease_by_id, lease).bind(id).execute(&mut *tx).await?;
             let by_id = Self::q(&self.sql.record_by_id).bind(id);
             let record = Self::read_record(&mut *tx, by_id).await?;
+            // Ours, or the transaction was rolled back under us.
+            let ours = |r: &IdempotencyRecord| r.lease.as_ref().is_some_and(|l| l.token == lease.token);
+            if !record.as_ref().is_some_and(ours) {
+                return Err(Error::WriteLost(format!("record {id} did not come back under its new lease")));
+            }
             tx.commit().await?;
             Ok(record)
         })

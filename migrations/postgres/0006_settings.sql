@@ -1,0 +1,9 @@
+-- Values every process of one database must agree on, stored by the first
+-- to start and compared by every later one. `provider_key_fingerprint`: a
+-- fingerprint of PROVIDER_KEY_SECRET, which ids and provider idempotency
+-- keys are derived under (issue 24); a replica or jobs runner with another
+-- secret refuses to start.
+CREATE TABLE settings (
+    name TEXT NOT NULL PRIMARY KEY,
+    value TEXT NOT NULL
+);
