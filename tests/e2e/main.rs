@@ -7,6 +7,7 @@ mod cache;
 mod group_commit;
 mod mismatch;
 mod provider;
+mod restore;
 mod skew;
 mod watch;
 
@@ -35,6 +36,16 @@ fn api_env<'a>(
     ];
     env.extend_from_slice(extra);
     env
+}
+
+/// `GET {path}` at the sandbox, as JSON.
+async fn sandbox_json(sandbox: &Process, path: &str) -> Value {
+    reqwest::get(format!("{}{path}", sandbox.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 async fn mint(customer: &str) -> String {
@@ -86,12 +97,7 @@ async fn readme_session_against_the_real_binaries(backend: Backend) {
     assert_eq!(retry.text().await.unwrap(), first_body);
     let reused = post(&api, &token, &key, &charge_body(5000, "tok_visa")).await;
     assert_eq!(reused.status(), 422);
-    let charges: Value = reqwest::get(format!("{}/_sandbox/charges", sandbox.url))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let charges: Value = sandbox_json(&sandbox, "/_sandbox/charges").await;
     assert_eq!(charges["data"].as_array().unwrap().len(), 1);
     assert_eq!(db.charges_with_status("succeeded").await, 1);
     let ready = reqwest::get(format!("{}/readyz", api.url)).await.unwrap();
@@ -265,12 +271,7 @@ async fn two_api_processes_share_one_database(backend: Backend) {
         "{statuses:?}"
     );
     assert!(statuses.contains(&201));
-    let charges: Value = reqwest::get(format!("{}/_sandbox/charges", sandbox.url))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let charges: Value = sandbox_json(&sandbox, "/_sandbox/charges").await;
     assert_eq!(
         charges["data"].as_array().unwrap().len(),
         1,

@@ -5,7 +5,7 @@
 use payments_tests::{Backend, Process, TestDb, backend_tests, charge_body, new_key};
 use serde_json::{Value, json};
 
-use super::{api_env, mint, post};
+use super::{api_env, mint, post, sandbox_json};
 
 /// `payments_provider_mismatch_total{call="charges"}` on the API.
 async fn mismatches(api: &Process) -> f64 {
@@ -77,12 +77,7 @@ async fn a_charge_answered_with_another_amount_is_never_a_success(backend: Backe
     let retry = post(&api, &token, &key, &body).await;
     assert_eq!(retry.status(), 500);
     assert_eq!(retry.headers()["idempotent-replay"], "true");
-    let charges: Value = reqwest::get(format!("{}/_sandbox/charges", sandbox.url))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let charges: Value = sandbox_json(&sandbox, "/_sandbox/charges").await;
     assert_eq!(
         charges["data"].as_array().map(Vec::len),
         Some(1),

@@ -5,7 +5,7 @@
 use payments_tests::{Backend, Process, TestDb, backend_tests, charge_body, run_binary};
 use serde_json::Value;
 
-use crate::{api_env, mint, post};
+use crate::{api_env, mint, post, sandbox_json};
 
 /// Item 3.5: plain http to a host that is not loopback would send the
 /// secret key in clear: both binaries refuse to start, naming GATEWAY_URL;
@@ -44,15 +44,6 @@ async fn plain_http_to_a_remote_provider_is_refused_at_start() {
     ];
     let (ok, _, stderr) = run_binary("payments-jobs", &["reap", "--once"], &env).await;
     assert!(ok, "loopback http refused: {stderr}");
-}
-
-async fn sandbox_json(sandbox: &Process, path: &str) -> Value {
-    reqwest::get(format!("{}{path}", sandbox.url))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
 }
 
 /// Items 3.6 and 3.7: the sandbox accepts only its `--secret-key`; the API

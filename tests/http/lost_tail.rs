@@ -87,6 +87,14 @@ async fn a_charge_lost_with_the_tail_is_made_once(backend: Backend) {
         "charged once at the provider"
     );
     assert_eq!(app.db.charges().await, 1);
+    // The provider's replay was adopted only as the charge reads now.
+    let gateway_id = first.body["gateway_charge_id"].as_str().unwrap();
+    assert!(
+        app.sandbox_requests()
+            .await
+            .contains(&format!("GET /v1/charges/{gateway_id}")),
+        "the replayed charge was re-read"
+    );
     // And the retry's record is what later retries replay.
     let again = charge(&app, &key, 1500).await;
     assert_eq!(again.status, 201);
@@ -133,6 +141,40 @@ async fn a_dropped_answer_then_a_lost_tail_is_made_once(backend: Backend) {
     );
 }
 
+/// After a lost tail, the client sends its key with another body: our
+/// record of the first body is gone, but the provider holds the key's
+/// operation with the first body's parameters (Stripe's 400
+/// `idempotency_error`). The answer is 422, nothing is stored, no second
+/// charge; the first body's retry then adopts the provider's charge.
+async fn another_body_after_a_lost_tail_is_refused_and_the_first_is_adopted(backend: Backend) {
+    let Some(app) = app(backend, SandboxConfig::default()).await else {
+        return;
+    };
+    app.db.snapshot().await;
+    let key = new_key();
+    let first = charge(&app, &key, 1200).await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    app.db.lose_tail().await;
+
+    let other = charge(&app, &key, 1300).await;
+    assert_eq!(other.status, 422, "{:?}", other.body);
+    assert_eq!(other.body["error"]["code"], "idempotency_key_reused");
+    assert!(other.headers.get("idempotent-replay").is_none());
+    assert_eq!(app.db.records().await, 0, "nothing stored");
+    assert_eq!(app.db.charges().await, 0, "no charge left behind");
+    assert_eq!(app.sandbox_charges().await.len(), 1, "no second charge");
+    // Not stored: the same request is refused the same way again.
+    assert_eq!(charge(&app, &key, 1300).await.status, 422);
+
+    let retry = charge(&app, &key, 1200).await;
+    assert_same_charge(
+        &retry,
+        &first,
+        "the first body adopts the provider's charge",
+    );
+    assert_eq!(app.sandbox_charges().await.len(), 1);
+}
+
 /// A refund answered 201, then lost with the tail (its charge stays): the
 /// retry refunds once, under the same refund id.
 async fn a_refund_lost_with_the_tail_is_made_once(backend: Backend) {
@@ -171,6 +213,44 @@ async fn a_refund_lost_with_the_tail_is_made_once(backend: Backend) {
         .get_as(CUSTOMER, &format!("/api/charges/{charge_id}"))
         .await;
     assert_eq!(charge.body["amount_refunded"], 2000);
+}
+
+/// The same for a refund: another amount under the key after a lost tail
+/// is refused 422, its reservation given back; the first amount's retry
+/// adopts the provider's refund.
+async fn another_refund_body_after_a_lost_tail_is_refused(backend: Backend) {
+    let Some(app) = app(backend, SandboxConfig::default()).await else {
+        return;
+    };
+    let charged = charge(&app, &new_key(), 5000).await;
+    let charge_id = charged.body["id"].as_str().unwrap().to_owned();
+    app.db.snapshot().await;
+    let key = new_key();
+    let asked = json!({ "amount_cents": 2000 });
+    let first = app.post_refund(CUSTOMER, &charge_id, &key, &asked).await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    app.db.lose_tail().await;
+
+    let other = json!({ "amount_cents": 4500 });
+    let refused = app.post_refund(CUSTOMER, &charge_id, &key, &other).await;
+    assert_eq!(refused.status, 422, "{:?}", refused.body);
+    assert_eq!(app.db.refunds_with_status("pending").await, 0);
+    // Its 4,500 reservation was given back: locally the whole 5,000 is
+    // refundable again (the lost 2,000 refund is not known here until its
+    // client retries it), so a refund of 5,000 passes our check, and the
+    // provider, which knows its own refund, refuses it: the money cannot
+    // move twice even while our books lack the lost refund.
+    let whole = json!({ "amount_cents": 5000 });
+    let all = app
+        .post_refund(CUSTOMER, &charge_id, &new_key(), &whole)
+        .await;
+    assert_eq!(all.status, 402, "{:?}", all.body);
+    assert_eq!(all.body["error"]["decline_code"], "amount_too_large");
+
+    let retry = app.post_refund(CUSTOMER, &charge_id, &key, &asked).await;
+    assert_eq!(retry.status, 201, "{:?}", retry.body);
+    assert_eq!(retry.body["id"], first.body["id"]);
+    assert_eq!(app.sandbox_refunds().await.len(), 1, "refunded once");
 }
 
 /// Ten operations at once, lost together, retried together: ten provider
@@ -288,7 +368,9 @@ backend_tests!(
     serializable;
     a_charge_lost_with_the_tail_is_made_once,
     a_dropped_answer_then_a_lost_tail_is_made_once,
+    another_body_after_a_lost_tail_is_refused_and_the_first_is_adopted,
     a_refund_lost_with_the_tail_is_made_once,
+    another_refund_body_after_a_lost_tail_is_refused,
     ten_operations_lost_at_once_are_each_made_once,
     a_key_reused_after_expiry_is_a_new_payment_even_after_a_lost_tail,
     a_stored_provider_key_of_the_old_format_is_re_driven_as_stored,

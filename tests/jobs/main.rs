@@ -9,6 +9,7 @@ use payments_jobs::reconciler::{ReconcileReport, Reconciler, ReconcilerSettings}
 use payments_tests::{AppOptions, TestApp};
 
 mod lag;
+mod orphans;
 mod pending_refunds;
 mod provider;
 mod pruner;
@@ -48,6 +49,8 @@ fn reconciler(app: &TestApp, search_lag: Duration) -> Reconciler {
             search_lag,
             batch: 100,
             progress: payments_jobs::progress::ProgressSettings::default(),
+            // Orphans have their own tests (`orphans.rs`).
+            orphan_window: Duration::ZERO,
         },
     )
 }

@@ -191,26 +191,7 @@ async fn every_provider_call_pins_the_stripe_version(backend: Backend) {
     );
     reconcile(&app, Duration::from_secs(60)).await;
 
-    let seen: Value = app
-        .http
-        .get(format!("{}/_sandbox/requests", app.sandbox.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let seen = seen["data"].as_array().unwrap();
-    let paths: Vec<String> = seen
-        .iter()
-        .map(|r| {
-            format!(
-                "{} {}",
-                r["method"].as_str().unwrap(),
-                r["path"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let paths = app.sandbox_requests().await;
     for call in [
         "POST /v1/charges",
         "POST /v1/refunds",
@@ -218,7 +199,8 @@ async fn every_provider_call_pins_the_stripe_version(backend: Backend) {
     ] {
         assert!(paths.iter().any(|p| p == call), "{call} not in {paths:?}");
     }
-    for request in seen {
+    let seen = app.sandbox_get("/_sandbox/requests").await;
+    for request in seen["data"].as_array().unwrap() {
         assert_eq!(request["stripe_version"], "2026-09-30.endive", "{request}");
     }
 }

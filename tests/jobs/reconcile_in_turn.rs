@@ -80,6 +80,8 @@ async fn operations_a_pass_cannot_settle_do_not_hide_the_rest(backend: Backend) 
             search_lag: Duration::ZERO,
             batch: BATCH,
             progress: payments_jobs::progress::ProgressSettings::default(),
+            // Orphans have their own tests (`orphans.rs`).
+            orphan_window: Duration::ZERO,
         },
     );
     let bound = (IN_FRONT + 1).div_ceil(BATCH);

@@ -279,15 +279,7 @@ async fn slow_provider_every_charge_ends_201_once_and_probes_are_measured() {
         report.stream("probe_replay").unwrap().answered
     );
     // The sandbox's latency is back to 0.
-    let config: serde_json::Value = app
-        .http
-        .get(format!("{}/_sandbox/config", app.sandbox.url()))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let config = app.sandbox_get("/_sandbox/config").await;
     assert_eq!(config["latency_ms"], 0);
 }
 

@@ -165,6 +165,17 @@ fn database_url(url: &str) -> DatabaseUrl {
     url.parse::<DatabaseUrl>().expect("a test database's URL")
 }
 
+/// A copy of a test's database ([`TestDb::copy`]).
+#[derive(Debug)]
+pub struct DbCopy(String);
+
+/// `path` with `suffix` after its file name (`-wal`, `-shm`).
+fn with_suffix(path: &std::path::Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
+}
+
 /// The tables a lost tail takes rows from, parents first.
 const LOST_TAIL_TABLES: [&str; 3] = ["idempotent_requests", "charges", "refunds"];
 
@@ -502,6 +513,99 @@ impl TestDb {
             self.age(Some(key), ago).await;
         }
         stuck
+    }
+
+    /// A copy of the whole database as a backup takes it, for
+    /// [`TestDb::restore`]: SQLite's file with its `-wal` and `-shm` (no
+    /// process may be writing: stop the API first); PostgreSQL's database
+    /// as a template of a new one (its sessions are ended first);
+    /// MariaDB's `mariadb-dump`. This store's own pool must not be used
+    /// after a restore on SQLite (its connections keep the old files).
+    pub async fn copy(&self) -> DbCopy {
+        let copy = DbCopy(format!("{}_copy", uuid::Uuid::new_v4().simple()));
+        match &self.guard {
+            Guard::Sqlite(path) => {
+                for suffix in ["", "-wal", "-shm"] {
+                    let (from, to) = (with_suffix(path, suffix), self.copy_path(&copy, suffix));
+                    if from.exists() {
+                        std::fs::copy(&from, &to).expect("copy the SQLite file");
+                    }
+                }
+            }
+            Guard::Server(db) if self.backend.engine() == Some(throwaway::Engine::Postgres) => {
+                db.end_sessions().await;
+                db.admin(&format!(
+                    r#"CREATE DATABASE "{}" TEMPLATE "{}""#,
+                    copy.0, db.name
+                ))
+                .await;
+            }
+            Guard::Server(db) => {
+                let mut dump =
+                    db.mysql_client("mariadb-dump", &["--single-transaction", "--routines"]);
+                let out = dump.output().expect("run mariadb-dump");
+                assert!(
+                    out.status.success(),
+                    "mariadb-dump: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                std::fs::write(self.copy_path(&copy, ".sql"), out.stdout).expect("keep the dump");
+            }
+        }
+        copy
+    }
+
+    /// Puts `copy` back in place of the database: every write since it was
+    /// taken is gone, as after a point-in-time restore or the promotion of
+    /// a replica that had not received them. The API must be stopped.
+    pub async fn restore(&self, copy: DbCopy) {
+        match &self.guard {
+            Guard::Sqlite(path) => {
+                for suffix in ["", "-wal", "-shm"] {
+                    let (from, to) = (self.copy_path(&copy, suffix), with_suffix(path, suffix));
+                    // A rename: the old files' open handles keep the old ones.
+                    match from.exists() {
+                        true => std::fs::rename(&from, &to).expect("restore the SQLite file"),
+                        false => drop(std::fs::remove_file(&to)),
+                    }
+                }
+            }
+            Guard::Server(db) if self.backend.engine() == Some(throwaway::Engine::Postgres) => {
+                db.admin(&format!(r#"DROP DATABASE "{}" WITH (FORCE)"#, db.name))
+                    .await;
+                db.admin(&format!(
+                    r#"CREATE DATABASE "{}" TEMPLATE "{}""#,
+                    db.name, copy.0
+                ))
+                .await;
+                db.admin(&format!(r#"DROP DATABASE "{}""#, copy.0)).await;
+            }
+            Guard::Server(db) => {
+                let dump = self.copy_path(&copy, ".sql");
+                let input = std::fs::File::open(&dump).expect("the dump");
+                let mut load = db.mysql_client("mariadb", &[]);
+                let out = load.stdin(input).output().expect("run mariadb");
+                assert!(
+                    out.status.success(),
+                    "mariadb < dump: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let _ = std::fs::remove_file(dump);
+            }
+        }
+    }
+
+    /// Where a copy's file is kept (beside the SQLite file, or in the
+    /// temp directory).
+    fn copy_path(&self, copy: &DbCopy, suffix: &str) -> PathBuf {
+        let dir = match &self.guard {
+            Guard::Sqlite(path) => path
+                .parent()
+                .map(PathBuf::from)
+                .unwrap_or_else(std::env::temp_dir),
+            Guard::Server(_) => std::env::temp_dir(),
+        };
+        dir.join(format!("{}{suffix}", copy.0))
     }
 
     /// Copies the rows of every money table (records, charges, refunds)
@@ -1000,16 +1104,7 @@ impl TestApp {
 
     /// Every refund the sandbox recorded.
     pub async fn sandbox_refunds(&self) -> Vec<Value> {
-        let all: Value = self
-            .http
-            .get(format!("{}/_sandbox/refunds", self.sandbox.url()))
-            .send()
-            .await
-            .expect("sandbox refunds")
-            .json()
-            .await
-            .expect("json");
-        all["data"].as_array().cloned().unwrap_or_default()
+        self.sandbox_list("/_sandbox/refunds").await
     }
 
     /// What the sandbox really charged (status `succeeded`).
@@ -1023,16 +1118,34 @@ impl TestApp {
 
     /// Every charge the sandbox recorded, declined ones too.
     pub async fn sandbox_attempts(&self) -> Vec<Value> {
-        let all: Value = self
-            .http
-            .get(format!("{}/_sandbox/charges", self.sandbox.url()))
+        self.sandbox_list("/_sandbox/charges").await
+    }
+
+    /// The sandbox's log of `/v1` calls, oldest first, as `METHOD /path`.
+    pub async fn sandbox_requests(&self) -> Vec<String> {
+        let seen = self.sandbox_list("/_sandbox/requests").await;
+        let line = |r: &Value| format!("{} {}", r["method"].as_str()?, r["path"].as_str()?).into();
+        seen.iter().filter_map(line).collect()
+    }
+
+    /// The `data` of one of the sandbox's `GET /_sandbox/...` lists.
+    async fn sandbox_list(&self, path: &str) -> Vec<Value> {
+        self.sandbox_get(path).await["data"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// `GET {path}` at the sandbox, as JSON.
+    pub async fn sandbox_get(&self, path: &str) -> Value {
+        self.http
+            .get(format!("{}{path}", self.sandbox.url()))
             .send()
             .await
-            .expect("sandbox charges")
+            .expect("the sandbox answers")
             .json()
             .await
-            .expect("json");
-        all["data"].as_array().cloned().unwrap_or_default()
+            .expect("json")
     }
 
     /// `GET /metrics`: the Prometheus text (asserting a 200 in text/plain).
@@ -1055,14 +1168,7 @@ impl TestApp {
 
     /// The sandbox's counters (`requests`, `in_flight`, `max_in_flight`, `charges`).
     pub async fn sandbox_stats(&self) -> Value {
-        self.http
-            .get(format!("{}/_sandbox/stats", self.sandbox.url()))
-            .send()
-            .await
-            .expect("sandbox stats")
-            .json()
-            .await
-            .expect("json")
+        self.sandbox_get("/_sandbox/stats").await
     }
 
     /// Replaces the sandbox's fault injection.

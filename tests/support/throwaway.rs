@@ -223,6 +223,43 @@ impl TestDatabase {
         }
     }
 
+    /// Runs one statement of ours on the server's admin connection.
+    pub(crate) async fn admin(&self, sql: &str) {
+        let done = match self.engine {
+            Engine::Postgres => execute::<PgConnection>(&self.admin_url, sql).await,
+            Engine::Mysql => execute::<MySqlConnection>(&self.admin_url, sql).await,
+        };
+        done.unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    /// Ends every other session on this PostgreSQL database (a template
+    /// must have none).
+    pub(crate) async fn end_sessions(&self) {
+        let sql = format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = '{}' AND pid <> pg_backend_pid()",
+            self.name
+        );
+        self.admin(&sql).await;
+    }
+
+    /// `program` (`mariadb`, `mariadb-dump`) pointed at this database with
+    /// the admin URL's host, port and user (its password in `MYSQL_PWD`).
+    pub(crate) fn mysql_client(&self, program: &str, args: &[&str]) -> std::process::Command {
+        let url = reqwest::Url::parse(&self.admin_url).expect("the admin URL");
+        let mut command = std::process::Command::new(program);
+        command
+            .arg(format!("--host={}", url.host_str().unwrap_or("127.0.0.1")))
+            .arg(format!("--port={}", url.port().unwrap_or(3306)))
+            .arg(format!("--user={}", url.username()))
+            .args(args)
+            .arg(&self.name);
+        if let Some(password) = url.password() {
+            command.env("MYSQL_PWD", password);
+        }
+        command
+    }
+
     /// Best effort: never panics, because it runs inside `Drop`.
     async fn drop_database(engine: Engine, admin_url: &str, name: &str) {
         let sql = match engine {

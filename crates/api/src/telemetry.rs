@@ -23,6 +23,7 @@
 //! | [`ABANDONED_TOTAL`] | reason | payments-domain, payments-jobs |
 //! | [`REFUNDS_TOTAL`] | outcome | payments-domain |
 //! | [`RECONCILED_TOTAL`] | operation, outcome | payments-domain (run by payments-jobs) |
+//! | [`ORPHANS`] (gauge) | kind | payments-domain (set by payments-jobs) |
 //! | [`REPLAY_CACHE_TOTAL`] | result | payments-domain |
 //! | [`RATE_LIMITED_TOTAL`] (429) | route | payments-domain |
 //! | [`REAPER_RECORDS_TOTAL`] | result | payments-jobs |
@@ -39,7 +40,8 @@ use axum::response::Response;
 use payments_app::telemetry::Binary;
 use payments_domain::limits::RATE_LIMITED_TOTAL;
 use payments_domain::service::{
-    ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, RECONCILED_TOTAL, REFUNDS_TOTAL, REPLAY_CACHE_TOTAL,
+    ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, ORPHANS, RECONCILED_TOTAL, REFUNDS_TOTAL,
+    REPLAY_CACHE_TOTAL,
 };
 use payments_gateway::{
     PROVIDER_MISMATCH_TOTAL, PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS,
@@ -80,7 +82,7 @@ pub const HISTOGRAMS: [&str; 3] = [
 ];
 
 /// Every gauge.
-pub const GAUGES: [&str; 1] = [BUILD_INFO];
+pub const GAUGES: [&str; 2] = [BUILD_INFO, ORPHANS];
 
 /// Installs the recorder with the API's metrics registered
 /// ([`payments_app::telemetry::install`]).

@@ -19,7 +19,8 @@ use axum::response::IntoResponse;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use payments_domain::limits::RATE_LIMITED_TOTAL;
 use payments_domain::service::{
-    ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, RECONCILED_TOTAL, REFUNDS_TOTAL, REPLAY_CACHE_TOTAL,
+    ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, ORPHANS, RECONCILED_TOTAL, REFUNDS_TOTAL,
+    REPLAY_CACHE_TOTAL,
 };
 use payments_gateway::{
     PROVIDER_MISMATCH_TOTAL, PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS,
@@ -99,6 +100,7 @@ const PROVIDER_LABELS: &[(&str, &[&str])] = &[
             "unknown",
             "key_refused",
             "replayed_error",
+            "key_reused",
         ],
     ),
     ("call", &["charges", "refunds"]),
@@ -155,7 +157,8 @@ pub const METRICS: &[Metric] = &[
         kind: Kind::Counter,
         help: "Provider calls by call (charges, refunds) and outcome (succeeded, declined, \
                rejected, unknown; key_refused: our secret key refused, replayed_error: an \
-               error the provider saved under the key, replayed).",
+               error the provider saved under the key, replayed; key_reused: the provider \
+               holds the key's operation with other parameters).",
         series: Series::Each(PROVIDER_LABELS),
         in_jobs: true,
     },
@@ -285,6 +288,15 @@ pub const METRICS: &[Metric] = &[
         kind: Kind::Histogram,
         help: "Claims and finishes per committed SQLite transaction (group commit; SQLite only).",
         series: Series::One,
+        in_jobs: true,
+    },
+    Metric {
+        name: ORPHANS,
+        kind: Kind::Gauge,
+        help: "Provider charges and refunds naming one of our operations with no row here \
+               (money moved with no record: a database that lost its last writes), not \
+               settled yet, by kind; set by each reconcile pass. Runbook: docs/operations.md.",
+        series: Series::Each(&[("kind", &["charge", "refund"])]),
         in_jobs: true,
     },
     Metric {
@@ -432,8 +444,8 @@ mod tests {
     #[test]
     fn every_combination_of_known_labels_is_a_series() {
         let sets = label_sets(PROVIDER_LABELS);
-        // 7 outcomes x 2 calls.
-        assert_eq!(sets.len(), 14);
+        // 8 outcomes x 2 calls.
+        assert_eq!(sets.len(), 16);
         let first: Vec<(&str, &str)> = sets[0].iter().map(|l| (l.key(), l.value())).collect();
         assert_eq!(first, [("outcome", "succeeded"), ("call", "charges")]);
         assert_eq!(label_sets(&[]), vec![Vec::new()]);

@@ -167,6 +167,13 @@ pub enum Doubt {
     /// about an earlier call under the same key, so the operation stays as
     /// it was, and the same key works once the secret key is fixed.
     KeyRefused,
+    /// The provider holds our key's operation with other parameters
+    /// (Stripe's 400 `idempotency_error`). Keys are derived from the
+    /// client's key, so this is the client's key reused with another body
+    /// after we lost our record of its first request: that first operation
+    /// was made (reconciliation finds it as an orphan, and the client's
+    /// retry with its first body adopts it). Answered 422, not stored.
+    KeyReused,
 }
 
 impl Doubt {
@@ -207,6 +214,11 @@ impl Doubt {
                  error on our side, nothing was done by this attempt; the same idempotency key \
                  works once it is fixed, do not retry it with a new key"
             }
+            Self::KeyReused => {
+                "this idempotency key was already used with a different request at the payment \
+                 provider; retry with the original request body, or use a new key for a new \
+                 payment"
+            }
         }
     }
 
@@ -221,6 +233,7 @@ impl Doubt {
             Self::Mismatch => "mismatch",
             Self::ReplayedError => "replayed_error",
             Self::KeyRefused => "key_refused",
+            Self::KeyReused => "key_reused",
         }
     }
 }
@@ -244,6 +257,48 @@ pub enum Lookup {
 pub struct CreatedWindow {
     pub from: i64,
     pub to: i64,
+}
+
+/// Which of our operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OperationKind {
+    Charge,
+    Refund,
+}
+
+impl OperationKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Charge => "charge",
+            Self::Refund => "refund",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "charge" => Some(Self::Charge),
+            "refund" => Some(Self::Refund),
+            _ => None,
+        }
+    }
+}
+
+/// A charge or refund at the provider whose metadata names one of our
+/// operations (`metadata[payments_charge_id]`, `payments_refund_id`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderObject {
+    pub kind: OperationKind,
+    /// The provider's id.
+    pub provider_id: String,
+    /// Ours, from its metadata.
+    pub operation_id: String,
+    pub amount_cents: i64,
+    /// ISO 4217, upper case.
+    pub currency: String,
+    /// The provider's status (`succeeded`, `failed`, `pending`, ...).
+    pub status: String,
+    /// When the provider made it: Unix seconds, its clock.
+    pub created: i64,
 }
 
 /// The payment provider.
@@ -292,4 +347,14 @@ pub trait Gateway: Send + Sync + std::fmt::Debug {
     /// provider does not know the id; found final only if it shows what was
     /// `expected`.
     async fn retrieve_refund(&self, gateway_refund_id: &str, expected: &Expected) -> Lookup;
+
+    /// Every charge (or refund) the provider made within `created`, among
+    /// those whose metadata names one of our operations (Stripe's
+    /// `GET /v1/charges`, `GET /v1/refunds`, every page). `Err` unless the
+    /// whole list was read.
+    async fn list_ours(
+        &self,
+        kind: OperationKind,
+        created: CreatedWindow,
+    ) -> Result<Vec<ProviderObject>, String>;
 }

@@ -33,8 +33,8 @@ use crate::idempotency::{
 use crate::limits::{RATE_LIMITED_TOTAL, RateLimit};
 use crate::list::{self, ChargeQuery, Cursor, List};
 use crate::provider::{
-    CreatedWindow, Doubt, Expected, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome,
-    ProviderRefundRequest,
+    CreatedWindow, Doubt, Expected, Gateway, Lookup, OperationKind, ProviderChargeRequest,
+    ProviderOutcome, ProviderRefundRequest,
 };
 use crate::refund::{Refund, RefundRequest};
 use crate::store::{
@@ -61,6 +61,9 @@ pub const REFUNDS_TOTAL: &str = "payments_refunds_total";
 /// `needs_person`, `lookup_failed` or `pending` (a refund still pending at
 /// the provider).
 pub const RECONCILED_TOTAL: &str = "payments_reconciled_total";
+/// Open orphans by `kind` (a gauge): provider objects naming one of our
+/// operations with no row here ([`ChargeService::find_orphans`]).
+pub const ORPHANS: &str = "payments_orphans";
 /// Replays looked up in memory first, by `result`: `hit` (answered with no
 /// database round trip) or `miss`.
 pub const REPLAY_CACHE_TOTAL: &str = "payments_replay_cache_total";
@@ -90,6 +93,9 @@ pub struct Policy {
     /// (`PROVIDER_KEY_SECRET`, [`crate::derive`]).
     pub derivation: Derivation,
 }
+
+/// The open orphans a search counts at most (the gauge saturates there).
+const MAX_OPEN_ORPHANS: u32 = 10_000;
 
 /// The most generations one (customer, route, key) may take: a key reused
 /// after expiry once a day for years stays far below it.
@@ -192,6 +198,21 @@ pub const PROVIDER_CLOCK_MARGIN: Duration = Duration::from_secs(5 * 60);
 pub struct Reply {
     pub response: StoredResponse,
     pub replayed: bool,
+}
+
+/// What one orphan search found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OrphanReport {
+    /// Provider objects naming one of our operations, in the window.
+    pub seen: u64,
+    /// Orphans recorded by this search (logged `ORPHAN`).
+    pub new: u64,
+    /// Orphans whose operation has its row again.
+    pub settled: u64,
+    /// Orphans not settled, after this search.
+    pub open: u64,
+    /// Lists that could not be read to their end (charges, refunds).
+    pub lookup_failed: u64,
 }
 
 /// Charges, exactly once per (key, route).
@@ -400,6 +421,83 @@ impl ChargeService {
             "idempotency key {:?} has {MAX_GENERATIONS} generations on {}",
             claim.key, claim.route
         )))
+    }
+
+    /// Finds orphans: charges and refunds the provider made within the
+    /// last `window` (up to `lag` ago, by the database's clock) that name
+    /// one of our operations, which has no row here. Money moved with no
+    /// record of it: a database that lost its last writes, and a client
+    /// that never came back with its key. Each is recorded (and logged
+    /// `ORPHAN`) once; it is settled when its operation has a row again
+    /// (its client's retry adopted the provider's object). Operations
+    /// younger than `lag` are left alone: their client may be retrying.
+    /// With `apply` false, nothing is written (a dry run logs what it
+    /// would record).
+    pub async fn find_orphans(
+        &self,
+        window: Duration,
+        lag: Duration,
+        apply: bool,
+    ) -> Result<OrphanReport, StoreError> {
+        let now = self.store.now().await?.timestamp();
+        let seconds = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+        let created = CreatedWindow {
+            from: now.saturating_sub(seconds(window)),
+            to: now.saturating_sub(seconds(lag)),
+        };
+        let mut report = OrphanReport::default();
+        if created.to < created.from {
+            return Ok(report);
+        }
+        for kind in [OperationKind::Charge, OperationKind::Refund] {
+            let objects = match self.gateway.list_ours(kind, created).await {
+                Ok(objects) => objects,
+                Err(reason) => {
+                    tracing::warn!(kind = kind.as_str(), %reason, "orphan search: the provider's list could not be read");
+                    report.lookup_failed += 1;
+                    continue;
+                }
+            };
+            for object in objects {
+                report.seen += 1;
+                let known = match kind {
+                    OperationKind::Charge => {
+                        self.store.charge(&object.operation_id).await?.is_some()
+                    }
+                    OperationKind::Refund => {
+                        self.store.refund(&object.operation_id).await?.is_some()
+                    }
+                };
+                if known || (apply && !self.store.record_orphan(&object).await?) {
+                    continue;
+                }
+                report.new += 1;
+                tracing::error!(
+                    kind = kind.as_str(),
+                    provider_id = %object.provider_id,
+                    operation_id = %object.operation_id,
+                    amount_cents = object.amount_cents,
+                    currency = %object.currency,
+                    status = %object.status,
+                    provider_created = object.created,
+                    dry_run = !apply,
+                    "ORPHAN: the provider made this {} for one of our operations, which has no row \
+                     here; adopt it (its client retries with its key) or refund it \
+                     (docs/operations.md)",
+                    kind.as_str()
+                );
+            }
+        }
+        if apply {
+            report.settled = self.store.settle_orphans().await?;
+        }
+        let open = self.store.open_orphans(MAX_OPEN_ORPHANS).await?;
+        report.open = open.len() as u64;
+        for kind in [OperationKind::Charge, OperationKind::Refund] {
+            let n = open.iter().filter(|o| o.object.kind == kind).count();
+            metrics::gauge!(ORPHANS, "kind" => kind.as_str()).set(n as f64);
+        }
+        Ok(report)
     }
 
     /// The refusal of a request over its customer's rate, counted.
@@ -658,6 +756,24 @@ impl ChargeService {
                 return self
                     .abandon(record_id, lease_token, &operation, &reason)
                     .await;
+            }
+            // The provider holds this key's operation with other
+            // parameters: the client changed its body after we lost our
+            // record of its first request. This request made nothing; its
+            // claim is undone so that the first body's retry derives the
+            // same operation again and adopts what the provider made.
+            Err((Doubt::KeyReused, reason)) => {
+                tracing::warn!(
+                    %record_id,
+                    operation = operation.id(),
+                    %reason,
+                    "the provider holds this key's operation with other parameters; the claim \
+                     is undone and answered 422 (reconcile finds the provider's operation)"
+                );
+                self.store
+                    .forget(record_id, lease_token, &operation)
+                    .await?;
+                return Err(ChargeError::KeyReused);
             }
             Err((doubt, reason)) => {
                 tracing::warn!(%record_id, operation = operation.id(), doubt = doubt.as_str(), %reason, ?on_unknown, "provider outcome unknown");

@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use crate::charge::{Charge, ChargeStatus, CustomerId};
 use crate::derive::Derivation;
@@ -20,6 +21,7 @@ use crate::idempotency::{
     StoredResponse,
 };
 use crate::list::{ChargeQuery, Page};
+use crate::provider::ProviderObject;
 use crate::refund::{Refund, RefundStatus};
 
 /// A backend's error, boxed: the domain knows no database driver.
@@ -139,6 +141,15 @@ pub struct Claim {
     /// twice. Only a shortcut either way: a record that appeared since is
     /// still found by the write, which the unique index arbitrates.
     pub read_first: bool,
+}
+
+/// A provider charge or refund that names one of our operations, with no
+/// row here (`payments-jobs reconcile`, `docs/operations.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Orphan {
+    pub object: ProviderObject,
+    /// When a reconcile pass first found it, by the database's clock.
+    pub found_at: DateTime<Utc>,
 }
 
 /// The result of a claim.
@@ -296,6 +307,34 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         expected_token: &LeaseToken,
         lease: &NewLease,
         age: ClaimAge,
+    ) -> Result<bool, StoreError>;
+
+    /// The database's clock now.
+    async fn now(&self) -> Result<DateTime<Utc>, StoreError>;
+
+    /// Records a provider object with no operation row here as an orphan,
+    /// found now (the database's clock); false if it is recorded already.
+    async fn record_orphan(&self, object: &ProviderObject) -> Result<bool, StoreError>;
+
+    /// Marks settled every open orphan whose operation has its row again
+    /// (its client's retry adopted it); how many.
+    async fn settle_orphans(&self) -> Result<u64, StoreError>;
+
+    /// The orphans not settled, oldest found first (at most `limit`).
+    async fn open_orphans(&self, limit: u32) -> Result<Vec<Orphan>, StoreError>;
+
+    /// Undoes a claim under its lease, as if its request had never come:
+    /// the record and its still `pending` charge or refund are deleted (a
+    /// refund's reservation given back), in one transaction. For a claim
+    /// the provider refused as another operation's key
+    /// ([`crate::provider::Doubt::KeyReused`]): its derived id must be free
+    /// again for the retry with the first body. False when the lease is no
+    /// longer this caller's (nothing is deleted).
+    async fn forget(
+        &self,
+        record_id: RecordId,
+        lease_token: &LeaseToken,
+        operation: &Operation,
     ) -> Result<bool, StoreError>;
 
     /// Ends the lease now (outcome unknown), keeping the record in progress

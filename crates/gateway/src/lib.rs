@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use payments_domain::provider::{
-    CreatedWindow, Doubt, Expected, Gateway, Lookup, ProviderChargeRequest, ProviderOutcome,
-    ProviderRefundRequest,
+    CreatedWindow, Doubt, Expected, Gateway, Lookup, OperationKind, ProviderChargeRequest,
+    ProviderObject, ProviderOutcome, ProviderRefundRequest,
 };
 use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
@@ -82,6 +82,16 @@ mod wire {
         pub currency: Option<String>,
         pub paid: Option<bool>,
         pub captured: Option<bool>,
+        /// Whose it is (`metadata[payments_charge_id]`); null or missing
+        /// reads as null.
+        #[serde(default)]
+        pub metadata: serde_json::Value,
+        /// A charge's refunds and dispute, read when a replayed answer is
+        /// adopted (the replay is the first answer, not the charge now).
+        pub amount_refunded: Option<i64>,
+        pub disputed: Option<bool>,
+        /// Unix seconds, the provider's clock.
+        pub created: Option<i64>,
     }
 
     /// A search result or a list. Its objects are read one by one
@@ -141,6 +151,14 @@ impl Kind {
         match self {
             Self::Charge => "charge",
             Self::Refund => "refund",
+        }
+    }
+
+    /// The POST's path below `/v1/`, and its `call` label.
+    fn call(self) -> &'static str {
+        match self {
+            Self::Charge => "charges",
+            Self::Refund => "refunds",
         }
     }
 
@@ -293,7 +311,8 @@ impl Gateway for HttpGateway {
             amount_cents: request.amount_cents,
             currency: request.currency.clone(),
         };
-        self.post("charges", &request.idempotency_key, &form, &expected)
+        let ours = (Kind::Charge, request.charge_id.as_str());
+        self.post(ours, &request.idempotency_key, &form, &expected)
             .await
     }
 
@@ -303,7 +322,8 @@ impl Gateway for HttpGateway {
             amount_cents: request.amount_cents,
             currency: request.currency.clone(),
         };
-        self.post("refunds", &request.idempotency_key, &form, &expected)
+        let ours = (Kind::Refund, request.refund_id.as_str());
+        self.post(ours, &request.idempotency_key, &form, &expected)
             .await
     }
 
@@ -360,14 +380,110 @@ impl Gateway for HttpGateway {
     }
 
     async fn retrieve_refund(&self, gateway_refund_id: &str, expected: &Expected) -> Lookup {
+        self.retrieve(Kind::Refund, gateway_refund_id, expected, None)
+            .await
+    }
+
+    /// Every page of the charges (or refunds) created within `created`,
+    /// newest first; those whose metadata names one of our operations.
+    /// `Err` unless the whole list was read: an object whose metadata
+    /// cannot be read could be ours.
+    async fn list_ours(
+        &self,
+        kind: OperationKind,
+        created: CreatedWindow,
+    ) -> Result<Vec<ProviderObject>, String> {
+        let kind = match kind {
+            OperationKind::Charge => Kind::Charge,
+            OperationKind::Refund => Kind::Refund,
+        };
+        let url = format!("{}/v1/{}", self.base_url, kind.call());
+        let (from, to) = (created.from.to_string(), created.to.to_string());
+        let limit = REFUND_PAGE_SIZE.to_string();
+        let key = format!("payments_{}_id", kind.name());
+        let mut ours = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_LIST_PAGES {
+            let mut query = vec![
+                ("created[gte]", from.as_str()),
+                ("created[lte]", to.as_str()),
+                ("limit", limit.as_str()),
+            ];
+            if let Some(after) = &cursor {
+                query.push(("starting_after", after.as_str()));
+            }
+            let page = self.fetch_page(&url, &query).await?;
+            let last = page
+                .data
+                .last()
+                .and_then(|o| o.get("id"))
+                .and_then(|id| id.as_str());
+            let last = last.map(str::to_owned);
+            for (i, object) in page.data.into_iter().enumerate() {
+                let unreadable =
+                    |e: String| format!("unreadable provider {} data[{i}]{e}", kind.name());
+                let Some(operation_id) =
+                    names(&object, &key).map_err(unreadable)?.map(str::to_owned)
+                else {
+                    continue;
+                };
+                let object = decode_value::<wire::Object>(object)
+                    .map_err(|e| unreadable(format!(": {e}")))?;
+                ours.push(ProviderObject {
+                    kind: match kind {
+                        Kind::Charge => OperationKind::Charge,
+                        Kind::Refund => OperationKind::Refund,
+                    },
+                    provider_id: object.id,
+                    operation_id,
+                    amount_cents: object.amount.unwrap_or_default(),
+                    currency: object.currency.unwrap_or_default().to_ascii_uppercase(),
+                    status: object.status,
+                    created: object.created.unwrap_or_default(),
+                });
+            }
+            if !page.has_more {
+                return Ok(ours);
+            }
+            match last {
+                Some(last) if cursor.as_deref() != Some(last.as_str()) => cursor = Some(last),
+                _ => {
+                    return Err(format!(
+                        "the provider's {} list says it has more but gives no new page",
+                        kind.name()
+                    ));
+                }
+            }
+        }
+        Err(format!(
+            "more than {} {}s created from {from} to {to}: the list was not read to its end",
+            u64::from(REFUND_PAGE_SIZE) * u64::from(MAX_LIST_PAGES),
+            kind.name()
+        ))
+    }
+}
+
+impl HttpGateway {
+    /// The provider's charge or refund `id` as it is now (Stripe's
+    /// `GET /v1/charges/{id}`, `GET /v1/refunds/{id}`), judged and checked
+    /// as the answer to its creation is (and, given `ours`, that its
+    /// metadata names our operation). `NotFound` when the provider does not
+    /// know the id.
+    async fn retrieve(
+        &self,
+        kind: Kind,
+        id: &str,
+        expected: &Expected,
+        ours: Option<&str>,
+    ) -> Lookup {
         // The provider's id goes into the path: only a plain one.
         let plain = |c: char| c.is_ascii_alphanumeric() || c == '_';
-        if gateway_refund_id.is_empty() || !gateway_refund_id.chars().all(plain) {
+        if id.is_empty() || !id.chars().all(plain) {
             return Lookup::Unknown {
-                reason: format!("not a provider refund id: {gateway_refund_id:?}"),
+                reason: format!("not a provider {} id: {id:?}", kind.name()),
             };
         }
-        let url = format!("{}/v1/refunds/{gateway_refund_id}", self.base_url);
+        let url = format!("{}/v1/{}s/{id}", self.base_url, kind.name());
         let sent = self
             .client
             .get(url)
@@ -394,20 +510,31 @@ impl Gateway for HttpGateway {
             Ok(body) => body,
             Err(e) => {
                 return Lookup::Unknown {
-                    reason: format!("reading the provider's refund failed: {e}"),
+                    reason: format!("reading the provider's {} failed: {e}", kind.name()),
                 };
             }
         };
-        // The object is judged, and checked, as the answer to the refund's
-        // creation is.
-        match checked(200, &body, "find_refund", expected) {
+        match checked(200, &body, (kind, kind.lookup()), expected, ours) {
             ProviderOutcome::Unknown { reason, .. } => Lookup::Unknown { reason },
-            found => Lookup::Found(found),
+            found => {
+                if let Ok(object) = decode::<wire::Object>(&body) {
+                    let refunded = object.amount_refunded.unwrap_or(0);
+                    if refunded > 0 || object.disputed == Some(true) {
+                        tracing::warn!(
+                            provider_id = %object.id,
+                            amount_refunded = refunded,
+                            disputed = object.disputed.unwrap_or(false),
+                            "the provider's {} was refunded or disputed since it was made; \
+                             reconcile its refunds and disputes",
+                            kind.name()
+                        );
+                    }
+                }
+                Lookup::Found(found)
+            }
         }
     }
-}
 
-impl HttpGateway {
     /// Every page of a list (`query` plus `limit` and `starting_after`),
     /// newest first, until ours or the last page, at most `max_pages` of
     /// `page_size`. `NotFound` only from a complete, readable read of the
@@ -503,24 +630,7 @@ impl HttpGateway {
         query: &[(&str, &str)],
         (kind, id): (Kind, &str),
     ) -> Result<Found, String> {
-        let mut url = reqwest::Url::parse(url).map_err(|e| format!("bad provider URL: {e}"))?;
-        url.query_pairs_mut().extend_pairs(query);
-        let response = self
-            .client
-            .get(url)
-            .bearer_auth(self.secret_key.expose_secret())
-            .send()
-            .await
-            .map_err(|e| format!("provider lookup failed: {e}"))?;
-        if !response.status().is_success() {
-            return Err(format!("provider lookup answered {}", response.status()));
-        }
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| format!("reading the provider's page failed: {e}"))?;
-        let page: wire::Page =
-            decode(&body).map_err(|e| format!("unreadable provider page: {e}"))?;
+        let page = self.fetch_page(url, query).await?;
         let key = format!("payments_{}_id", kind.name());
         let mut found = Found {
             ours: None,
@@ -555,14 +665,85 @@ impl HttpGateway {
         Ok(found)
     }
 
+    /// One page of a search or a list, read.
+    async fn fetch_page(&self, url: &str, query: &[(&str, &str)]) -> Result<wire::Page, String> {
+        let mut url = reqwest::Url::parse(url).map_err(|e| format!("bad provider URL: {e}"))?;
+        url.query_pairs_mut().extend_pairs(query);
+        let response = self
+            .client
+            .get(url)
+            .bearer_auth(self.secret_key.expose_secret())
+            .send()
+            .await
+            .map_err(|e| format!("provider lookup failed: {e}"))?;
+        if !response.status().is_success() {
+            return Err(format!("provider lookup answered {}", response.status()));
+        }
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| format!("reading the provider's page failed: {e}"))?;
+        decode(&body).map_err(|e| format!("unreadable provider page: {e}"))
+    }
+
+    /// A final answer the provider replayed from its idempotency record
+    /// (`Idempotent-Replayed: true`): the first answer, as it was then. It
+    /// is the same operation (the first check read our id in its metadata,
+    /// and its amount and currency), made by an earlier call under our
+    /// key, typically before the database lost our rows of it; it is
+    /// adopted only as the provider's object reads now, re-read by its id.
+    async fn adopt(
+        &self,
+        kind: Kind,
+        replayed: ProviderOutcome,
+        expected: &Expected,
+        ours: &str,
+    ) -> ProviderOutcome {
+        let provider_id = match &replayed {
+            ProviderOutcome::Succeeded { provider_id }
+            | ProviderOutcome::Pending { provider_id } => provider_id.clone(),
+            ProviderOutcome::Declined {
+                provider_id: Some(provider_id),
+                ..
+            } => provider_id.clone(),
+            _ => return replayed,
+        };
+        match self
+            .retrieve(kind, &provider_id, expected, Some(ours))
+            .await
+        {
+            Lookup::Found(now) => {
+                tracing::info!(
+                    operation = ours,
+                    %provider_id,
+                    "adopting the provider's {} made under our key by an earlier call",
+                    kind.name()
+                );
+                now
+            }
+            Lookup::NotFound => ProviderOutcome::Unknown {
+                doubt: Doubt::ProviderError,
+                reason: format!(
+                    "the provider replayed its {} {provider_id} but does not know it when re-read",
+                    kind.name()
+                ),
+            },
+            Lookup::Unknown { reason } => ProviderOutcome::Unknown {
+                doubt: Doubt::ProviderError,
+                reason: format!("re-reading the replayed {provider_id}: {reason}"),
+            },
+        }
+    }
+
     /// `POST /v1/{what}` under the provider key, classified, timed and logged.
     async fn post(
         &self,
-        what: &'static str,
+        (kind, ours): (Kind, &str),
         key: &str,
         form: &[(String, String)],
         expected: &Expected,
     ) -> ProviderOutcome {
+        let what = kind.call();
         let started = std::time::Instant::now();
         let sent = self
             .client
@@ -581,7 +762,13 @@ impl HttpGateway {
                     .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
                 match response.bytes().await {
                     Ok(body) => {
-                        replayed_error(checked(status, &body, what, expected), status, replayed)
+                        let outcome = checked(status, &body, (kind, what), expected, Some(ours));
+                        match replayed_error(outcome, status, replayed) {
+                            outcome if replayed && status == 200 => {
+                                self.adopt(kind, outcome, expected, ours).await
+                            }
+                            outcome => outcome,
+                        }
                     }
                     Err(e) => ProviderOutcome::Unknown {
                         doubt: doubt_of(&e),
@@ -609,6 +796,10 @@ impl HttpGateway {
                 doubt: Doubt::ReplayedError,
                 ..
             } => "replayed_error",
+            ProviderOutcome::Unknown {
+                doubt: Doubt::KeyReused,
+                ..
+            } => "key_reused",
             ProviderOutcome::Unknown { .. } => "unknown",
         };
         if let ProviderOutcome::Unknown {
@@ -647,14 +838,20 @@ fn names<'a>(object: &'a serde_json::Value, key: &str) -> Result<Option<&'a str>
     let Value::Object(fields) = object else {
         return Err(": not an object".to_owned());
     };
-    match fields.get("metadata") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(metadata)) => match metadata.get(key) {
+    named_in(fields.get("metadata").unwrap_or(&Value::Null), key)
+}
+
+/// The value of `key` in a metadata object (null names nothing).
+fn named_in<'a>(metadata: &'a serde_json::Value, key: &str) -> Result<Option<&'a str>, String> {
+    use serde_json::Value;
+    match metadata {
+        Value::Null => Ok(None),
+        Value::Object(metadata) => match metadata.get(key) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::String(named)) => Ok(Some(named)),
             Some(_) => Err(format!(".metadata.{key}: not a string")),
         },
-        Some(_) => Err(".metadata: neither an object nor null".to_owned()),
+        _ => Err(".metadata: neither an object nor null".to_owned()),
     }
 }
 
@@ -679,8 +876,23 @@ fn path_error(e: serde_path_to_error::Error<serde_json::Error>) -> String {
 /// Why `object` is not the one our operation asked for, if it is not: its
 /// amount or currency differ, or (a charge that succeeded) it is not paid
 /// or not captured. A field the provider left out matches nothing.
-fn mismatch(kind: Kind, object: &wire::Object, expected: &Expected) -> Option<String> {
+fn mismatch(
+    kind: Kind,
+    object: &wire::Object,
+    expected: &Expected,
+    ours: Option<&str>,
+) -> Option<String> {
     let mut wrong = Vec::new();
+    if let Some(ours) = ours {
+        let key = format!("payments_{}_id", kind.name());
+        let named = named_in(&object.metadata, &key);
+        if named.as_ref().ok().copied().flatten() != Some(ours) {
+            wrong.push(format!(
+                "metadata[{key}] {} (ours {ours})",
+                named.map_or_else(|e| e, |n| n.unwrap_or("none").to_owned())
+            ));
+        }
+    }
     if object.amount != Some(expected.amount_cents) {
         wrong.push(format!(
             "amount {} (asked {})",
@@ -742,7 +954,13 @@ fn mismatched(call: &'static str, reason: String) -> String {
 /// asked; one that does not is unknown (`Doubt::Mismatch`), counted and
 /// logged. Answers without an object (402, 400, 5xx) and unknown outcomes
 /// pass as classified.
-fn checked(status: u16, body: &[u8], call: &'static str, expected: &Expected) -> ProviderOutcome {
+fn checked(
+    status: u16,
+    body: &[u8],
+    (kind, call): (Kind, &'static str),
+    expected: &Expected,
+    ours: Option<&str>,
+) -> ProviderOutcome {
     if status != 200 {
         return classify(status, body);
     }
@@ -750,12 +968,7 @@ fn checked(status: u16, body: &[u8], call: &'static str, expected: &Expected) ->
         Ok(object) => object,
         Err(e) => return unparseable(&e),
     };
-    let kind = if call == "charges" {
-        Kind::Charge
-    } else {
-        Kind::Refund
-    };
-    let wrong = mismatch(kind, &object, expected);
+    let wrong = mismatch(kind, &object, expected, ours);
     match (of_object(object), wrong) {
         (outcome @ ProviderOutcome::Unknown { .. }, _) | (outcome, None) => outcome,
         (_, Some(reason)) => ProviderOutcome::Unknown {
@@ -768,7 +981,7 @@ fn checked(status: u16, body: &[u8], call: &'static str, expected: &Expected) ->
 /// A found object as a lookup's answer: unknown (loudly) unless it shows
 /// what was asked; then final if its status is.
 fn judge(kind: Kind, object: wire::Object, expected: &Expected) -> Lookup {
-    if let Some(reason) = mismatch(kind, &object, expected) {
+    if let Some(reason) = mismatch(kind, &object, expected, None) {
         return Lookup::Unknown {
             reason: mismatched(kind.lookup(), reason),
         };
@@ -869,6 +1082,19 @@ pub fn classify(status: u16, body: &[u8]) -> ProviderOutcome {
                         .error
                         .message
                         .unwrap_or_else(|| "the request was invalid".to_owned()),
+                }
+            }
+            // The key is the provider's record of another operation: the
+            // same derived key with other parameters, which only a client
+            // that changed its body after we lost our record of its first
+            // request can cause.
+            Ok(e) if e.error.kind.as_deref() == Some("idempotency_error") => {
+                ProviderOutcome::Unknown {
+                    doubt: Doubt::KeyReused,
+                    reason: format!(
+                        "the provider holds this key's operation with other parameters: {}",
+                        String::from_utf8_lossy(body)
+                    ),
                 }
             }
             _ => ProviderOutcome::Unknown {
@@ -1122,6 +1348,61 @@ mod tests {
         assert!(has("metadata[payments_refund_id]", "re_ours"));
     }
 
+    const CHARGES: (Kind, &str) = (Kind::Charge, "charges");
+    const REFUNDS: (Kind, &str) = (Kind::Refund, "refunds");
+
+    /// Issue 24: our POST's answer must name our operation in its metadata
+    /// (a replay of another operation's key is never taken for ours), and
+    /// a 400 `idempotency_error` (the key's operation has other
+    /// parameters) is its own doubt, answered 422.
+    #[test]
+    fn an_answer_for_another_operation_is_a_mismatch_and_a_reused_key_is_named() {
+        let body = |metadata: &str| {
+            format!(
+                r#"{{"id":"ch_1","object":"charge","status":"succeeded","amount":4900,
+                "currency":"gbp","paid":true,"captured":true,"metadata":{metadata}}}"#
+            )
+        };
+        let ours = |metadata: &str| {
+            checked(
+                200,
+                body(metadata).as_bytes(),
+                CHARGES,
+                &gbp(4900),
+                Some("ch_ours"),
+            )
+        };
+        assert!(matches!(
+            ours(r#"{"payments_charge_id":"ch_ours"}"#),
+            ProviderOutcome::Succeeded { .. }
+        ));
+        for other in [
+            r#"{"payments_charge_id":"ch_other"}"#,
+            "{}",
+            "null",
+            r#"{"payments_charge_id":7}"#,
+        ] {
+            assert!(
+                matches!(
+                    ours(other),
+                    ProviderOutcome::Unknown {
+                        doubt: Doubt::Mismatch,
+                        ..
+                    }
+                ),
+                "{other}"
+            );
+        }
+        let reused = br#"{"error":{"type":"idempotency_error","message":"Keys for idempotent requests can only be used with the same parameters they were first used with."}}"#;
+        assert!(matches!(
+            classify(400, reused),
+            ProviderOutcome::Unknown {
+                doubt: Doubt::KeyReused,
+                ..
+            }
+        ));
+    }
+
     fn gbp(amount_cents: i64) -> Expected {
         Expected {
             amount_cents,
@@ -1136,7 +1417,7 @@ mod tests {
         let charge = |fields: &str| {
             let body =
                 format!(r#"{{"id":"ch_1","object":"charge","status":"succeeded",{fields}}}"#);
-            checked(200, body.as_bytes(), "charges", &gbp(4900))
+            checked(200, body.as_bytes(), CHARGES, &gbp(4900), None)
         };
         let ok = r#""amount":4900,"currency":"gbp","paid":true,"captured":true"#;
         assert_eq!(
@@ -1176,7 +1457,7 @@ mod tests {
             }
         }
         // A refund: amount and currency (the charge's).
-        let refund = |body: &str| checked(200, body.as_bytes(), "refunds", &gbp(400));
+        let refund = |body: &str| checked(200, body.as_bytes(), REFUNDS, &gbp(400), None);
         assert!(matches!(
             refund(r#"{"id":"re_1","status":"succeeded","amount":400,"currency":"gbp"}"#),
             ProviderOutcome::Succeeded { .. }
@@ -1199,7 +1480,7 @@ mod tests {
         // Answers without an object pass as classified.
         let declined = br#"{"error":{"type":"card_error","code":"card_declined"}}"#;
         assert!(matches!(
-            checked(402, declined, "charges", &gbp(4900)),
+            checked(402, declined, CHARGES, &gbp(4900), None),
             ProviderOutcome::Declined { .. }
         ));
     }
@@ -1280,18 +1561,14 @@ mod tests {
             ),
             "{in_flight:?}"
         );
-        // Another 409, or an idempotency error that is not a 409 (a
-        // parameter mismatch), is not an in-flight answer.
+        // Another 409 is not an in-flight answer (nor is a 400
+        // idempotency error, a parameter mismatch: `Doubt::KeyReused`).
         for (status, body) in [
             (
                 409,
                 &br#"{"error":{"type":"api_error","message":"conflict"}}"#[..],
             ),
             (409, b"not json"),
-            (
-                400,
-                br#"{"error":{"type":"idempotency_error","message":"mismatch"}}"#,
-            ),
         ] {
             let other = classify(status, body);
             assert!(

@@ -292,6 +292,12 @@ impl Reaper {
                 let reason = format!("provider unreachable past --abandon-after: {reason}");
                 self.give_up(record, lease, &operation, &reason).await
             }
+            // The provider holds the key's operation with other
+            // parameters: the claim was undone (`ChargeService::drive`).
+            Err(ChargeError::KeyReused) => {
+                tracing::warn!(record_id = %record.id, operation = %id, "the provider holds this key's operation with other parameters: the claim was undone; reconcile finds the provider's operation");
+                Handled::Abandoned
+            }
             // Another driver took the record over, or it moved on.
             Err(ChargeError::InProgress) => {
                 tracing::info!(record_id = %record.id, operation = %id, "another driver holds the record now; left to it");

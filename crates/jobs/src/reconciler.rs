@@ -20,13 +20,20 @@
 //! a person never hide the ones behind them, and every unsettled operation
 //! is looked at within a bounded number of passes.
 //!
+//! Each pass then looks for orphans: the provider's charges and refunds of
+//! the last `RECONCILE_ORPHAN_WINDOW` (past the same lag) that name one of
+//! our operations with no row here, money moved with no record (a
+//! database that lost its last writes, a client that never retried). Each
+//! is recorded and logged `ORPHAN` once, counted in `payments_orphans`, and
+//! settled when its operation has a row again.
+//!
 //! Two reconcilers at once settle each operation once: the settlement is
 //! guarded by the operation still being `unknown` (or pending).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use payments_domain::service::{ChargeService, Decision};
+use payments_domain::service::{ChargeService, Decision, OrphanReport};
 use payments_domain::store::StoreError;
 
 use crate::progress::{Progress, ProgressSettings};
@@ -40,6 +47,9 @@ pub struct ReconcilerSettings {
     pub search_lag: Duration,
     /// Charges, and refunds, one pass looks at most.
     pub batch: u32,
+    /// How far back a pass reads the provider's charges and refunds for
+    /// orphans ([`ChargeService::find_orphans`]); zero: no search.
+    pub orphan_window: Duration,
     /// How a long pass reports its progress (operations looked up).
     pub progress: ProgressSettings,
 }
@@ -57,6 +67,8 @@ pub struct ReconcileReport {
     pub lookup_failed: u64,
     /// Refunds still pending at the provider, left for the next pass.
     pub pending: u64,
+    /// The orphan search's findings.
+    pub orphans: OrphanReport,
 }
 
 impl ReconcileReport {
@@ -137,6 +149,12 @@ impl Reconciler {
             progress.update(done);
         }
         progress.finish();
+        // Orphans are looked for past the same lag: a provider object
+        // younger than it may belong to a claim whose client is retrying.
+        if !self.settings.orphan_window.is_zero() {
+            let window = self.settings.orphan_window;
+            report.orphans = self.service.find_orphans(window, lag, apply).await?;
+        }
         tracing::info!(?report, dry_run = !apply, "reconcile pass");
         Ok(report)
     }

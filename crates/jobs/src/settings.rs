@@ -58,6 +58,13 @@ pub struct JobArgs {
     /// Unknown charges, and refunds, one reconcile pass looks up at most.
     #[arg(long, env = "RECONCILE_BATCH", default_value_t = 100)]
     pub reconcile_batch: u32,
+    /// How far back each reconcile pass reads the provider's charges and
+    /// refunds for orphans (ours at the provider, with no row here). It
+    /// reads every charge and refund of the window, each checked by one
+    /// primary-key read: size it to the volume, and widen it once after the
+    /// jobs were stopped for longer. `0s`: no orphan search.
+    #[arg(long, env = "RECONCILE_ORPHAN_WINDOW", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub reconcile_orphan_window: Duration,
     /// How often a long prune or reconcile logs its progress (rows done,
     /// rate, time left); the first line this long after the pass starts.
     /// `0s`: after every batch.
@@ -98,6 +105,7 @@ impl JobArgs {
         let settings = ReconcilerSettings {
             search_lag: self.reconcile_search_lag,
             batch: self.reconcile_batch,
+            orphan_window: self.reconcile_orphan_window,
             progress: self.progress(),
         };
         Reconciler::new(service, settings)

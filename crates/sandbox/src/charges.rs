@@ -5,7 +5,7 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{RawQuery, State};
+use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::{Extension, Json};
@@ -62,6 +62,21 @@ pub(crate) async fn list_charges(
         "has_more": page.has_more,
         "url": "/v1/charges",
     })))
+}
+
+/// `GET /v1/charges/{id}`: the charge as it is now (refunds included), as
+/// Stripe's retrieve answers it. No faults.
+pub(crate) async fn retrieve_charge(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Charge>, ApiError> {
+    processing::api_key(&headers)?;
+    state.ledger.charge_by_id(&id).map(Json).ok_or_else(|| {
+        ApiError::not_found(format!("No such charge: '{id}'"))
+            .with_code("resource_missing")
+            .with_param("id")
+    })
 }
 
 /// Validates, asks the network and records the charge (with the config's

@@ -392,6 +392,15 @@ impl Ledger {
     }
 
     /// The refund `id`, as it stands now.
+    pub(crate) fn charge_by_id(&self, id: &str) -> Option<Charge> {
+        self.lock()
+            .charges
+            .iter()
+            .map(|entry| &entry.charge)
+            .find(|charge| charge.id == id)
+            .cloned()
+    }
+
     pub(crate) fn refund_by_id(&self, id: &str) -> Option<Refund> {
         self.lock()
             .refunds
@@ -445,6 +454,7 @@ impl Ledger {
     pub(crate) fn refund_page(
         &self,
         charge: Option<&str>,
+        created: CreatedRange,
         limit: usize,
         starting_after: Option<&str>,
     ) -> Result<Page<Refund>, ListRefusal> {
@@ -463,6 +473,7 @@ impl Ledger {
         {
             return Err(ListRefusal::NoSuchRefund);
         }
+        let matches = matches.filter(|refund| created.contains(refund.created));
         Ok(Page::of(matches.cloned(), limit))
     }
 
@@ -738,7 +749,9 @@ mod tests {
             Some(RefundRefusal::NoSuchCharge)
         );
         assert_eq!(
-            ledger.refund_page(Some("ch_nope"), 10, None).err(),
+            ledger
+                .refund_page(Some("ch_nope"), CreatedRange::default(), 10, None)
+                .err(),
             Some(ListRefusal::NoSuchCharge)
         );
         assert_eq!(ledger.stats().refunds, 0);

@@ -71,6 +71,8 @@ pub(crate) const REFUND_REASONS: [&str; 3] = ["duplicate", "fraudulent", "reques
 pub(crate) struct RefundListRequest {
     /// Only this charge's refunds; `None` for every refund.
     pub(crate) charge: Option<String>,
+    /// Only refunds created within these bounds.
+    pub(crate) created: CreatedRange,
     pub(crate) limit: usize,
     /// Stripe's cursor: the page starts after this refund (the last one of
     /// the previous page), in the list's newest-first order.
@@ -235,9 +237,10 @@ impl FormParams {
 
     /// The query of `GET /v1/refunds`.
     pub(crate) fn refund_list_request(&self) -> Result<RefundListRequest, ApiError> {
-        let known = self.sort(&["charge", "limit", "starting_after"], false)?;
+        let known = self.sort(&[&LIST_PARAMS[..], &["charge"]].concat(), false)?;
         Ok(RefundListRequest {
             charge: known.non_empty("charge").map(str::to_owned),
+            created: created_range(&known)?,
             limit: parse_limit(known.non_empty("limit"))?,
             starting_after: known.non_empty("starting_after").map(str::to_owned),
         })
@@ -245,38 +248,9 @@ impl FormParams {
 
     /// The query of `GET /v1/charges`.
     pub(crate) fn charge_list_request(&self) -> Result<ChargeListRequest, ApiError> {
-        let known = self.sort(
-            &[
-                "created",
-                "created[gt]",
-                "created[gte]",
-                "created[lt]",
-                "created[lte]",
-                "limit",
-                "starting_after",
-            ],
-            false,
-        )?;
-        let bound = |name: &'static str| -> Result<Option<i64>, ApiError> {
-            known
-                .non_empty(name)
-                .map(|raw| {
-                    raw.parse::<i64>().map_err(|_| {
-                        ApiError::invalid_request(format!("Invalid integer: {raw}"))
-                            .with_code("parameter_invalid_integer")
-                            .with_param(name)
-                    })
-                })
-                .transpose()
-        };
-        let exact = bound("created")?;
+        let known = self.sort(&LIST_PARAMS, false)?;
         Ok(ChargeListRequest {
-            created: CreatedRange {
-                gt: bound("created[gt]")?,
-                gte: bound("created[gte]")?.or(exact),
-                lt: bound("created[lt]")?,
-                lte: bound("created[lte]")?.or(exact),
-            },
+            created: created_range(&known)?,
             limit: parse_limit(known.non_empty("limit"))?,
             starting_after: known.non_empty("starting_after").map(str::to_owned),
         })
@@ -427,6 +401,40 @@ fn parse_limit(raw: Option<&str>) -> Result<usize, ApiError> {
                 "limit must be between 1 and {MAX_LIMIT}, got {limit}"
             ))
         })
+}
+
+/// What Stripe's lists take: `created` bounds, a page size and a cursor.
+const LIST_PARAMS: [&str; 7] = [
+    "created",
+    "created[gt]",
+    "created[gte]",
+    "created[lt]",
+    "created[lte]",
+    "limit",
+    "starting_after",
+];
+
+/// A list's `created` bounds (Unix seconds); `created=N` is both ends.
+fn created_range(known: &Known<'_>) -> Result<CreatedRange, ApiError> {
+    let bound = |name: &'static str| -> Result<Option<i64>, ApiError> {
+        known
+            .non_empty(name)
+            .map(|raw| {
+                raw.parse::<i64>().map_err(|_| {
+                    ApiError::invalid_request(format!("Invalid integer: {raw}"))
+                        .with_code("parameter_invalid_integer")
+                        .with_param(name)
+                })
+            })
+            .transpose()
+    };
+    let exact = bound("created")?;
+    Ok(CreatedRange {
+        gt: bound("created[gt]")?,
+        gte: bound("created[gte]")?.or(exact),
+        lt: bound("created[lt]")?,
+        lte: bound("created[lte]")?.or(exact),
+    })
 }
 
 #[cfg(test)]

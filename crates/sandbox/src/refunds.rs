@@ -122,6 +122,7 @@ pub(crate) async fn list_refunds(
         .ledger
         .refund_page(
             request.charge.as_deref(),
+            request.created,
             request.limit,
             request.starting_after.as_deref(),
         )

@@ -22,6 +22,7 @@ pub(crate) fn router(state: AppState) -> Router {
             post(charges::create_charge).get(charges::list_charges),
         )
         .route("/v1/charges/search", get(search::search_charges))
+        .route("/v1/charges/{id}", get(charges::retrieve_charge))
         .route(
             "/v1/refunds",
             post(refunds::create_refund).get(refunds::list_refunds),

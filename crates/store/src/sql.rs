@@ -16,10 +16,11 @@ use payments_domain::idempotency::{
     IdempotencyKey, IdempotencyRecord, LeaseToken, RecordId, RecordState, StoredResponse,
 };
 use payments_domain::list::{ChargeQuery, Cursor, Page};
+use payments_domain::provider::{OperationKind, ProviderObject};
 use payments_domain::refund::Refund;
 use payments_domain::store::{
     ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Operation,
-    Outcome, Store, StoreError, Unsettled,
+    Orphan, Outcome, Store, StoreError, Unsettled,
 };
 use sqlx::migrate::Migrate;
 use sqlx::query::Query;
@@ -163,6 +164,12 @@ pub(crate) struct Statements {
     list_charges: [String; 3],
     list_refunds: [String; 3],
     applied_migrations: String,
+    now: String,
+    insert_orphan: String,
+    settle_orphans: String,
+    open_orphans: String,
+    forget_record: String,
+    forget_operation: [String; 2],
     insert_setting: String,
     setting: String,
     claim_or_read: Option<String>,
@@ -354,6 +361,32 @@ impl Statements {
             // fresh key inserts the record and its pending charge (the
             // charge takes the record's `created_at`). No row: the key
             // exists but this statement's snapshot cannot see it.
+            now: r("SELECT {now}"),
+            insert_orphan: r(
+                "INSERT INTO orphans (provider_id, kind, operation_id, amount_cents, \
+                currency, status, provider_created, found_at) \
+                VALUES ($1, $2, $3, $4, $5, $6, $7, {now})",
+            ),
+            // An orphan is settled once its operation has a row again.
+            settle_orphans: r(
+                "UPDATE orphans SET settled_at = {now} WHERE settled_at IS NULL \
+                AND ((kind = 'charge' AND EXISTS (SELECT 1 FROM charges c \
+                      WHERE c.id = orphans.operation_id)) \
+                  OR (kind = 'refund' AND EXISTS (SELECT 1 FROM refunds r \
+                      WHERE r.id = orphans.operation_id)))",
+            ),
+            open_orphans: r(
+                "SELECT provider_id, kind, operation_id, amount_cents, currency, \
+                status, provider_created, found_at FROM orphans WHERE settled_at IS NULL \
+                ORDER BY found_at, provider_id LIMIT $1",
+            ),
+            forget_record: r("DELETE FROM idempotent_requests \
+                WHERE id = $1 AND state = 'in_progress' AND lease_token = $2"),
+            forget_operation: ["charges", "refunds"].map(|table| {
+                r(&format!(
+                    "DELETE FROM {table} WHERE id = $1 AND status = 'pending'"
+                ))
+            }),
             insert_setting: r("INSERT INTO settings (name, value) VALUES ($1, $2)"),
             setting: r("SELECT value FROM settings WHERE name = $1"),
             claim_or_read: D::ONE_STATEMENT.then(|| {
@@ -1079,6 +1112,89 @@ sql_impl! {#[async_trait] Store for {
         })
         .await
         .map(|n| n == 1)
+    }
+
+    async fn now(&self) -> Result<DateTime<Utc>, StoreError> {
+        run(|| async {
+            let row = Self::q(&self.sql.now).fetch_one(&self.pool).await?;
+            decode(row.try_get::<D::Ts, _>(0)?)
+        })
+        .await
+    }
+
+    async fn record_orphan(&self, o: &ProviderObject) -> Result<bool, StoreError> {
+        run(|| async {
+            let q = Self::q(&self.sql.insert_orphan)
+                .bind(o.provider_id.as_str())
+                .bind(o.kind.as_str())
+                .bind(o.operation_id.as_str())
+                .bind(o.amount_cents)
+                .bind(o.currency.as_str())
+                .bind(o.status.as_str())
+                .bind(o.created);
+            match q.execute(&self.writer).await {
+                Ok(_) => Ok(true),
+                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(false),
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await
+    }
+
+    async fn settle_orphans(&self) -> Result<u64, StoreError> {
+        run(|| self.write(Self::q(&self.sql.settle_orphans))).await
+    }
+
+    async fn open_orphans(&self, limit: u32) -> Result<Vec<Orphan>, StoreError> {
+        run(|| async {
+            let rows = Self::q(&self.sql.open_orphans).bind(i64::from(limit)).fetch_all(&self.pool).await?;
+            rows.iter()
+                .map(|row| {
+                    let kind: String = row.try_get(1)?;
+                    let kind = OperationKind::parse(&kind)
+                        .ok_or_else(|| Error::Invariant(format!("unknown orphan kind {kind:?}")))?;
+                    Ok(Orphan {
+                        object: ProviderObject {
+                            kind,
+                            provider_id: row.try_get(0)?,
+                            operation_id: row.try_get(2)?,
+                            amount_cents: row.try_get(3)?,
+                            currency: row.try_get(4)?,
+                            status: row.try_get(5)?,
+                            created: row.try_get(6)?,
+                        },
+                        found_at: decode(row.try_get::<D::Ts, _>(7)?)?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn forget(
+        &self,
+        record_id: RecordId,
+        token: &LeaseToken,
+        operation: &Operation,
+    ) -> Result<bool, StoreError> {
+        let is_refund = usize::from(matches!(operation, Operation::Refund(_)));
+        run(|| async {
+            let mut tx = self.begin_write().await?;
+            let record = Self::q(&self.sql.forget_record).bind(record_id.0).bind(token.as_str());
+            if D::rows_affected(&record.execute(&mut *tx).await?) == 0 {
+                tx.rollback().await?;
+                return Ok(false);
+            }
+            let row = Self::q(&self.sql.forget_operation[is_refund]).bind(operation.id());
+            let deleted = D::rows_affected(&row.execute(&mut *tx).await?);
+            if let (Operation::Refund(refund), 1) = (operation, deleted) {
+                let q = Self::q(&self.sql.unreserve).bind(refund.amount_cents).bind(refund.charge_id.as_str());
+                q.execute(&mut *tx).await?;
+            }
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
     }
 
     async fn release(&self, record_id: RecordId, token: &LeaseToken) -> Result<bool, StoreError> {
