@@ -36,9 +36,14 @@ pub struct Acknowledged {
     pub body: String,
     /// The charge id of its 201.
     pub charge: String,
+    /// The provider's charge id of its 201 (`gateway_charge_id`).
+    pub gateway: String,
     /// Which replica it was first sent to.
     first: usize,
 }
+
+/// A request's end: a 201's charge id and provider charge id, or why not.
+pub type Answered = Result<(String, String), String>;
 
 /// What the load saw.
 #[derive(Debug, Default)]
@@ -149,8 +154,9 @@ impl Load {
     }
 
     /// `op`'s client retrying it with its key, as a client does that was
-    /// told to or lost its answer: sent until a 201, its charge id.
-    pub fn retry(&self, op: &Acknowledged) -> tokio::task::JoinHandle<Result<String, String>> {
+    /// told to or lost its answer: sent until a 201, its charge id and
+    /// provider charge id.
+    pub fn retry(&self, op: &Acknowledged) -> tokio::task::JoinHandle<Answered> {
         let (inner, op) = (self.inner.clone(), op.clone());
         tokio::spawn(async move { inner.request(&op.key, &op.body, op.first).await })
     }
@@ -260,7 +266,7 @@ impl Inner {
     async fn operation(&self, op: usize) -> Result<String, String> {
         let key = uuid::Uuid::new_v4().to_string();
         let body = charge_body(1000 + (op % 500) as i64, "tok_visa");
-        let charge = if !op.is_multiple_of(4) {
+        let (charge, gateway) = if !op.is_multiple_of(4) {
             self.request(&key, &body, op).await?
         } else {
             let (a, b) = tokio::join!(
@@ -269,7 +275,7 @@ impl Inner {
             );
             let (a, b) = (a?, b?);
             if a != b {
-                return Err(format!("one key, two charges: {a} and {b}"));
+                return Err(format!("one key, two charges: {a:?} and {b:?}"));
             }
             a
         };
@@ -277,6 +283,7 @@ impl Inner {
             key,
             body,
             charge: charge.clone(),
+            gateway,
             first: op,
         };
         let mut all = self.acknowledged.lock().expect("acknowledged");
@@ -284,8 +291,9 @@ impl Inner {
         Ok(charge)
     }
 
-    /// Sends until a 201, starting at replica `first`: the charge's id.
-    async fn request(&self, key: &str, body: &str, first: usize) -> Result<String, String> {
+    /// Sends until a 201, starting at replica `first`: the charge's id and
+    /// its provider charge id.
+    async fn request(&self, key: &str, body: &str, first: usize) -> Answered {
         for attempt in 0..MAX_ATTEMPTS {
             let replica = (first + attempt) % self.replicas.len();
             self.in_flight[replica].fetch_add(1, Ordering::Relaxed);
@@ -331,10 +339,13 @@ impl Inner {
                     }
                     let charge: serde_json::Value = serde_json::from_str(&text)
                         .map_err(|e| format!("a 201 that is not JSON ({e}): {text}"))?;
-                    return charge["id"]
-                        .as_str()
-                        .map(str::to_owned)
-                        .ok_or_else(|| format!("a 201 without an id: {text}"));
+                    let field = |name: &str| {
+                        charge[name]
+                            .as_str()
+                            .map(str::to_owned)
+                            .ok_or_else(|| format!("a 201 without {name}: {text}"))
+                    };
+                    return Ok((field("id")?, field("gateway_charge_id")?));
                 }
                 Ok((409 | 503, ..)) | Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
                 Ok((status, _, text)) => return Err(format!("{status}: {text}")),

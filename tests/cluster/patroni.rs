@@ -225,7 +225,7 @@ async fn the_primary_killed_under_load(replication: Replication) {
     let restored = lost
         .iter()
         .zip(&retried)
-        .filter(|(op, id)| id.as_ref() == Ok(&op.charge))
+        .filter(|(op, answered)| *answered == &Ok((op.charge.clone(), op.gateway.clone())))
         .count();
     let made = provider_charges(&sandbox).await;
     crate::load::report(&format!(
@@ -233,7 +233,7 @@ async fn the_primary_killed_under_load(replication: Replication) {
          {unshipped} bytes of WAL not shipped at the kill; node{} promoted {} ms after the kill \
          (timeline {old_timeline} -> {new_timeline}); {} of {} acknowledged charges missing on \
          the new primary ({claims_lost} with their claim), {restored} restored by their \
-         client's retry with the same charge id; provider charges {made} (double charges {}); \
+         client's retry with the same charge id and provider charge id; provider charges {made} (double charges {}); \
          old primary rejoined (streaming; pg_rewind: {rewound}) in {} ms; answers {:?}; replays {}; longest time with no \
          success {} ms",
         match replication {
@@ -250,11 +250,12 @@ async fn the_primary_killed_under_load(replication: Replication) {
         report.replays,
         report.longest_gap.as_millis()
     ));
-    for (op, id) in lost.iter().zip(&retried) {
+    for (op, answered) in lost.iter().zip(&retried) {
         assert_eq!(
-            id.as_ref(),
-            Ok(&op.charge),
-            "the retry of a lost charge answers 201 with its charge id (key {})",
+            answered,
+            &Ok((op.charge.clone(), op.gateway.clone())),
+            "the retry of a lost charge answers 201 with its charge id and provider charge id \
+             (key {})",
             op.key
         );
     }
