@@ -1,6 +1,7 @@
 //! MariaDB Galera: three primaries. The store's own races run on the
 //! cluster in the conformance suite (`galera` tests); here the real
-//! binaries run as replicas on different nodes, and a node dies under load.
+//! binaries run as replicas on different nodes, a claim is lost on every
+//! node on purpose, and a node dies under load.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -19,9 +20,20 @@ async fn readyz(api: &Process) -> u16 {
     answer.expect("the replica answers").status().as_u16()
 }
 
+/// A connection to one node whose reads (and deletes) first apply every
+/// write set the cluster ordered before them, as the store's do.
+async fn node(url: &str) -> MySqlConnection {
+    let mut conn = MySqlConnection::connect(url).await.expect("connect");
+    sqlx::query("SET SESSION wsrep_sync_wait = 3")
+        .execute(&mut conn)
+        .await
+        .expect("wsrep_sync_wait");
+    conn
+}
+
 /// The charge ids in `charges` on one node.
 async fn charge_ids(url: &str) -> HashSet<String> {
-    let mut conn = MySqlConnection::connect(url).await.expect("connect");
+    let mut conn = node(url).await;
     sqlx::query_scalar::<_, String>("SELECT id FROM charges")
         .fetch_all(&mut conn)
         .await
@@ -90,6 +102,219 @@ async fn replicas_on_two_nodes_take_one_charge() {
     assert_eq!(ids.len(), 1, "both replicas replay the same charge");
     for url in &db.node_urls {
         assert_eq!(charge_ids(url).await, ids, "one charge row on every node");
+    }
+}
+
+/// Sends `name` (`-STOP`, `-CONT`) to process `pid`.
+fn signal(pid: u32, name: &str) {
+    let sent = std::process::Command::new("kill")
+        .args([name, &pid.to_string()])
+        .status();
+    assert!(sent.is_ok_and(|s| s.success()), "kill {name} {pid}");
+}
+
+/// What a node that lost an operation's last writes shows, made on
+/// purpose: its record (by `key`) and its charge (`charge_id`) deleted in
+/// one transaction on the node at `url`. Galera replicates the delete, so
+/// the claim is gone on every node.
+async fn lose_operation(url: &str, key: &str, charge_id: &str) {
+    let mut conn = node(url).await;
+    let mut tx = conn.begin().await.expect("begin");
+    let records = sqlx::query("DELETE FROM idempotent_requests WHERE idempotency_key = ?")
+        .bind(key)
+        .execute(&mut *tx)
+        .await
+        .expect("delete the record")
+        .rows_affected();
+    let charges = sqlx::query("DELETE FROM charges WHERE id = ?")
+        .bind(charge_id)
+        .execute(&mut *tx)
+        .await
+        .expect("delete the charge")
+        .rows_affected();
+    tx.commit().await.expect("commit");
+    assert_eq!((records, charges), (1, 1), "the operation's rows, deleted");
+}
+
+/// How many rows of the operation (its record, its charge) one node holds.
+async fn operation_rows(url: &str, key: &str, charge_id: &str) -> (i64, i64) {
+    let mut conn = node(url).await;
+    let records =
+        sqlx::query_scalar("SELECT COUNT(*) FROM idempotent_requests WHERE idempotency_key = ?")
+            .bind(key)
+            .fetch_one(&mut conn)
+            .await
+            .expect("records");
+    let charges = sqlx::query_scalar("SELECT COUNT(*) FROM charges WHERE id = ?")
+        .bind(charge_id)
+        .fetch_one(&mut conn)
+        .await
+        .expect("charges");
+    (records, charges)
+}
+
+/// The provider's charges, oldest first, each as (its id, the charge id
+/// its `metadata[payments_charge_id]` carries).
+async fn provider_charge_ids(sandbox: &Process) -> Vec<(String, String)> {
+    let made = sandbox_json(sandbox, "/_sandbox/charges").await;
+    let made = made["data"].as_array().cloned().unwrap_or_default();
+    made.iter()
+        .map(|c| {
+            let field = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            (field(&c["id"]), field(&c["metadata"]["payments_charge_id"]))
+        })
+        .collect()
+}
+
+/// A claim lost on every node on purpose, as a node that crashed ahead of
+/// the cluster loses it (issue 24), twice:
+///
+/// - before the answer: node 1's replica is stopped (SIGSTOP) while its
+///   provider call is in flight; once the provider has the charge, the
+///   operation's record and charge are deleted on node 2 (the delete
+///   replicates to every node); resumed, the replica finds its record gone
+///   and answers 409;
+/// - after the answer: a 201 from node 1's replica, then the same delete.
+///
+/// Each time the client retries with its key through node 3's replica: a
+/// new claim, which derives the same charge id and provider key, so the
+/// provider answers from its idempotency record: 201 with the charge id the
+/// provider's charge carries in `metadata[payments_charge_id]` and that
+/// charge's id as `gateway_charge_id`, one provider charge per operation,
+/// one charge row per operation on every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_lost_on_every_node_is_charged_once() {
+    let Some(db) = TestDb::new(Backend::Galera, 2).await else {
+        return;
+    };
+    // Slow enough that node 1's replica is stopped with its call in flight.
+    let sandbox = sandbox("1500").await;
+    let first = replica(&db.node_urls[0], &sandbox).await;
+    let other = replica(&db.node_urls[2], &sandbox).await;
+    let token =
+        payments_api::auth::mint_hs256(DEV_JWT_SECRET, "cus_lost_claim", Duration::from_secs(600))
+            .expect("token");
+    let body = charge_body(4900, "tok_visa");
+    // The retry through node 3: 201, a new claim (not a replay), the
+    // provider's charge `made`.
+    let retried = |key: String, made: (String, String)| {
+        let (other, token, body) = (&other, &token, &body);
+        async move {
+            let retry = other
+                .post_charge(token, &key, body)
+                .await
+                .expect("an answer");
+            assert_eq!(retry.status(), 201, "the retry charges");
+            assert!(!retry.headers().contains_key("idempotent-replay"));
+            let charge: Value = retry.json().await.expect("json");
+            assert_eq!(
+                charge["id"],
+                made.1.as_str(),
+                "the operation the provider made: {charge}"
+            );
+            assert_eq!(charge["gateway_charge_id"], made.0.as_str(), "{charge}");
+            assert_eq!(charge["status"], "succeeded", "{charge}");
+        }
+    };
+
+    // Lost before the answer.
+    let key = new_key();
+    let sent = {
+        let (api, token, key, body) = (
+            Process::detached(first.url.clone()),
+            token.clone(),
+            key.clone(),
+            body.clone(),
+        );
+        tokio::spawn(async move { api.post_charge(&token, &key, &body).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sandbox_json(&sandbox, "/_sandbox/stats").await["in_flight"] != 1 {
+        assert!(Instant::now() < deadline, "no provider call in flight");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    signal(first.pid(), "-STOP");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let made = loop {
+        let made = provider_charge_ids(&sandbox).await;
+        if !made.is_empty() || Instant::now() >= deadline {
+            break made;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(made.len(), 1, "the provider made the charge");
+    let before_answer = made[0].clone();
+    lose_operation(&db.node_urls[1], &key, &before_answer.1).await;
+    for url in &db.node_urls {
+        let rows = operation_rows(url, &key, &before_answer.1).await;
+        assert_eq!(rows, (0, 0), "the claim is gone on every node");
+    }
+    signal(first.pid(), "-CONT");
+    let answer = sent.await.expect("the task").expect("an answer");
+    let status = answer.status();
+    let text = answer.text().await.unwrap_or_default();
+    assert_eq!(
+        status,
+        409,
+        "the replica that lost its record answers 409: {text}\n{}",
+        first.log()
+    );
+    assert!(
+        first
+            .wait_for_log(&["lost the record to another operation"])
+            .await,
+        "{}",
+        first.log()
+    );
+    retried(key.clone(), before_answer.clone()).await;
+    let made = provider_charge_ids(&sandbox).await;
+    assert_eq!(made, std::slice::from_ref(&before_answer), "one charge");
+    let stats = sandbox_json(&sandbox, "/_sandbox/stats").await;
+    assert_eq!(
+        stats["requests"], 2,
+        "the retry asked the provider again: {stats}"
+    );
+
+    // Lost after the answer.
+    let key = new_key();
+    let answered = first
+        .post_charge(&token, &key, &body)
+        .await
+        .expect("an answer");
+    assert_eq!(answered.status(), 201);
+    let answered: Value = answered.json().await.expect("json");
+    let after_answer = (
+        answered["gateway_charge_id"]
+            .as_str()
+            .expect("gateway id")
+            .to_owned(),
+        answered["id"].as_str().expect("id").to_owned(),
+    );
+    lose_operation(&db.node_urls[1], &key, &after_answer.1).await;
+    retried(key.clone(), after_answer.clone()).await;
+    assert_eq!(
+        provider_charge_ids(&sandbox).await,
+        [before_answer.clone(), after_answer.clone()],
+        "one provider charge per operation"
+    );
+    // Later retries replay it, on either replica.
+    for api in [&first, &other] {
+        let replay = api
+            .post_charge(&token, &key, &body)
+            .await
+            .expect("an answer");
+        assert_eq!(replay.status(), 201);
+        assert_eq!(replay.headers()["idempotent-replay"], "true");
+        let charge: Value = replay.json().await.expect("json");
+        assert_eq!(charge["id"], after_answer.1.as_str());
+    }
+    let ids = HashSet::from([before_answer.1, after_answer.1]);
+    for url in &db.node_urls {
+        assert_eq!(
+            charge_ids(url).await,
+            ids,
+            "one charge row per operation on every node"
+        );
     }
 }
 
@@ -202,13 +427,8 @@ async fn a_stalled_reaper_keeps_its_record_for_its_lease() {
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
     let mut stalled = stalled.spawn().expect("start the reaper on node 1");
-    let pid = stalled.id().expect("its pid").to_string();
-    let signal = |name: &str| {
-        let sent = std::process::Command::new("kill")
-            .args([name, &pid])
-            .status();
-        assert!(sent.is_ok_and(|s| s.success()), "kill {name} {pid}");
-    };
+    let pid = stalled.id().expect("its pid");
+    let signal = |name: &str| signal(pid, name);
     let deadline = Instant::now() + Duration::from_secs(60);
     while sandbox_json(&sandbox, "/_sandbox/stats").await["in_flight"] != 1 {
         let exited = stalled.try_wait().expect("the reaper's status").is_some();
@@ -422,12 +642,15 @@ async fn a_node_killed_under_load_loses_and_doubles_nothing() {
     }
     assert_eq!(readyz(dead).await, 200, "the replica is ready again");
     let report = load.finish().await;
+    let made = crate::load::provider_charges(&sandbox).await;
     crate::load::report(&format!(
-        "galera node kill: {in_flight} requests in flight on the node; {during_outage} operations \
-         finished while it was down ({} s); rejoined in {} ms; answers {:?}; replays {}; \
+        "galera node kill: {KILL_OPS} operations; {in_flight} requests in flight on the node; \
+         {during_outage} operations finished while it was down ({} s); rejoined in {} ms; \
+         provider charges {made} (double charges {}); answers {:?}; replays {}; \
          longest time with no success {} ms",
         killed_at.0.elapsed().as_secs(),
         rejoin.as_millis(),
+        made.saturating_sub(KILL_OPS),
         report.answers,
         report.replays,
         report.longest_gap.as_millis()

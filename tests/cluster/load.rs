@@ -28,6 +28,23 @@ pub fn report(line: &str) {
     let _ = std::io::stderr().write_all(format!("{line}\n").as_bytes());
 }
 
+/// An operation that ended in a 201: what its client holds, and what it
+/// would retry with.
+#[derive(Debug, Clone)]
+pub struct Acknowledged {
+    pub key: String,
+    pub body: String,
+    /// The charge id of its 201.
+    pub charge: String,
+    /// The provider's charge id of its 201 (`gateway_charge_id`).
+    pub gateway: String,
+    /// Which replica it was first sent to.
+    first: usize,
+}
+
+/// A request's end: a 201's charge id and provider charge id, or why not.
+pub type Answered = Result<(String, String), String>;
+
 /// What the load saw.
 #[derive(Debug, Default)]
 pub struct Report {
@@ -56,6 +73,7 @@ struct Inner {
     answers: Mutex<BTreeMap<String, usize>>,
     successes: Mutex<Vec<Instant>>,
     replays: AtomicUsize,
+    acknowledged: Mutex<Vec<Acknowledged>>,
 }
 
 /// A load running in the background.
@@ -85,6 +103,7 @@ impl Load {
             answers: Mutex::default(),
             successes: Mutex::default(),
             replays: AtomicUsize::new(0),
+            acknowledged: Mutex::default(),
         });
         let mut set = tokio::task::JoinSet::new();
         for _ in 0..workers {
@@ -123,6 +142,23 @@ impl Load {
     /// Requests waiting for an answer from replica `i` right now.
     pub fn in_flight(&self, i: usize) -> usize {
         self.inner.in_flight[i].load(Ordering::Relaxed)
+    }
+
+    /// The operations acknowledged (answered 201) so far.
+    pub fn acknowledged(&self) -> Vec<Acknowledged> {
+        self.inner
+            .acknowledged
+            .lock()
+            .expect("acknowledged")
+            .clone()
+    }
+
+    /// `op`'s client retrying it with its key, as a client does that was
+    /// told to or lost its answer: sent until a 201, its charge id and
+    /// provider charge id.
+    pub fn retry(&self, op: &Acknowledged) -> tokio::task::JoinHandle<Answered> {
+        let (inner, op) = (self.inner.clone(), op.clone());
+        tokio::spawn(async move { inner.request(&op.key, &op.body, op.first).await })
     }
 
     /// Waits for every operation and reports.
@@ -168,10 +204,9 @@ impl Report {
         );
         let acknowledged: HashSet<String> = self.charges.iter().cloned().collect();
         assert_eq!(acknowledged.len(), ops, "one charge per operation");
-        let made = sandbox_json(sandbox, "/_sandbox/charges").await;
         assert_eq!(
-            made["data"].as_array().map(Vec::len),
-            Some(ops),
+            provider_charges(sandbox).await,
+            ops,
             "no operation charged twice at the provider"
         );
         acknowledged
@@ -208,6 +243,13 @@ pub async fn sandbox(latency_ms: &str) -> Process {
     .await
 }
 
+/// How many charges the provider made (`GET /_sandbox/charges`): one per
+/// operation when nothing was charged twice.
+pub async fn provider_charges(sandbox: &Process) -> usize {
+    let made = sandbox_json(sandbox, "/_sandbox/charges").await;
+    made["data"].as_array().map_or(0, Vec::len)
+}
+
 /// `GET path` on the sandbox, as JSON.
 pub async fn sandbox_json(sandbox: &Process, path: &str) -> Value {
     reqwest::get(format!("{}{path}", sandbox.url))
@@ -224,22 +266,34 @@ impl Inner {
     async fn operation(&self, op: usize) -> Result<String, String> {
         let key = uuid::Uuid::new_v4().to_string();
         let body = charge_body(1000 + (op % 500) as i64, "tok_visa");
-        if !op.is_multiple_of(4) {
-            return self.request(&key, &body, op).await;
-        }
-        let (a, b) = tokio::join!(
-            self.request(&key, &body, op),
-            self.request(&key, &body, op + 1)
-        );
-        let (a, b) = (a?, b?);
-        if a != b {
-            return Err(format!("one key, two charges: {a} and {b}"));
-        }
-        Ok(a)
+        let (charge, gateway) = if !op.is_multiple_of(4) {
+            self.request(&key, &body, op).await?
+        } else {
+            let (a, b) = tokio::join!(
+                self.request(&key, &body, op),
+                self.request(&key, &body, op + 1)
+            );
+            let (a, b) = (a?, b?);
+            if a != b {
+                return Err(format!("one key, two charges: {a:?} and {b:?}"));
+            }
+            a
+        };
+        let acknowledged = Acknowledged {
+            key,
+            body,
+            charge: charge.clone(),
+            gateway,
+            first: op,
+        };
+        let mut all = self.acknowledged.lock().expect("acknowledged");
+        all.push(acknowledged);
+        Ok(charge)
     }
 
-    /// Sends until a 201, starting at replica `first`: the charge's id.
-    async fn request(&self, key: &str, body: &str, first: usize) -> Result<String, String> {
+    /// Sends until a 201, starting at replica `first`: the charge's id and
+    /// its provider charge id.
+    async fn request(&self, key: &str, body: &str, first: usize) -> Answered {
         for attempt in 0..MAX_ATTEMPTS {
             let replica = (first + attempt) % self.replicas.len();
             self.in_flight[replica].fetch_add(1, Ordering::Relaxed);
@@ -285,10 +339,13 @@ impl Inner {
                     }
                     let charge: serde_json::Value = serde_json::from_str(&text)
                         .map_err(|e| format!("a 201 that is not JSON ({e}): {text}"))?;
-                    return charge["id"]
-                        .as_str()
-                        .map(str::to_owned)
-                        .ok_or_else(|| format!("a 201 without an id: {text}"));
+                    let field = |name: &str| {
+                        charge[name]
+                            .as_str()
+                            .map(str::to_owned)
+                            .ok_or_else(|| format!("a 201 without {name}: {text}"))
+                    };
+                    return Ok((field("id")?, field("gateway_charge_id")?));
                 }
                 Ok((409 | 503, ..)) | Err(_) => tokio::time::sleep(RETRY_PAUSE).await,
                 Ok((status, _, text)) => return Err(format!("{status}: {text}")),

@@ -1,19 +1,25 @@
 //! The production PostgreSQL stack, throwaway, on loopback: one `etcd`
 //! member, two PostgreSQL nodes managed by Patroni with synchronous
 //! replication, and HAProxy sending one address to whichever node Patroni
-//! says is the primary (`docs/scaling.md`).
+//! says is the primary (`docs/scaling.md`). [`Patroni::start_with`]
+//! [`Replication::Asynchronous`] starts the same stack with
+//! `synchronous_mode: false`, for the test that shows what asynchronous
+//! replication loses.
 //!
 //! The settings are two templates beside this file, `patroni.yml` and
 //! `haproxy.cfg`, with a comment on each choice. Node 1 bootstraps and
-//! becomes the leader; node 2 clones it and becomes the synchronous
-//! standby. The stack is ready when the cluster shows a leader and a sync
-//! standby and HAProxy's address has led to the primary ten times in a row
-//! (HAProxy counts a server up until its first check fails).
+//! becomes the leader; node 2 clones it and becomes the synchronous (or
+//! asynchronous) standby. The stack is ready when the cluster shows a
+//! leader and that standby and HAProxy's address has led to the primary
+//! ten times in a row (HAProxy counts a server up until its first check
+//! fails).
 //!
 //! Patroni and PostgreSQL refuse to run as root: a root test process runs
 //! Patroni as `postgres` (by uid and gid, so the pid is Patroni's own).
 //! Cleanup is the throwaway servers' watchdog: Patroni, every postmaster
-//! (by `postmaster.pid`), etcd and HAProxy are killed and the dir deleted.
+//! (by `postmaster.pid`), a WAL sender stopped by
+//! [`Patroni::stop_wal_sender`], etcd and HAProxy are killed and the dir
+//! deleted.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -49,9 +55,43 @@ impl PgNode {
         format!("postgres://postgres@127.0.0.1:{}/{database}", self.pg_port)
     }
 
+    /// What its Patroni (and PostgreSQL, through it) logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("patroni.log")).unwrap_or_default()
+    }
+
     /// The HTTP status of `GET path` on this node's Patroni REST API.
     pub fn rest_status(&self, path: &str) -> Option<u16> {
         http_get(self.rest_port, path).map(|(status, _)| status)
+    }
+}
+
+/// How the primary ships its commits to the standby (Patroni's
+/// `synchronous_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replication {
+    /// `synchronous_mode: true`: a commit returns once the standby has
+    /// flushed it, and only that standby is promoted. The tested setting.
+    Synchronous,
+    /// `synchronous_mode: false`: a commit returns at once; the standby
+    /// may be promoted without the last acknowledged commits.
+    Asynchronous,
+}
+
+impl Replication {
+    /// The Patroni REST path that answers 200 on this mode's standby.
+    fn standby_path(self) -> &'static str {
+        match self {
+            Replication::Synchronous => "/sync",
+            Replication::Asynchronous => "/async",
+        }
+    }
+
+    fn standby(self) -> &'static str {
+        match self {
+            Replication::Synchronous => "sync standby",
+            Replication::Asynchronous => "async standby",
+        }
     }
 }
 
@@ -61,21 +101,31 @@ pub struct Patroni {
     /// HAProxy's address: the primary's `postgres` database.
     pub url: String,
     pub nodes: Vec<PgNode>,
+    pub replication: Replication,
     user: Option<(u32, u32)>,
 }
 
 impl Patroni {
-    /// Starts etcd, the two nodes and HAProxy.
+    /// Starts etcd, the two nodes (synchronous replication) and HAProxy.
     ///
     /// # Panics
     /// When the programs exist but the stack cannot be started.
     pub fn start() -> Result<Patroni, Skip> {
+        Self::start_with(Replication::Synchronous)
+    }
+
+    /// [`Patroni::start`] with the replication mode given.
+    ///
+    /// # Panics
+    /// When the programs exist but the stack cannot be started.
+    pub fn start_with(replication: Replication) -> Result<Patroni, Skip> {
         let programs = programs()?;
         let began = Instant::now();
-        match Self::try_start(&programs) {
+        match Self::try_start(&programs, replication) {
             Ok(stack) => {
                 eprintln!(
-                    "patroni: throwaway stack behind {} started in {} ms",
+                    "patroni: throwaway stack ({}) behind {} started in {} ms",
+                    replication.standby(),
                     stack.url,
                     began.elapsed().as_millis()
                 );
@@ -85,7 +135,7 @@ impl Patroni {
         }
     }
 
-    fn try_start(bin_dir: &Path) -> Result<Patroni, String> {
+    fn try_start(bin_dir: &Path, replication: Replication) -> Result<Patroni, String> {
         let (run_as, dir, _) = prepare("payments-patroni", "postgres", "nobody")?;
         spawn_watchdog(&cleanup(&dir))?;
         let user = match run_as {
@@ -132,6 +182,13 @@ impl Patroni {
                 .map_err(|e| format!("cannot create {}: {e}", node_dir.display()))?;
             let config = PATRONI_TEMPLATE
                 .replace("@NAME@", &name)
+                .replace(
+                    "@SYNCHRONOUS_MODE@",
+                    match replication {
+                        Replication::Synchronous => "true",
+                        Replication::Asynchronous => "false",
+                    },
+                )
                 .replace("@REST_PORT@", &rest_port.to_string())
                 .replace("@PG_PORT@", &pg_port.to_string())
                 .replace("@ETCD_PORT@", &etcd_port.to_string())
@@ -156,6 +213,7 @@ impl Patroni {
         let stack = Patroni {
             url: format!("postgres://postgres@127.0.0.1:{haproxy_port}/postgres"),
             nodes,
+            replication,
             user,
         };
         // Node 1 first, so that it is the leader.
@@ -164,8 +222,9 @@ impl Patroni {
             stack.nodes[0].rest_status("/primary") == Some(200)
         })?;
         stack.spawn(1)?;
-        wait_until("node 2 is the sync standby", START_TIMEOUT, || {
-            stack.nodes[1].rest_status("/sync") == Some(200)
+        let standby = format!("node 2 is the {}", replication.standby());
+        wait_until(&standby, START_TIMEOUT, || {
+            stack.nodes[1].rest_status(replication.standby_path()) == Some(200)
         })?;
 
         let servers: String = stack
@@ -237,9 +296,16 @@ impl Patroni {
 
     /// Kills node `n` as a machine dies: its Patroni and its PostgreSQL
     /// with SIGKILL (PostgreSQL alone would be restarted in place by
-    /// Patroni, not failed over).
+    /// Patroni, not failed over), and a WAL sender of its stopped by
+    /// [`Patroni::stop_wal_sender`] (it outlives its postmaster, and its
+    /// socket and shared memory with it).
     pub fn kill_node(&self, n: usize) {
         let node = &self.nodes[n];
+        let stopped = node.dir.join(STOPPED_PID);
+        if let Ok(pid) = std::fs::read_to_string(&stopped) {
+            let _ = Command::new("kill").args(["-KILL", pid.trim()]).status();
+            let _ = std::fs::remove_file(&stopped);
+        }
         if let Some(mut child) = node.patroni.lock().expect("node lock").take() {
             let _ = child.kill();
             let _ = child.wait();
@@ -254,13 +320,23 @@ impl Patroni {
     }
 
     /// Starts node `n` again: it rejoins as a standby (rewound by
-    /// `pg_rewind` if it diverged). Waits until it is the sync standby.
+    /// `pg_rewind` if it diverged). Waits until it is the sync standby (the
+    /// async one under [`Replication::Asynchronous`]) and the leader streams
+    /// to it (Patroni calls a running replica async before it streams).
     pub async fn rejoin(&'static self, n: usize) -> Result<Duration, String> {
         tokio::task::spawn_blocking(move || {
             let began = Instant::now();
             self.spawn(n)?;
-            wait_until("the node rejoins as sync standby", START_TIMEOUT, || {
-                self.nodes[n].rest_status("/sync") == Some(200)
+            let path = self.replication.standby_path();
+            let rejoined = format!("the node rejoins as {}", self.replication.standby());
+            wait_until(&rejoined, START_TIMEOUT, || {
+                self.nodes[n].rest_status(path) == Some(200)
+            })?;
+            let node = &self.nodes[n];
+            let streams = format!("the leader streams to {}", node.name);
+            wait_until(&streams, START_TIMEOUT, || {
+                let leader = self.leader().map(|l| self.nodes[l].url("postgres"));
+                leader.is_some_and(|url| blocking_streams_to(&url, &node.name))
             })?;
             Ok(began.elapsed())
         })
@@ -282,6 +358,53 @@ impl Patroni {
         .map_err(|e| format!("new leader: {e}"))?
     }
 }
+
+impl Patroni {
+    /// Stops the primary (node `n`) shipping WAL: its one WAL sender,
+    /// once streaming, is stopped with SIGSTOP. The primary goes on
+    /// committing (with asynchronous replication, acknowledging too); from
+    /// here on its commits exist on its own disk only, and a standby
+    /// promoted after its death lacks every one of them. The sender stays
+    /// stopped until [`Patroni::kill_node`] kills it. Its pid.
+    pub async fn stop_wal_sender(&self, n: usize) -> Result<u32, String> {
+        let node = &self.nodes[n];
+        let url = node.url("postgres");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let pid = loop {
+            let mut conn = PgConnection::connect(&url)
+                .await
+                .map_err(|e| format!("connect to {}: {e}", node.name))?;
+            let pids: Vec<i32> =
+                sqlx::query_scalar("SELECT pid FROM pg_stat_replication WHERE state = 'streaming'")
+                    .fetch_all(&mut conn)
+                    .await
+                    .map_err(|e| format!("pg_stat_replication: {e}"))?;
+            let _ = conn.close().await;
+            match pids[..] {
+                [pid] => break pid,
+                _ if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                _ => return Err(format!("{} streams to {} standbys", node.name, pids.len())),
+            }
+        };
+        let pid = u32::try_from(pid).map_err(|e| format!("pid {pid}: {e}"))?;
+        // Written first: the watchdog kills it if the test dies meanwhile.
+        std::fs::write(node.dir.join(STOPPED_PID), pid.to_string())
+            .map_err(|e| format!("cannot write {STOPPED_PID}: {e}"))?;
+        let stopped = Command::new("kill")
+            .args(["-STOP", &pid.to_string()])
+            .status();
+        match stopped {
+            Ok(status) if status.success() => Ok(pid),
+            outcome => Err(format!("kill -STOP {pid}: {outcome:?}")),
+        }
+    }
+}
+
+/// In a node's dir: the pid of its WAL sender stopped by
+/// [`Patroni::stop_wal_sender`].
+const STOPPED_PID: &str = "walsender-stopped.pid";
 
 /// The timeline the primary at `url` writes WAL on (the first eight hex
 /// digits of its current WAL file's name; `pg_control_checkpoint()` would
@@ -328,12 +451,12 @@ fn id(user: &str, flag: &str) -> Result<u32, String> {
         .map_err(|e| format!("id {flag} {user}: {e}"))
 }
 
-/// The watchdog's cleanup: HAProxy, each Patroni and postmaster, etcd,
-/// then anything still running in the dir, then the dir.
+/// The watchdog's cleanup: HAProxy, each Patroni, stopped WAL sender and
+/// postmaster, etcd, then anything still running in the dir, then the dir.
 fn cleanup(dir: &Path) -> String {
     let dir = shell_quote(dir);
     format!(
-        "for f in {dir}/haproxy.pid {dir}/node*/patroni.pid {dir}/etcd.pid; do\n\
+        "for f in {dir}/haproxy.pid {dir}/node*/patroni.pid {dir}/node*/{STOPPED_PID} {dir}/etcd.pid; do\n\
            pid=$(cat \"$f\" 2>/dev/null)\n\
            case $pid in ''|*[!0-9]*) ;; *) kill -KILL $pid 2>/dev/null ;; esac\n\
          done\n\
@@ -375,7 +498,20 @@ fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 /// Whether `url` leads to a primary (`pg_is_in_recovery()` is false), on a
 /// runtime of its own: the harness is synchronous.
 fn blocking_is_primary(url: &str) -> bool {
-    let url = url.to_owned();
+    blocking_check(url, "SELECT NOT pg_is_in_recovery()", None)
+}
+
+/// Whether the primary at `url` streams WAL to the standby `name`.
+fn blocking_streams_to(url: &str, name: &str) -> bool {
+    let sql = "SELECT EXISTS (SELECT 1 FROM pg_stat_replication \
+               WHERE application_name = $1 AND state = 'streaming')";
+    blocking_check(url, sql, Some(name))
+}
+
+/// Whether the one-boolean query `sql` (binding `arg` if given) answers
+/// true at `url`, within 3 s, on a runtime of its own.
+fn blocking_check(url: &str, sql: &'static str, arg: Option<&str>) -> bool {
+    let (url, arg) = (url.to_owned(), arg.map(str::to_owned));
     std::thread::spawn(move || {
         let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -386,11 +522,13 @@ fn blocking_is_primary(url: &str) -> bool {
         runtime.block_on(async {
             let check = async {
                 let mut conn = PgConnection::connect(&url).await?;
-                let recovering: bool = sqlx::query_scalar("SELECT pg_is_in_recovery()")
-                    .fetch_one(&mut conn)
-                    .await?;
+                let mut query = sqlx::query_scalar::<_, bool>(sql);
+                if let Some(arg) = &arg {
+                    query = query.bind(arg);
+                }
+                let answer = query.fetch_one(&mut conn).await?;
                 let _ = conn.close().await;
-                Ok::<bool, sqlx::Error>(!recovering)
+                Ok::<bool, sqlx::Error>(answer)
             };
             matches!(
                 tokio::time::timeout(Duration::from_secs(3), check).await,
