@@ -310,3 +310,42 @@ pub async fn sqlite_ceiling(charges: u64) -> Result<Ceiling> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Ceiling { charges, secs })
 }
+
+/// The main process of the database server behind `admin_url`, whose CPU
+/// (with its children's) the bench counts as the database's: PostgreSQL's
+/// postmaster (the parent of the backend this connection talks to), or
+/// MariaDB's `mariadbd` (its pid file). Other servers on the machine (a
+/// shared one on 5432, other sessions' throwaway clusters) stay out.
+pub async fn server_pid(backend: Backend, admin_url: &str) -> Result<u32> {
+    let pid = match backend {
+        Backend::Postgres => {
+            let mut pg = PgConnection::connect(admin_url).await?;
+            let backend_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut pg)
+                .await?;
+            // Read while the backend is alive: its parent is the postmaster.
+            let status = std::fs::read_to_string(format!("/proc/{backend_pid}/status"));
+            let status = status.context("the backend's /proc status")?;
+            let ppid = status.lines().find_map(|line| line.strip_prefix("PPid:"));
+            ppid.context("no PPid")?.trim().parse()?
+        }
+        Backend::Mysql => {
+            let mut admin = MySqlConnection::connect(admin_url).await?;
+            let file: String = sqlx::query_scalar("SELECT @@pid_file")
+                .fetch_one(&mut admin)
+                .await?;
+            let pid = std::fs::read_to_string(&file).with_context(|| file.clone())?;
+            pid.trim()
+                .parse()
+                .with_context(|| format!("{file}: {pid:?}"))?
+        }
+        other => anyhow::bail!("the bench runs no {} server", other.name()),
+    };
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let expected = ["postgres", "mariadbd", "mysqld"];
+    ensure!(
+        expected.contains(&comm.trim()),
+        "pid {pid} is {comm:?}, not a database server"
+    );
+    Ok(pid)
+}

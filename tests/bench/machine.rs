@@ -1,11 +1,19 @@
 //! What the figures were measured on, best effort (a fact that cannot be
-//! read says so); and where a run's CPU went ([`Snapshot`]): user + system
-//! time of the API, the sandbox, the load generator (this process) and the
-//! database server's processes (PostgreSQL's, MariaDB's), per charge. On this machine they all share
-//! the same cores, which explains the ratio to the pgbench ceiling.
+//! read says so); and where a run's CPU went ([`Snapshot`], [`CpuPerOp`]):
+//! user + system time of the API, the database server (the bench's own:
+//! its main process and its children, not every `postgres` on the machine),
+//! the sandbox and the load generator (this process), per operation of a
+//! run's measured part. On this machine they all share the same cores,
+//! which explains the ratio to the pgbench ceiling; and CPU time per
+//! operation, unlike throughput, does not depend on how much of the cores
+//! other work on the machine left the bench.
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
+use std::time::Instant;
+
+use serde::Serialize;
 
 /// The machine's facts as the markdown lists them, `commit` and `date` last.
 pub fn facts(
@@ -66,58 +74,183 @@ pub fn proc_kb(path: &str, key: &str) -> Option<u64> {
 }
 
 /// Linux reports `/proc/<pid>/stat` times in USER_HZ, 100 per second on
-/// every architecture it supports.
+/// every architecture it supports: a reading is good to 10 ms.
 const TICKS_PER_SEC: f64 = 100.0;
 
-/// CPU ticks so far: the API, the sandbox, this process (the load
-/// generator), and every database server process on the machine: named
-/// `postgres`, `mariadbd` or `mysqld` (SQLite runs inside the API).
-#[derive(Debug, Clone, Copy)]
-pub struct Snapshot([u64; 4]);
+/// A figure for each process the bench counts CPU for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PerProcess<T> {
+    /// `payments-api` (SQLite runs inside it).
+    pub api: T,
+    /// The database server: its main process and its children (PostgreSQL's
+    /// backends, alive or exited); 0 on SQLite.
+    pub database: T,
+    /// `payments-sandbox`, the provider.
+    pub sandbox: T,
+    /// The load generator: this process.
+    pub load: T,
+}
 
-impl Snapshot {
-    pub fn take(api: u32, sandbox: u32) -> Self {
-        let [api, sandbox] = [api, sandbox].map(|pid| ticks(&pid.to_string()));
-        let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
-        let pids = entries.filter_map(|entry| entry.file_name().into_string().ok());
-        let postgres = pids.filter(|pid| {
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"));
-            comm.is_ok_and(|comm| matches!(comm.trim(), "postgres" | "mariadbd" | "mysqld"))
-        });
-        let postgres = postgres.map(|pid| ticks(&pid)).sum();
-        Self([api, sandbox, ticks("self"), postgres])
-    }
-
-    /// CPU time per charge from `self` to `later`, µs, by process in the
-    /// same order.
-    pub fn per_charge(&self, later: &Snapshot, charges: u64) -> Option<[f64; 4]> {
-        let us = |i: usize| {
-            let spent = later.0[i].saturating_sub(self.0[i]) as f64;
-            spent * 1e6 / TICKS_PER_SEC / charges as f64
-        };
-        (charges > 0).then(|| std::array::from_fn(us))
+impl PerProcess<f64> {
+    pub fn total(&self) -> f64 {
+        self.api + self.database + self.sandbox + self.load
     }
 }
 
-/// utime + stime of `/proc/<pid>/stat` (fields 14 and 15; the command name
-/// in parentheses may hold spaces, so count from the closing one), 0 when
-/// it cannot be read.
-fn ticks(pid: &str) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields = stat.rsplit_once(')').map_or("", |(_, fields)| fields);
-    let mut fields = fields.split_whitespace().skip(11);
-    let mut next = || fields.next().map_or(0, |f| f.parse().unwrap_or(0));
-    next() + next()
+/// The processes whose CPU time a run is charged with, by pid.
+#[derive(Debug, Clone, Copy)]
+pub struct Processes {
+    pub api: u32,
+    pub sandbox: u32,
+    /// The database server's main process (PostgreSQL's postmaster,
+    /// `mariadbd`): `None` on SQLite.
+    pub database: Option<u32>,
+}
+
+/// User + system CPU ticks so far of each of the [`Processes`], and when
+/// they were read.
+#[derive(Debug, Clone, Copy)]
+pub struct Snapshot {
+    ticks: PerProcess<u64>,
+    at: Instant,
+}
+
+impl Snapshot {
+    pub fn take(processes: &Processes) -> Self {
+        let table = ProcessTable::read();
+        let ticks = PerProcess {
+            api: table.own(processes.api),
+            database: processes.database.map_or(0, |pid| table.tree(pid)),
+            sandbox: table.own(processes.sandbox),
+            load: table.own(std::process::id()),
+        };
+        Self {
+            ticks,
+            at: Instant::now(),
+        }
+    }
+
+    /// What each process spent from `self` to `later`, per operation, when
+    /// `operations` ran between the two.
+    pub fn per_op(&self, later: &Snapshot, operations: u64) -> Option<CpuPerOp> {
+        let us = |earlier: u64, later: u64| {
+            let spent = later.saturating_sub(earlier) as f64;
+            spent * 1e6 / TICKS_PER_SEC / operations as f64
+        };
+        let (a, b) = (self.ticks, later.ticks);
+        (operations > 0).then(|| CpuPerOp {
+            operations,
+            secs: later.at.duration_since(self.at).as_secs_f64(),
+            us: PerProcess {
+                api: us(a.api, b.api),
+                database: us(a.database, b.database),
+                sandbox: us(a.sandbox, b.sandbox),
+                load: us(a.load, b.load),
+            },
+        })
+    }
+}
+
+/// CPU time (user + system) per operation over a run's measured part, as
+/// the bench reports it and adds to the run's JSON (`cpu`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CpuPerOp {
+    /// Operations between the two snapshots (charges, replays).
+    pub operations: u64,
+    /// Wall time between the two snapshots.
+    pub secs: f64,
+    /// µs per operation, by process.
+    #[serde(rename = "us_per_op")]
+    pub us: PerProcess<f64>,
+}
+
+/// Each live process's parent and CPU ticks, read from `/proc/<pid>/stat`
+/// at one moment (a process that cannot be read counts 0).
+struct ProcessTable(HashMap<u32, Stat>);
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Stat {
+    ppid: u32,
+    /// utime + stime: the process's own, all its threads.
+    own: u64,
+    /// cutime + cstime: its children's that exited and were waited for.
+    reaped: u64,
+}
+
+impl ProcessTable {
+    fn read() -> Self {
+        let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+        let pids = entries.filter_map(|entry| entry.file_name().to_str()?.parse().ok());
+        let stats = pids.filter_map(|pid: u32| Some((pid, stat(&pid.to_string())?)));
+        Self(stats.collect())
+    }
+
+    fn own(&self, pid: u32) -> u64 {
+        self.0.get(&pid).map_or(0, |s| s.own)
+    }
+
+    /// `pid`, its children that exited and its live descendants: the whole
+    /// server, however many backends came and went (a child's time moves to
+    /// its parent's `reaped` when it exits, so it is counted once either way).
+    fn tree(&self, pid: u32) -> u64 {
+        let Some(root) = self.0.get(&pid) else {
+            return 0;
+        };
+        let children = self.0.iter().filter(|(_, s)| s.ppid == pid);
+        let children: u64 = children.map(|(child, _)| self.tree(*child)).sum();
+        root.own + root.reaped + children
+    }
+}
+
+/// `/proc/<pid>/stat`'s ppid (field 4), utime + stime (14, 15) and cutime +
+/// cstime (16, 17); the command name in parentheses may hold spaces, so
+/// fields are counted from the closing one.
+fn stat(pid: &str) -> Option<Stat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, fields) = stat.rsplit_once(')')?;
+    let fields: Vec<u64> = fields
+        .split_whitespace()
+        .skip(1)
+        .take(14)
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    let field = |n: usize| fields.get(n - 4).copied().unwrap_or(0);
+    Some(Stat {
+        ppid: u32::try_from(field(4)).unwrap_or(0),
+        own: field(14) + field(15),
+        reaped: field(16) + field(17),
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn this_process_has_a_cpu_time() {
         // Spend some CPU so the count is not zero at 100 Hz.
-        let x = (0..50_000_000u64).fold(0u64, |x, i| x.wrapping_add(i * i));
+        let spin = |x: u64, i: u64| x.wrapping_add(std::hint::black_box(i * i));
+        let x = (0..50_000_000u64).fold(0u64, spin);
         assert!(x > 0);
-        assert!(super::ticks("self") > 0);
-        assert_eq!(super::ticks("not-a-pid"), 0);
+        let me = stat("self").expect("this process's stat");
+        assert!(me.own > 0);
+        assert_eq!(me.ppid, std::os::unix::process::parent_id());
+        assert!(stat("not-a-pid").is_none());
+    }
+
+    #[test]
+    fn a_tree_keeps_the_time_of_its_children_that_exited() {
+        let me = std::process::id();
+        let before = ProcessTable::read();
+        // A child that spends CPU, then is waited for.
+        let busy = "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done";
+        let status = Command::new("sh").args(["-c", busy]).status();
+        let status = status.expect("sh runs");
+        assert!(status.success());
+        let after = ProcessTable::read();
+        let reaped = after.0[&me].reaped - before.0[&me].reaped;
+        assert!(reaped > 0, "the child's time is its parent's now");
+        assert!(after.tree(me) >= before.tree(me) + reaped);
+        assert_eq!(after.tree(u32::MAX), 0);
     }
 }

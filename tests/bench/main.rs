@@ -22,15 +22,15 @@ mod settings;
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
-use payments_loadtest::load::{self, Config, Report, Scenario};
+use payments_loadtest::load::{self, Config, Marker, Report, Scenario};
 use payments_tests::{Backend, Process, TestDb, postgres::throwaway_admin_url};
 use serde_json::Value;
 
-use machine::Snapshot;
+use machine::{CpuPerOp, Processes, Snapshot};
 use results::{BackendResults, CacheFull, Prune, Slow};
 use settings::{SLOW_POOL, Settings};
 
@@ -105,6 +105,7 @@ async fn bench() -> Result<bool> {
     } else {
         (None, "not used".to_owned())
     };
+    let pg_pid = server_pid(Backend::Postgres, pg_admin.as_deref()).await?;
     let (mysql_admin, mariadb) = if backends.contains(&Backend::Mysql) {
         progress!("starting the throwaway MariaDB");
         let url = tokio::task::spawn_blocking(payments_tests::mysql::throwaway_admin_url).await?;
@@ -114,6 +115,7 @@ async fn bench() -> Result<bool> {
     } else {
         (None, "not used".to_owned())
     };
+    let mysql_pid = server_pid(Backend::Mysql, mysql_admin.as_deref()).await?;
     let machine = machine::facts(&root, postgres, mariadb, sqlite);
     progress!("machine: {machine:?}");
 
@@ -131,6 +133,8 @@ async fn bench() -> Result<bool> {
         token,
         pg_admin,
         mysql_admin,
+        pg_pid,
+        mysql_pid,
         machine,
         chart_name: String::new(),
         backends: Vec::new(),
@@ -170,6 +174,9 @@ struct Bench {
     token: String,
     pg_admin: Option<String>,
     mysql_admin: Option<String>,
+    /// The main processes of the bench's PostgreSQL and MariaDB servers.
+    pg_pid: Option<u32>,
+    mysql_pid: Option<u32>,
     /// The chart's file name, beside the markdown (empty: none drawn).
     chart_name: String,
     /// The machine's facts, as read at the start.
@@ -292,12 +299,18 @@ impl Bench {
             return;
         };
         for (label, scenario) in scenarios {
+            // `new` and `replay` are timed in CPU per operation too, on a
+            // warm server.
+            let counted = matches!(label, "new" | "replay");
+            if counted {
+                self.warm_up(db, label, &api, &scenario).await;
+            }
+            let processes = counted.then(|| self.processes(&api, backend));
             let metrics_before = scrape(&api).await;
-            let before = Snapshot::take(api.pid(), self.sandbox.pid());
-            let report = self.load(db, label, &api, scenario, s.run_cap).await;
-            let after = Snapshot::take(api.pid(), self.sandbox.pid());
+            let run = self.load_counted(db, label, &api, scenario, s.run_cap, processes);
+            let run = run.await;
             let metrics = (metrics_before, scrape(&api).await);
-            let Some(report) = self.keep(&format!("{name} {label}"), report) else {
+            let Some((report, cpu)) = self.keep(&format!("{name} {label}"), run) else {
                 continue;
             };
             let (hits, misses) = (
@@ -306,12 +319,13 @@ impl Bench {
             );
             match label {
                 "new" => {
-                    results.new_cpu = before.per_charge(&after, report.operations.charged);
+                    results.new_cpu = cpu;
                     results.batches = batches(&metrics);
                     results.new = Some(report);
                 }
                 "health" => results.health = Some(report),
                 "replay" => {
+                    results.replay_cpu = cpu;
                     results.replay_cache = hits.zip(misses);
                     results.replay = Some(report);
                 }
@@ -409,6 +423,24 @@ impl Bench {
         scenario: Scenario,
         cap: Duration,
     ) -> Result<Report> {
+        let run = self.load_counted(db, label, api, scenario, cap, None);
+        Ok(run.await?.0)
+    }
+
+    /// [`Bench::load`], and with `processes`, the CPU time each of them
+    /// spent per operation of the run's measured part ([`Marker`]: `new`'s
+    /// charges, `replay`'s re-sends, not their setup nor the counting after
+    /// them): `/proc` read at its start and its end. The figure is in the
+    /// JSON too, as `cpu`.
+    async fn load_counted(
+        &mut self,
+        db: &TestDb,
+        label: &str,
+        api: &Process,
+        scenario: Scenario,
+        cap: Duration,
+        processes: Option<Processes>,
+    ) -> Result<(Report, Option<CpuPerOp>)> {
         let name = db.backend.name();
         let what = format!("{name} {label}");
         progress!("{what}: {scenario:?}");
@@ -421,17 +453,95 @@ impl Bench {
         }
         // The bench owns the sandbox: a reset makes its counters this run's.
         config.reset_sandbox = true;
+        let snapshots = Arc::new(Mutex::new(Vec::new()));
+        if let Some(processes) = processes {
+            let snapshots = snapshots.clone();
+            config.marker = Some(Marker::new(move |_| {
+                let snapshot = Snapshot::take(&processes);
+                let mut snapshots = snapshots.lock().unwrap_or_else(PoisonError::into_inner);
+                snapshots.push(snapshot);
+            }));
+        }
         let report = load::run(&config).await;
         let report = report.with_context(|| format!("{what}: the load run could not run"))?;
-        let json = self.out_dir.join(format!("{name}-{label}.json"));
-        let written = std::fs::write(&json, report.to_json());
-        written.with_context(|| format!("writing {}", json.display()))?;
+        let snapshots = snapshots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let cpu = match (snapshots.as_slice(), counted_operations(&report)) {
+            ([start, end], Some(operations)) => start.per_op(end, operations),
+            _ => None,
+        };
+        let mut json = serde_json::to_value(&report)?;
+        if let Some(cpu) = cpu {
+            json["cpu"] = serde_json::to_value(cpu)?;
+            json["cpu"]["warmup"] = self.settings.warmup.into();
+        }
+        let json_path = self.out_dir.join(format!("{name}-{label}.json"));
+        let written = std::fs::write(&json_path, serde_json::to_string_pretty(&json)?);
+        written.with_context(|| format!("writing {}", json_path.display()))?;
         eprint!("{}", report.to_text());
+        if let Some(cpu) = cpu {
+            let us = cpu.us;
+            progress!(
+                "{what}: CPU per operation over {} in {:.1} s: API {:.0} µs, database {:.0}, \
+                 sandbox {:.0}, load {:.0}",
+                cpu.operations,
+                cpu.secs,
+                us.api,
+                us.database,
+                us.sandbox,
+                us.load
+            );
+        }
         if !report.correct {
             let violations = report.violations.join("; ");
             self.fail(&what, format!("INCORRECT: {violations}"));
         }
-        Ok(report)
+        Ok((report, cpu))
+    }
+
+    /// `BENCH_WARMUP` operations of `scenario` (`new`, `replay`) on `api`,
+    /// measured nowhere (its JSON is `<backend>-<label>-warmup.json`), so
+    /// that the run after it meets a warm server: connections open, caches
+    /// and allocator filled, code paged in.
+    async fn warm_up(&mut self, db: &TestDb, label: &str, api: &Process, scenario: &Scenario) {
+        let requests = self.settings.warmup;
+        if requests == 0 {
+            return;
+        }
+        let warm = match *scenario {
+            Scenario::New { concurrency, .. } => Scenario::New {
+                requests,
+                concurrency,
+            },
+            Scenario::Replay {
+                keys, concurrency, ..
+            } => Scenario::Replay {
+                keys,
+                requests,
+                concurrency,
+            },
+            _ => return,
+        };
+        let label = format!("{label}-warmup");
+        let run = self
+            .load(db, &label, api, warm, self.settings.run_cap)
+            .await;
+        self.keep(&format!("{} {label}", db.backend.name()), run);
+    }
+
+    /// The processes a run on `backend` against `api` is charged with.
+    fn processes(&self, api: &Process, backend: Backend) -> Processes {
+        Processes {
+            api: api.pid(),
+            sandbox: self.sandbox.pid(),
+            database: match backend {
+                Backend::Postgres => self.pg_pid,
+                Backend::Mysql => self.mysql_pid,
+                _ => None,
+            },
+        }
     }
 
     /// Provider charge requests since the last reset (`/_sandbox/stats`).
@@ -578,4 +688,26 @@ fn batches(metrics: &(String, String)) -> Option<Vec<(String, u64)>> {
         below = cumulative;
     }
     (below > 0).then_some(out)
+}
+
+/// The operations a run's CPU is divided by: `new`'s charges (answered
+/// 201), `replay`'s re-sends; `None` for a scenario the bench does not count.
+fn counted_operations(report: &Report) -> Option<u64> {
+    match report.scenario {
+        "new" => Some(report.operations.charged),
+        "replay" => Some(report.stream("replay")?.requests),
+        _ => None,
+    }
+}
+
+/// The main process of the bench's server for `backend`, if it has one
+/// (`admin`).
+async fn server_pid(backend: Backend, admin: Option<&str>) -> Result<Option<u32>> {
+    let Some(admin) = admin else {
+        return Ok(None);
+    };
+    let pid = database::server_pid(backend, admin).await;
+    let pid = pid.with_context(|| format!("finding the {} server's process", backend.name()))?;
+    progress!("{}: server pid {pid}", backend.name());
+    Ok(Some(pid))
 }

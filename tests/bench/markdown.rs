@@ -10,6 +10,7 @@ use payments_loadtest::load::{Report, StreamReport};
 
 use crate::Bench;
 use crate::database::Pgbench;
+use crate::machine::CpuPerOp;
 use crate::results::{BackendResults, CacheFull, Prune, Slow};
 
 pub const ANALYSIS_START: &str = "<!-- analysis:start -->";
@@ -113,7 +114,13 @@ pub fn render(r: &Bench, analysis: &str) -> Result<String> {
                 name => format!("![Requests/s and p99 per scenario and backend]({name})\n\n"),
             },
         ),
-        ("new", each(r, |b| Some(b.new.as_ref()?.markdown()))),
+        (
+            "new",
+            each(r, |b| {
+                let cpu = cpu_table(b, b.new_cpu.as_ref(), "charge", r.settings.warmup);
+                Some(format!("{}{cpu}", b.new.as_ref()?.markdown()))
+            }),
+        ),
         (
             "batches",
             each(r, |b| Some(batch_table(b.batches.as_ref()?))),
@@ -122,7 +129,13 @@ pub fn render(r: &Bench, analysis: &str) -> Result<String> {
         ("health", each(r, |b| Some(b.health.as_ref()?.markdown()))),
         ("cache", each(r, |b| b.cache.as_ref())),
         ("pgbench", each(r, |b| b.pgbench.as_ref())),
-        ("replay", each(r, |b| Some(b.replay.as_ref()?.markdown()))),
+        (
+            "replay",
+            each(r, |b| {
+                let cpu = cpu_table(b, b.replay_cpu.as_ref(), "replay", r.settings.warmup);
+                Some(format!("{}{cpu}", b.replay.as_ref()?.markdown()))
+            }),
+        ),
         ("storm", each(r, |b| Some(b.storm.as_ref()?.markdown()))),
         ("refund", each(r, |b| Some(b.refund.as_ref()?.markdown()))),
         (
@@ -240,12 +253,11 @@ fn sheet(r: &Bench) -> Sheet<'_> {
             Some(batch_summary(batches))
         },
     );
-    let cpu = "new: CPU per charge (API + sandbox + load + database server)";
-    s.figure(cpu, |b| {
-        let parts = b.new_cpu?;
-        let each = parts.map(|us| format!("{us:.0} µs")).join(" + ");
-        Some(format!("{each} = {:.0} µs", parts.iter().sum::<f64>()))
+    s.figure("new: API CPU per charge", |b| {
+        Some(micros(b.new_cpu?.us.api))
     });
+    let cpu = "new: CPU per charge (API + database server + sandbox + load generator)";
+    s.figure(cpu, |b| Some(cpu_sum(b, &b.new_cpu?)));
     s.figure("health: `/healthz` req/s, p99", |b| {
         let health = b.health.as_ref()?.stream("health")?;
         let p99 = health.latency_us?.p99;
@@ -270,6 +282,11 @@ fn sheet(r: &Bench) -> Sheet<'_> {
         );
         Some((measured, Some(share >= 0.5 && p99 < 5_000)))
     });
+    s.figure("replay: API CPU per replay", |b| {
+        Some(micros(b.replay_cpu?.us.api))
+    });
+    let cpu = "replay: CPU per replay (API + database server + sandbox + load generator)";
+    s.figure(cpu, |b| Some(cpu_sum(b, &b.replay_cpu?)));
     s.figure("replay: cache hits / misses (hit rate)", |b| {
         let (hits, misses) = b.replay_cache?;
         Some(hit_rate(hits, misses))
@@ -380,6 +397,60 @@ fn sheet(r: &Bench) -> Sheet<'_> {
         Some(format!("{deleted} in {:.1} s", p.prune_wall_secs))
     });
     s
+}
+
+/// A run's CPU per operation, by process, as a table under the run's own
+/// (`what`: `charge`, `replay`); empty when it was not measured.
+fn cpu_table(b: &BackendResults, cpu: Option<&CpuPerOp>, what: &str, warmup: u64) -> String {
+    let Some(cpu) = cpu else {
+        return String::new();
+    };
+    let head = format!("CPU per {what} | API | database server | sandbox | load generator | total");
+    let mut table = Table::new(&head);
+    let us = cpu.us;
+    table.row([
+        format!(
+            "over {} {what}s after {warmup} of warm-up ({:.1} s)",
+            cpu.operations, cpu.secs
+        ),
+        micros(us.api),
+        database_micros(b, us.database, "(in the API)"),
+        micros(us.sandbox),
+        micros(us.load),
+        micros(us.total()),
+    ]);
+    table.to_string()
+}
+
+/// `API + database + sandbox + load = total`, µs per operation.
+fn cpu_sum(b: &BackendResults, cpu: &CpuPerOp) -> String {
+    let us = cpu.us;
+    let parts = [
+        micros(us.api),
+        database_micros(b, us.database, "-"),
+        micros(us.sandbox),
+        micros(us.load),
+    ];
+    format!("{} = {}", parts.join(" + "), micros(us.total()))
+}
+
+/// The database server's CPU per operation, or `none` on SQLite, which has
+/// no server (its work is the API's).
+fn database_micros(b: &BackendResults, us: f64, none: &str) -> String {
+    if b.backend == "sqlite" {
+        none.to_owned()
+    } else {
+        micros(us)
+    }
+}
+
+/// CPU time per operation: whole µs, tenths below 100 µs.
+fn micros(us: f64) -> String {
+    if us < 100.0 {
+        format!("{us:.1} µs")
+    } else {
+        format!("{us:.0} µs")
+    }
 }
 
 /// Hits and misses, and the share of hits.

@@ -4,6 +4,7 @@
 use payments_loadtest::load::Report;
 
 use crate::database::{Ceiling, Pgbench};
+use crate::machine::CpuPerOp;
 
 #[derive(Debug, Default)]
 pub struct BackendResults {
@@ -19,10 +20,11 @@ pub struct BackendResults {
     /// `GET /healthz` on the same API, at `replay`'s concurrency.
     pub health: Option<Report>,
     pub new: Option<Report>,
-    /// CPU per charge during `new`, µs: the API, the sandbox, the load
-    /// generator, PostgreSQL (see [`crate::machine::Snapshot`]).
-    pub new_cpu: Option<[f64; 4]>,
+    /// CPU per charge over `new`'s charges, by process.
+    pub new_cpu: Option<CpuPerOp>,
     pub replay: Option<Report>,
+    /// CPU per re-send over `replay`'s re-sends (not its setup), by process.
+    pub replay_cpu: Option<CpuPerOp>,
     /// The replay cache during `replay`: hits and misses.
     pub replay_cache: Option<(u64, u64)>,
     /// PostgreSQL only: more keys than the cache holds, each replayed twice.

@@ -4,10 +4,11 @@
 //! statuses only: benchmarks are not tests, so nothing here asserts a time.
 #![allow(clippy::unwrap_used)]
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use payments_loadtest::load::{
-    self, Config, EXIT_CORRECT, EXIT_ERROR, Report, Scenario, StoppedBy,
+    self, Config, EXIT_CORRECT, EXIT_ERROR, Mark, Marker, Report, Scenario, StoppedBy,
 };
 use payments_tests::{AppOptions, Backend, TestApp, spawn_app};
 
@@ -203,10 +204,16 @@ async fn replay_answers_every_request_from_the_store() {
         requests: 100,
         concurrency: 8,
     };
+    // The measured part is marked once each way, in order.
+    let marks = Arc::new(Mutex::new(Vec::new()));
+    let mut config = config_for(&app, scenario);
+    let seen = marks.clone();
+    config.marker = Some(Marker::new(move |mark| seen.lock().unwrap().push(mark)));
 
-    let report = load::run(&config_for(&app, scenario)).await.unwrap();
+    let report = load::run(&config).await.unwrap();
 
     assert_correct(&report);
+    assert_eq!(*marks.lock().unwrap(), [Mark::Start, Mark::End]);
     assert_eq!(statuses(&report, "replay"), [(201, 100)]);
     assert_eq!(report.stream("replay").unwrap().replays, 100);
     // The five setup charges, and nothing more.

@@ -10,6 +10,7 @@
 //! - `operation`: one logical charge (key and body fixed before the first
 //!   attempt), single attempts timed into a stream, the correct retry loop,
 //!   and what the answers named ([`Report::operations`]).
+//! - [`Marker`]: tells a caller where a run's measured part starts and ends.
 //! - `stream`: per-stream HDR histogram (µs), statuses, transport errors.
 //! - `scenarios`: `new`, `replay`, `storm`, `slow`, `refund`, `list`.
 //! - `sandbox`, `database`: the two counts.
@@ -39,6 +40,7 @@ mod stream;
 mod target;
 
 use std::collections::BTreeSet;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -332,6 +334,42 @@ pub struct Config {
     pub reset_sandbox: bool,
     /// Every charge's amount, GBP minor units, on `tok_visa`. Default 100.
     pub amount_cents: i64,
+    /// Told where the run's measured part starts and ends. Default none.
+    pub marker: Option<Marker>,
+}
+
+/// An edge of a run's measured part: the scenario's own requests (`new`'s
+/// charges, `replay`'s re-sends, `refund`'s refunds, ...), after its setup
+/// (the preflight, the sandbox's reset and count, the charges a `replay`,
+/// `refund` or `slow` makes first) and before the accounting (the counts at
+/// the sandbox and in the database).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mark {
+    /// The first of the scenario's own requests is about to be sent.
+    Start,
+    /// The last of them has its answer (or was cancelled at the cap).
+    End,
+}
+
+/// A callback given each [`Mark`] of a run, once, in order, on the run's
+/// task: so that a caller can read counters (CPU time, a server's metrics)
+/// around exactly the requests the scenario is about, and not around its
+/// setup or accounting. It should be quick: the run waits for it. A run
+/// that stops before its measured part (a setup that charged nothing to
+/// re-send, an error) gives no mark, or only [`Mark::Start`].
+#[derive(Clone)]
+pub struct Marker(Arc<dyn Fn(Mark) + Send + Sync>);
+
+impl Marker {
+    pub fn new(mark: impl Fn(Mark) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(mark))
+    }
+}
+
+impl fmt::Debug for Marker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Marker(..)")
+    }
 }
 
 impl Config {
@@ -347,6 +385,7 @@ impl Config {
             timeout: Duration::from_secs(30),
             reset_sandbox: false,
             amount_cents: 100,
+            marker: None,
         }
     }
 }
@@ -447,6 +486,7 @@ pub async fn run(config: &Config) -> Result<Report, LoadError> {
             backoff_cap: Duration::from_secs(5),
         },
         amount_cents: config.amount_cents,
+        marker: config.marker.clone(),
         violations: Violations::default(),
     });
     let outcome = match config.scenario {

@@ -21,6 +21,7 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::stream::{Stream, TransportError};
+use super::{Mark, Marker};
 
 /// What a read-only scenario reads.
 #[derive(Debug, Clone)]
@@ -48,6 +49,8 @@ pub(crate) struct Run {
     pub timeout: Duration,
     pub retry: RetryPolicy,
     pub amount_cents: i64,
+    /// [`super::Config::marker`].
+    pub marker: Option<Marker>,
     pub violations: Violations,
 }
 
@@ -172,6 +175,13 @@ impl Violations {
 }
 
 impl Run {
+    /// Gives `mark` to [`super::Config::marker`], if any.
+    pub(crate) fn mark(&self, mark: Mark) {
+        if let Some(Marker(marker)) = &self.marker {
+            marker(mark);
+        }
+    }
+
     /// Until the deadline, new work may start.
     pub(crate) fn open(&self) -> bool {
         Instant::now() < self.deadline

@@ -1,6 +1,7 @@
 //! The scenarios. Each returns its streams and one [`OpRecord`] per
 //! logical charge (setup charges included); [`super::run`] does the
-//! accounting.
+//! accounting. Each marks its measured part ([`Mark`]): its own requests,
+//! after its setup.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,10 +12,10 @@ use tokio::sync::{Barrier, watch};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::LoadError;
 use super::operation::{Looked, OpRecord, Operation, Read, Run, Seen};
 use super::sandbox::Sandbox;
 use super::stream::{Stream, TransportError};
+use super::{LoadError, Mark};
 
 /// What a scenario hands back for the report.
 #[derive(Debug)]
@@ -139,7 +140,9 @@ pub(crate) async fn new_charges(
     concurrency: u64,
 ) -> Result<Outcome, LoadError> {
     let charge = stream("charge", &[201, 409])?;
+    run.mark(Mark::Start);
     let (ops, completed) = drive_many(run, "new", requests, concurrency, &charge).await?;
+    run.mark(Mark::End);
     Ok(Outcome {
         streams: vec![charge],
         ops: ops.into_iter().map(|(_, r)| r).collect(),
@@ -167,6 +170,7 @@ pub(crate) async fn replay(
             completed: false,
         });
     }
+    run.mark(Mark::Start);
     let next = Arc::new(AtomicU64::new(0));
     let mut workers = JoinSet::new();
     for _ in 0..concurrency.min(requests) {
@@ -185,6 +189,7 @@ pub(crate) async fn replay(
         });
     }
     join_all(workers).await?;
+    run.mark(Mark::End);
     let sent = next.load(Ordering::Relaxed).min(requests);
     Ok(Outcome {
         streams: vec![setup, replays],
@@ -204,6 +209,7 @@ pub(crate) async fn storm(
 ) -> Result<Outcome, LoadError> {
     let storm = stream("storm", &[201, 409])?;
     let last = stream("final", &[201, 409])?;
+    run.mark(Mark::Start);
     let next = Arc::new(AtomicU64::new(0));
     let mut workers = JoinSet::new();
     for _ in 0..concurrency.min(keys) {
@@ -225,6 +231,7 @@ pub(crate) async fn storm(
     for records in join_all(workers).await? {
         ops.extend(records?);
     }
+    run.mark(Mark::End);
     let completed = ops.len() as u64 >= keys;
     Ok(Outcome {
         streams: vec![storm, last],
@@ -296,6 +303,7 @@ pub(crate) async fn refunds(
         Some(sandbox) => Some(sandbox.refund_count().await?),
         None => None,
     };
+    run.mark(Mark::Start);
     let (targets, next, made) = (
         Arc::new(targets),
         Arc::new(AtomicU64::new(0)),
@@ -340,6 +348,7 @@ pub(crate) async fn refunds(
     for done in join_all(workers).await? {
         done?;
     }
+    run.mark(Mark::End);
     let made = made.load(Ordering::Relaxed);
     if let (Some(sandbox), Some(before)) = (sandbox, before) {
         let at_provider = sandbox.refund_count().await? - before;
@@ -369,6 +378,7 @@ pub(crate) async fn reads(
         Read::Health => "health",
     };
     let pages = stream(name, &[200])?;
+    run.mark(Mark::Start);
     let next = Arc::new(AtomicU64::new(0));
     let mut workers = JoinSet::new();
     for _ in 0..concurrency.min(requests) {
@@ -380,6 +390,7 @@ pub(crate) async fn reads(
         });
     }
     join_all(workers).await?;
+    run.mark(Mark::End);
     Ok(Outcome {
         streams: vec![pages],
         ops: Vec::new(),
@@ -419,7 +430,9 @@ pub(crate) async fn slow(
     let mut ops: Vec<OpRecord> = created.into_iter().map(|(_, r)| r).collect();
 
     sandbox.set_latency(settings.provider_latency).await?;
+    run.mark(Mark::Start);
     let phase = in_flight(run, settings, targets).await;
+    run.mark(Mark::End);
     let restored = sandbox.set_latency(Duration::ZERO).await;
     let (mut streams, charges, all_done) = phase?;
     if let Err(e) = restored {
