@@ -199,6 +199,23 @@ async fn bad_configuration_is_refused_at_start() {
         ),
         (
             &[
+                ("JWT_HS256_SECRET", "0123456789abcdef0123456789abcdef-x"),
+                ("GATEWAY_URL", "https://api.stripe.example"),
+                ("GATEWAY_SECRET_KEY", "sk_test_x"),
+            ],
+            "PROVIDER_KEY_SECRET must be set with a real GATEWAY_URL",
+        ),
+        (
+            &[
+                ("JWT_HS256_SECRET", "0123456789abcdef0123456789abcdef-x"),
+                ("GATEWAY_URL", "https://api.stripe.example"),
+                ("GATEWAY_SECRET_KEY", "sk_test_x"),
+                ("PROVIDER_KEY_SECRET", "short"),
+            ],
+            "PROVIDER_KEY_SECRET must be at least 32 bytes",
+        ),
+        (
+            &[
                 ("JWT_HS256_SECRET", DEV_JWT_SECRET),
                 ("SQLITE_WRITE_BATCH", "0"),
             ],

@@ -185,4 +185,38 @@ async fn a_restored_database_makes_every_operation_once(backend: Backend) {
     restored.stop().await.unwrap();
 }
 
-backend_tests!(a_restored_database_makes_every_operation_once);
+/// Every process of one database derives under one secret: the first to
+/// start pins its fingerprint; an API replica or a jobs runner with another
+/// `PROVIDER_KEY_SECRET` refuses to start, naming both fingerprints.
+async fn another_provider_key_secret_is_refused_at_start(backend: Backend) {
+    let Some(db) = TestDb::new(backend, 1).await else {
+        return;
+    };
+    let sandbox = Process::start("payments-sandbox", &["--listen", "127.0.0.1:0"], &[]).await;
+    let first = api(&db, &sandbox).await;
+    first.stop().await.unwrap();
+    let other = [(
+        "PROVIDER_KEY_SECRET",
+        "another-secret-another-secret-0123456789",
+    )];
+    for binary in ["payments-api", "payments-jobs"] {
+        let args: &[&str] = if binary == "payments-jobs" {
+            &["reap", "--once"]
+        } else {
+            &[]
+        };
+        let (ok, _, stderr) = run_binary(binary, args, &api_env(&db, &sandbox, &other)).await;
+        assert!(!ok, "{binary} must refuse another secret");
+        assert!(
+            stderr.contains("PROVIDER_KEY_SECRET is not the secret this database's operations were derived under"),
+            "{binary}: {stderr}"
+        );
+    }
+    // The secret it was started with still serves.
+    api(&db, &sandbox).await.stop().await.unwrap();
+}
+
+backend_tests!(
+    a_restored_database_makes_every_operation_once,
+    another_provider_key_secret_is_refused_at_start,
+);
