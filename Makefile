@@ -9,9 +9,14 @@ DEV_JWT_SECRET := dev-only-secret-do-not-use-in-production
 .PHONY: run test bench lint fmt build clean-data contract
 
 ## Serve on http://127.0.0.1:8080 with SQLite and the built-in sandbox.
+## Builds every binary first, in one build (payments-api, payments-jobs,
+## payments-sandbox, payments-smoke, payments-load), so the docs' commands,
+## which run target/debug/<binary>, start at once: `cargo run -p X` would
+## compile again, since features unify differently per package.
 run:
+	$(CARGO) build --workspace --bins
 	JWT_HS256_SECRET="$${JWT_HS256_SECRET:-$(DEV_JWT_SECRET)}" \
-	$(CARGO) run -p payments-api --bin payments-api
+	"$${CARGO_TARGET_DIR:-target}/debug/payments-api"
 
 ## Every test on every backend: SQLite; PostgreSQL and MariaDB from
 ## TEST_POSTGRES_URL / TEST_MYSQL_URL, else throwaway servers from the local

@@ -13,7 +13,11 @@
 //! - The dashboard and `docs/rollout.md` name only the metrics the binaries
 //!   record (`payments_api::telemetry::{COUNTERS, HISTOGRAMS}`), and the
 //!   dashboard shows them all.
+//! - The docs run the binaries `make run` built, never `cargo run`
+//!   (`docs.rs`).
 #![allow(clippy::unwrap_used)]
+
+mod docs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -1,0 +1,54 @@
+//! The docs run the binaries `make run` built, never `cargo run`: a
+//! `cargo run -p X` compiles X again (features unify differently per
+//! package), minutes on a laptop. Every `target/debug/NAME` they name is a
+//! binary of the workspace.
+
+use std::path::PathBuf;
+
+use crate::{read, root, workspace};
+
+/// README.md, docs/*.md and every crate's README.md, relative to the root.
+fn markdown() -> Vec<String> {
+    let mut files = vec!["README.md".to_owned()];
+    for dir in ["docs", "crates"] {
+        let entries = std::fs::read_dir(root().join(dir)).unwrap();
+        for entry in entries.map(|e| e.unwrap().path()) {
+            let candidate: PathBuf = if entry.is_dir() {
+                entry.join("README.md")
+            } else {
+                entry
+            };
+            if candidate.extension().is_some_and(|e| e == "md") && candidate.is_file() {
+                let relative = candidate.strip_prefix(root()).unwrap();
+                files.push(relative.to_string_lossy().into_owned());
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn the_docs_run_the_built_binaries() {
+    let (_, bins) = workspace();
+    let files = markdown();
+    assert!(files.iter().any(|f| f == "docs/operations.md"), "{files:?}");
+    for file in files {
+        let text = read(&file);
+        for (n, line) in (1..).zip(text.lines()) {
+            assert!(
+                !line.contains("cargo run"),
+                "{file}:{n} runs `cargo run` (it compiles again); name the built binary: {line}"
+            );
+            for named in line.split("target/debug/").skip(1) {
+                let name: String = named
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+                    .collect();
+                // `target/debug/` alone names the directory.
+                let named_binary = name.is_empty() || bins.contains_key(&name);
+                assert!(named_binary, "{file}:{n}: no binary {name:?}: {line}");
+            }
+        }
+    }
+}
