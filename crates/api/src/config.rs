@@ -86,7 +86,7 @@ pub struct Settings {
     /// Where the in-process sandbox listens when GATEWAY_URL is unset.
     #[arg(long, env = "SANDBOX_LISTEN_ADDR", default_value = "127.0.0.1:12111")]
     pub sandbox_listen_addr: SocketAddr,
-    /// Run the reaper and the pruner in this process too. Default: on with
+    /// Run the reaper, the pruner and the reconciler in this process too. Default: on with
     /// the in-process sandbox (so `make run` is complete), off otherwise
     /// (run `payments-jobs` instead).
     #[arg(long, env = "WITH_JOBS", num_args = 0..=1, default_missing_value = "true")]
