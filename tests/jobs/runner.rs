@@ -153,6 +153,15 @@ async fn reconcile_runs_as_a_process(backend: Backend) {
         once.contains("reconcile pass") && once.contains("dry_run=false"),
         "{once}"
     );
+    // Its counts are fields of their own, as docs/operations.md lists them.
+    for field in [
+        "succeeded=0",
+        "needs_person=0",
+        "orphans_new=0",
+        "orphans_open=0",
+    ] {
+        assert!(once.contains(field), "no {field} in {once}");
+    }
 }
 
 /// `payments-jobs run` exits 0 within a few seconds of SIGTERM.

@@ -155,7 +155,25 @@ impl Reconciler {
             let window = self.settings.orphan_window;
             report.orphans = self.service.find_orphans(window, lag, apply).await?;
         }
-        tracing::info!(?report, dry_run = !apply, "reconcile pass");
+        // Each count its own field, so a JSON log can be queried by it.
+        let orphans = report.orphans;
+        tracing::info!(
+            succeeded = report.succeeded,
+            failed = report.failed,
+            not_made = report.not_made,
+            already_settled = report.already_settled,
+            lagging = report.lagging,
+            needs_person = report.needs_person,
+            lookup_failed = report.lookup_failed,
+            pending = report.pending,
+            orphans_seen = orphans.seen,
+            orphans_new = orphans.new,
+            orphans_settled = orphans.settled,
+            orphans_open = orphans.open,
+            orphans_lookup_failed = orphans.lookup_failed,
+            dry_run = !apply,
+            "reconcile pass"
+        );
         Ok(report)
     }
 }
