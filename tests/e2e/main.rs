@@ -246,6 +246,31 @@ async fn bad_configuration_is_refused_at_start() {
     }
 }
 
+/// A typo in a SQLite path creates a new, empty database: the server says
+/// so, with the absolute path, once (not when it finds the file).
+#[tokio::test]
+async fn a_new_sqlite_database_is_announced_with_its_path() {
+    let dir = std::env::temp_dir().join(format!("payments-new-{}", uuid::Uuid::new_v4().simple()));
+    let file = dir.join("typo").join("payments.db");
+    let url = format!("sqlite://{}", file.display());
+    let env = [
+        ("DATABASE_URL", url.as_str()),
+        ("LISTEN_ADDR", "127.0.0.1:0"),
+        ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
+        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+    ];
+    let needle = "no SQLite database at DATABASE_URL's path: creating a new, empty one";
+    let first = Process::start("payments-api", &[], &env).await;
+    let log = first.log();
+    let shown = file.display().to_string();
+    assert!(log.contains(needle) && log.contains(&shown), "{log}");
+    first.stop().await.unwrap();
+    let again = Process::start("payments-api", &[], &env).await;
+    assert!(!again.log().contains(needle), "{}", again.log());
+    again.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Two API processes on one database, concurrent same-key requests sent
 /// alternately to both: the database arbitrates, one charge.
 async fn two_api_processes_share_one_database(backend: Backend) {

@@ -84,10 +84,22 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10));
-        if let Some(dir) = options.get_filename().parent()
+        let file = options.get_filename();
+        // A typo in DATABASE_URL would otherwise start on a new, empty
+        // database without a word: say where one was created.
+        let new = file != std::path::Path::new(":memory:") && !file.exists();
+        if let Some(dir) = file.parent()
             && !dir.as_os_str().is_empty()
         {
             std::fs::create_dir_all(dir).map_err(|e| classify(sqlx::Error::from(e)))?;
+        }
+        if new {
+            let path = std::path::absolute(file).unwrap_or_else(|_| file.to_owned());
+            tracing::warn!(
+                path = %path.display(),
+                "no SQLite database at DATABASE_URL's path: creating a new, empty one; if a \
+                 database was expected there, check the path"
+            );
         }
         let health = Arc::new(WriterHealth::default());
         let replaces = health.clone();
