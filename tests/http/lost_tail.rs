@@ -300,6 +300,43 @@ async fn ten_operations_lost_at_once_are_each_made_once(backend: Backend) {
     assert_eq!(provider_charge_ids(&app).await, ids);
 }
 
+/// Ten requests at once reusing one expired key: every one of them finds
+/// the first generation taken and moves to the second, and the record's
+/// reclaim lets one through: one new payment, one new provider charge;
+/// the others get 409 or the new payment's replay.
+async fn ten_reuses_of_an_expired_key_at_once_make_one_new_payment(backend: Backend) {
+    let Some(app) = app(backend, SandboxConfig::default()).await else {
+        return;
+    };
+    let app = std::sync::Arc::new(app);
+    let key = new_key();
+    let first = charge(&app, &key, 800).await;
+    assert_eq!(first.status, 201);
+    app.db.age(Some(&key), Duration::from_secs(25 * 3600)).await;
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let (app, key) = (app.clone(), key.clone());
+            tokio::spawn(async move { charge(&app, &key, 800).await })
+        })
+        .collect();
+    let mut new_ids = std::collections::BTreeSet::new();
+    for task in tasks {
+        let answer = task.await.unwrap();
+        assert!(matches!(answer.status, 201 | 409), "{:?}", answer.body);
+        if answer.status == 201 {
+            new_ids.insert(answer.body["id"].as_str().unwrap().to_owned());
+        }
+    }
+    assert_eq!(new_ids.len(), 1, "one new payment: {new_ids:?}");
+    assert!(!new_ids.contains(first.body["id"].as_str().unwrap()));
+    assert_eq!(
+        app.sandbox_charges().await.len(),
+        2,
+        "one new provider charge"
+    );
+    assert_eq!(app.db.charges().await, 2);
+}
+
 /// A key reused after its record expired is a new payment, with a new
 /// provider charge, while the provider still remembers the old key; and
 /// that second generation, lost with the tail, is made once too.
@@ -373,5 +410,6 @@ backend_tests!(
     another_refund_body_after_a_lost_tail_is_refused,
     ten_operations_lost_at_once_are_each_made_once,
     a_key_reused_after_expiry_is_a_new_payment_even_after_a_lost_tail,
+    ten_reuses_of_an_expired_key_at_once_make_one_new_payment,
     a_stored_provider_key_of_the_old_format_is_re_driven_as_stored,
 );

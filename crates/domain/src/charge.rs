@@ -440,8 +440,9 @@ pub struct Charge {
 
 impl Charge {
     /// A new `pending` charge, with a fresh random id and its provider key
-    /// (a claim replaces both with derived ones, [`crate::store::Claim::derive`]). It is not stored yet, so it has no time: its timestamps are the
-    /// Unix epoch until the store writes the row and returns it stamped with
+    /// (a claim replaces both with derived ones,
+    /// [`crate::store::Claim::derive`]). It is not stored yet, so it has no
+    /// time: its timestamps are the Unix epoch until the store writes the row and returns it stamped with
     /// the database's clock (`ClaimOutcome::Claimed`, `Store::insert_charge`);
     /// only the stored charge is ever shown.
     pub fn pending(customer: &CustomerId, request: &ChargeRequest) -> Self {

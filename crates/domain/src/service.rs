@@ -358,8 +358,8 @@ impl ChargeService {
             claim.read_first = false;
         }
         let mut generation = 0;
+        claim.derive(&self.policy.derivation, generation);
         loop {
-            claim.derive(&self.policy.derivation, generation);
             match self.store.claim(&claim).await? {
                 // The key was used before, by an operation whose record
                 // has expired: this is a new one, of the first generation
@@ -409,11 +409,8 @@ impl ChargeService {
     ) -> Result<u32, StoreError> {
         for generation in taken + 1..MAX_GENERATIONS {
             claim.derive(&self.policy.derivation, generation);
-            let made = match &claim.operation {
-                Operation::Charge(c) => self.store.charge(&c.id).await?.is_some(),
-                Operation::Refund(r) => self.store.refund(&r.id).await?.is_some(),
-            };
-            if !made {
+            let operation = &claim.operation;
+            if !self.is_a_row(operation.kind(), operation.id()).await? {
                 return Ok(generation);
             }
         }
@@ -421,6 +418,14 @@ impl ChargeService {
             "idempotency key {:?} has {MAX_GENERATIONS} generations on {}",
             claim.key, claim.route
         )))
+    }
+
+    /// Whether our charge (or refund) `id` has its row.
+    async fn is_a_row(&self, kind: OperationKind, id: &str) -> Result<bool, StoreError> {
+        Ok(match kind {
+            OperationKind::Charge => self.store.charge(id).await?.is_some(),
+            OperationKind::Refund => self.store.refund(id).await?.is_some(),
+        })
     }
 
     /// Finds orphans: charges and refunds the provider made within the
@@ -460,14 +465,7 @@ impl ChargeService {
             };
             for object in objects {
                 report.seen += 1;
-                let known = match kind {
-                    OperationKind::Charge => {
-                        self.store.charge(&object.operation_id).await?.is_some()
-                    }
-                    OperationKind::Refund => {
-                        self.store.refund(&object.operation_id).await?.is_some()
-                    }
-                };
+                let known = self.is_a_row(kind, &object.operation_id).await?;
                 if known || (apply && !self.store.record_orphan(&object).await?) {
                     continue;
                 }

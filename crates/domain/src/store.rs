@@ -21,7 +21,7 @@ use crate::idempotency::{
     StoredResponse,
 };
 use crate::list::{ChargeQuery, Page};
-use crate::provider::ProviderObject;
+use crate::provider::{OperationKind, ProviderObject};
 use crate::refund::{Refund, RefundStatus};
 
 /// A backend's error, boxed: the domain knows no database driver.
@@ -92,6 +92,13 @@ impl Operation {
         match self {
             Self::Charge(c) => &c.id,
             Self::Refund(r) => &r.id,
+        }
+    }
+
+    pub fn kind(&self) -> OperationKind {
+        match self {
+            Self::Charge(_) => OperationKind::Charge,
+            Self::Refund(_) => OperationKind::Refund,
         }
     }
 }

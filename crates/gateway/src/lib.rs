@@ -138,23 +138,24 @@ pub struct HttpGateway {
     refund_paging: (u8, u32),
 }
 
-/// Which object a call makes or finds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Charge,
-    Refund,
+// Which object a call makes or finds: the domain's kind, with the names
+// the provider's API and our metrics give it.
+use payments_domain::provider::OperationKind as Kind;
+
+trait Calls {
+    /// As in `metadata[payments_{name}_id]` and in messages.
+    fn name(self) -> &'static str;
+    /// The POST's path below `/v1/`, and its `call` label.
+    fn call(self) -> &'static str;
+    /// The lookup's `call` label.
+    fn lookup(self) -> &'static str;
 }
 
-impl Kind {
-    /// As in `metadata[payments_{name}_id]` and in messages.
+impl Calls for Kind {
     fn name(self) -> &'static str {
-        match self {
-            Self::Charge => "charge",
-            Self::Refund => "refund",
-        }
+        self.as_str()
     }
 
-    /// The POST's path below `/v1/`, and its `call` label.
     fn call(self) -> &'static str {
         match self {
             Self::Charge => "charges",
@@ -162,7 +163,6 @@ impl Kind {
         }
     }
 
-    /// The lookup's `call` label.
     fn lookup(self) -> &'static str {
         match self {
             Self::Charge => "find_charge",
@@ -393,10 +393,6 @@ impl Gateway for HttpGateway {
         kind: OperationKind,
         created: CreatedWindow,
     ) -> Result<Vec<ProviderObject>, String> {
-        let kind = match kind {
-            OperationKind::Charge => Kind::Charge,
-            OperationKind::Refund => Kind::Refund,
-        };
         let url = format!("{}/v1/{}", self.base_url, kind.call());
         let (from, to) = (created.from.to_string(), created.to.to_string());
         let limit = REFUND_PAGE_SIZE.to_string();
@@ -430,10 +426,7 @@ impl Gateway for HttpGateway {
                 let object = decode_value::<wire::Object>(object)
                     .map_err(|e| unreadable(format!(": {e}")))?;
                 ours.push(ProviderObject {
-                    kind: match kind {
-                        Kind::Charge => OperationKind::Charge,
-                        Kind::Refund => OperationKind::Refund,
-                    },
+                    kind,
                     provider_id: object.id,
                     operation_id,
                     amount_cents: object.amount.unwrap_or_default(),
