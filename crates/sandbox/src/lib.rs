@@ -20,7 +20,8 @@
 //! - `processing`: the path both `POST /v1/*` endpoints share:
 //!   authentication, the idempotency decision and the processing task
 //!   (latency, faults, the operation) that survives the client hanging up.
-//! - `charges`: `POST /v1/charges` (the charge) and `GET /v1/charges`.
+//! - `charges`: `POST /v1/charges` (the charge), `GET /v1/charges` and
+//!   `GET /v1/charges/{id}`.
 //! - `refunds`: `POST /v1/refunds` (the refund), `GET /v1/refunds`,
 //!   `GET /v1/refunds/{id}`, and `POST /_sandbox/refunds/{id}` (settles a
 //!   pending refund).
@@ -41,9 +42,10 @@
 //! | --- | --- |
 //! | `POST /v1/charges` | form: `amount`, `currency`, `source`, `description`, `metadata[k]`; `Authorization: Bearer <key>` (any key, or only `secret_key` when set); optional `Idempotency-Key`. Answers Stripe's charge object (with `amount_refunded`, `refunded`) |
 //! | `POST /v1/refunds` | form: `charge` (`ch_...`), `amount` (default: what is left), `reason` (`duplicate`, `fraudulent`, `requested_by_customer`), `metadata[k]`; bearer auth and `Idempotency-Key` as for charges. Answers Stripe's refund object (`re_...`, with the configured `refund_status`: `succeeded` unless set to `pending`, `requires_action`, `failed` or `canceled`) |
-//! | `GET /v1/refunds` | query: `charge` (optional), `limit` (1-100, default 10), `starting_after` (a refund id of the list: the next page); bearer auth. Stripe's list, newest first, `has_more` while older refunds are left. With `nulls_in_refund_lists`, a refund made without metadata shows `metadata` and `status` null |
+//! | `GET /v1/refunds` | query: `charge` (optional), `created[gte]`, `created[gt]`, `created[lte]`, `created[lt]` or `created` (Unix seconds, optional), `limit` (1-100, default 10), `starting_after` (a refund id of the list: the next page); bearer auth. Stripe's list, newest first, `has_more` while older refunds are left. With `nulls_in_refund_lists`, a refund made without metadata shows `metadata` and `status` null |
 //! | `GET /v1/refunds/{id}` | bearer auth. The refund as it stands now; 404 `resource_missing` for an unknown id |
 //! | `GET /v1/charges` | query: `created[gte]`, `created[gt]`, `created[lte]`, `created[lt]` or `created` (Unix seconds), `limit` (1-100, default 10), `starting_after` (`ch_...`: the page after it); bearer auth. Stripe's list, newest first, with `has_more`; shows a charge at once, whatever `search_lag_ms` |
+//! | `GET /v1/charges/{id}` | bearer auth. The charge as it stands now (`amount_refunded`, `refunded`); 404 `resource_missing` for an unknown id. How a replayed answer is re-read before it is adopted |
 //! | `GET /v1/charges/search` | query: `query=metadata['KEY']:'VALUE'` (or double quotes), `limit` (1-100, default 10); bearer auth. Stripe's `search_result`, newest first, once the index caught up (`search_lag_ms`) |
 //! | `GET`/`POST /_sandbox/config` | read / replace the [`SandboxConfig`] (JSON) |
 //! | `GET /_sandbox/charges` | `{"data":[..]}`: every charge made or declined, oldest first |
