@@ -18,6 +18,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod docs;
+mod links;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
