@@ -458,7 +458,7 @@ async fn retry_after_of_a_429_is_honoured() {
 async fn a_rate_limited_charge_is_retried_after_the_wait_and_made_once() {
     let app = app(AppOptions {
         // Burst 1, one a second.
-        rate_limit: (60, 1),
+        rate_limit: Some((60, 1)),
         ..AppOptions::default()
     })
     .await;

@@ -46,7 +46,6 @@ fn claim(key: &str, customer: &str, body: &Value) -> Claim {
         lease: NewLease::new(LEASE),
         ttl: TTL,
         operation: Operation::Charge(Charge::pending(&customer_id, &request)),
-        read_first: true,
     }
 }
 
@@ -114,10 +113,7 @@ async fn concurrent_claims_have_one_winner(backend: Backend) {
         .map(|i| {
             let store = db.racer(i);
             let barrier = barrier.clone();
-            let mut c = claim("race-key", &format!("cus_{}", i % 2), &body(100));
-            // Half skip the read before the write, as the service's claims
-            // do after a rate-limit check has just read the key.
-            c.read_first = i % 4 < 2;
+            let c = claim("race-key", &format!("cus_{}", i % 2), &body(100));
             tokio::spawn(async move {
                 barrier.wait().await;
                 store.claim(&c).await.unwrap()
@@ -674,11 +670,6 @@ async fn existing_records_carry_owner_and_fingerprint(backend: Backend) {
     );
     assert_eq!(complete.state, RecordState::Complete);
     check(&complete);
-    // A claim told not to read first still finds it, at the write.
-    let mut unread = claim("owned-key", "cus_2", &body(50));
-    unread.read_first = false;
-    let found = existing(store.claim(&unread).await.unwrap());
-    assert_eq!((found.id, found.state), (record_id, RecordState::Complete));
     assert_eq!(
         db.charges().await,
         1,
@@ -858,7 +849,6 @@ fn refund_claim(key: &str, charge: &Charge, amount: Option<i64>) -> Claim {
         lease: NewLease::new(LEASE),
         ttl: TTL,
         operation: Operation::Refund(Refund::pending(&customer, charge, &request)),
-        read_first: true,
     }
 }
 

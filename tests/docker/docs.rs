@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use crate::{read, root, workspace};
 
 /// README.md, docs/*.md and every crate's README.md, relative to the root.
-fn markdown() -> Vec<String> {
+pub(crate) fn markdown() -> Vec<String> {
     let mut files = vec!["README.md".to_owned()];
     for dir in ["docs", "crates"] {
         let entries = std::fs::read_dir(root().join(dir)).unwrap();
@@ -49,6 +49,22 @@ fn the_docs_run_the_built_binaries() {
                 let named_binary = name.is_empty() || bins.contains_key(&name);
                 assert!(named_binary, "{file}:{n}: no binary {name:?}: {line}");
             }
+        }
+    }
+}
+
+/// The README and the loadtest README name every check `payments-smoke`
+/// runs: a staging pipeline's reader learns there what a FAIL line means.
+#[test]
+fn the_readmes_list_every_smoke_check() {
+    for file in ["README.md", "crates/loadtest/README.md"] {
+        let text = read(file);
+        for check in payments_loadtest::smoke::Check::ALL {
+            let name = format!("`{}`", check.name());
+            assert!(
+                text.contains(&name),
+                "{file} does not list the smoke check {name}"
+            );
         }
     }
 }

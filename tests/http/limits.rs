@@ -23,7 +23,7 @@ async fn a_burst_from_one_customer_is_cut_at_its_limit(backend: Backend) {
             latency_ms: 3000,
             ..SandboxConfig::default()
         },
-        rate_limit: (1, BURST),
+        rate_limit: Some((1, BURST)),
         // Replays then reach the database, where the limit is decided.
         replay_cache: false,
         ..AppOptions::default()
@@ -121,7 +121,7 @@ async fn a_burst_from_one_customer_is_cut_at_its_limit(backend: Backend) {
 /// Refunds are new operations too, under the same per-customer rate.
 async fn refunds_count_against_the_same_rate(backend: Backend) {
     let options = AppOptions {
-        rate_limit: (1, 2),
+        rate_limit: Some((1, 2)),
         ..AppOptions::default()
     };
     let Some(app) = spawn_app(backend, options).await else {
@@ -141,7 +141,86 @@ async fn refunds_count_against_the_same_rate(backend: Backend) {
     assert_eq!(app.sandbox_refunds().await.len(), 1);
 }
 
+/// Twenty concurrent first attempts of one new key are one operation: one
+/// unit of the customer's budget, whichever attempt's claim wins. The
+/// others find its record (409 while it is in flight, or its replay), none
+/// is a 429, and the budget left is the burst less one. On a server that
+/// counts each attempt before the claim arbitrates (check, then act), the
+/// attempts spend the whole burst and most of them get 429.
+async fn concurrent_attempts_of_one_key_spend_one_unit(backend: Backend) {
+    const ATTEMPTS: usize = 20;
+    const SMALL_BURST: u32 = 3;
+    let options = AppOptions {
+        // The provider takes 1 s: every attempt arrives while the first
+        // is in flight.
+        sandbox: SandboxConfig {
+            latency_ms: 1000,
+            ..SandboxConfig::default()
+        },
+        rate_limit: Some((1, SMALL_BURST)),
+        // Every attempt reaches the database, where the claim decides.
+        replay_cache: false,
+        ..AppOptions::default()
+    };
+    let Some(app) = spawn_app(backend, options).await else {
+        return;
+    };
+    let app = Arc::new(app);
+    let key = new_key();
+    let body = charge_body(2500, "tok_visa");
+    let barrier = Arc::new(tokio::sync::Barrier::new(ATTEMPTS));
+    let attempts: Vec<_> = (0..ATTEMPTS)
+        .map(|_| {
+            let (app, key, body, barrier) =
+                (app.clone(), key.clone(), body.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let answer = app.post_charge("cus_eager", Some(&key), &body).await;
+                let status = answer.status().as_u16();
+                let replayed = answer.headers().contains_key("idempotent-replay");
+                let body: Value = answer.json().await.unwrap_or(Value::Null);
+                (status, replayed, body)
+            })
+        })
+        .collect();
+    let (mut made, mut replays) = (Vec::new(), Vec::new());
+    let mut in_flight = 0;
+    for attempt in attempts {
+        let (status, replayed, body) = attempt.await.unwrap();
+        match status {
+            201 if !replayed => made.push(body["id"].as_str().unwrap().to_owned()),
+            201 => replays.push(body["id"].as_str().unwrap().to_owned()),
+            409 => in_flight += 1,
+            other => panic!("attempt answered {other}, expected 201 or 409: {body}"),
+        }
+    }
+    assert_eq!(made.len(), 1, "one attempt made the charge: {made:?}");
+    assert!(
+        replays.iter().all(|id| *id == made[0]),
+        "{replays:?} replay {made:?}"
+    );
+    assert!(in_flight > 0, "the others met it in flight");
+    assert_eq!(app.sandbox_charges().await.len(), 1);
+    assert_eq!(app.db.charges().await, 1);
+
+    // One unit spent: the burst has SMALL_BURST - 1 left, then a 429.
+    for n in 1..SMALL_BURST {
+        let next = app.post_charge("cus_eager", Some(&new_key()), &body).await;
+        assert_eq!(next.status(), 201, "new operation {n} of the burst left");
+    }
+    let over = app.post_charge("cus_eager", Some(&new_key()), &body).await;
+    assert_eq!(over.status(), 429, "the burst is spent");
+    assert_eq!(app.sandbox_charges().await.len(), SMALL_BURST as usize);
+    assert_eq!(app.db.charges().await, i64::from(SMALL_BURST));
+    assert_eq!(
+        app.db.records().await,
+        i64::from(SMALL_BURST),
+        "the 429 stored nothing"
+    );
+}
+
 backend_tests!(
     a_burst_from_one_customer_is_cut_at_its_limit,
+    concurrent_attempts_of_one_key_spend_one_unit,
     refunds_count_against_the_same_rate,
 );

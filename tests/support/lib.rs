@@ -500,7 +500,6 @@ impl TestDb {
             lease: NewLease::new(Duration::from_secs(1)),
             ttl: Duration::from_secs(24 * 3600),
             operation: Operation::Charge(charge),
-            read_first: true,
         };
         let stuck = match self.store.claim(&claim).await.expect("claim") {
             ClaimOutcome::Claimed {
@@ -850,8 +849,9 @@ pub struct AppOptions {
     /// TTL the database reported, which aging shortens behind its back.
     pub replay_cache: bool,
     /// `RATE_LIMIT_PER_MINUTE` and `RATE_LIMIT_BURST`: off (0) unless a
-    /// test sets it, set explicitly so the default never throttles a test.
-    pub rate_limit: (u32, u32),
+    /// test sets it, set explicitly so the default never throttles a test;
+    /// `None`: the server's defaults, as a new deployment has them.
+    pub rate_limit: Option<(u32, u32)>,
     /// `PROVIDER_MAX_PROCESSING`; `None`: its default.
     pub provider_max_processing: Option<Duration>,
     /// `SQLITE_WRITE_BATCH`: SQLite's group commit (1: off).
@@ -869,7 +869,7 @@ impl Default for AppOptions {
             key_mode: KeyMode::Required,
             http: payments_api::server::HttpTimeouts::default(),
             replay_cache: true,
-            rate_limit: (0, 0),
+            rate_limit: Some((0, 0)),
             provider_max_processing: None,
             sqlite_write_batch: payments_store::DEFAULT_WRITE_BATCH,
         }
@@ -939,10 +939,12 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
     if !options.replay_cache {
         settings.core.charges.replay_cache_mb = 0;
     }
-    (
-        settings.core.charges.rate_limit_per_minute,
-        settings.core.charges.rate_limit_burst,
-    ) = options.rate_limit;
+    if let Some(limit) = options.rate_limit {
+        (
+            settings.core.charges.rate_limit_per_minute,
+            settings.core.charges.rate_limit_burst,
+        ) = limit;
+    }
     let provider = Provider::Remote {
         url: sandbox.url(),
         secret_key: SANDBOX_SECRET_KEY.into(),

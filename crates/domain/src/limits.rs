@@ -1,10 +1,11 @@
 //! The per-customer rate of new operations (card testing: a script trying
-//! stolen card tokens one after another under one account). Only requests
-//! that would start a new operation count, and only they are refused: with
-//! a limit set, the service first reads the key's record (no lock), and a
-//! key that has one (a replay, a 409, a 422, a takeover) is answered as
-//! always and uses none of the customer's budget. Two requests with one new
-//! key sent at the same instant may both count; one of them gets the 409.
+//! stolen card tokens one after another under one account). Only new
+//! operations count, and only they are refused: the budget is taken by the
+//! attempt whose claim created the key's record, after the claim, so one
+//! operation costs one unit however many attempts race for its key. The
+//! others found the record and are answered from it (a replay, a 409, a
+//! 422, a takeover), using none of the budget. A claim over the rate is
+//! undone under its lease before the provider is called, and answered 429.
 //! The adapter keeps its counts in memory, per process.
 
 use std::time::Duration;

@@ -331,7 +331,6 @@ impl ChargeService {
             lease: NewLease::new(self.policy.lease),
             ttl: self.policy.ttl,
             operation,
-            read_first: true,
         };
         if let Some(record) = self.remembered(key, route) {
             return self
@@ -339,24 +338,6 @@ impl ChargeService {
                 .await;
         }
         let sent = std::time::Instant::now();
-        if let Some(limit) = &self.rate_limit {
-            // Only a new operation counts against the customer's rate: a
-            // key that already has a record goes to its replay, 409 or 422
-            // (or its takeover) and uses none of it. A record past its TTL
-            // is as absent: its key starts a new operation.
-            let found = self.store.record_by_key(key, route).await?;
-            if let Some(record) = found.filter(|r| !r.reclaimable()) {
-                self.remember(&record, sent);
-                return self
-                    .resume(record, customer, fingerprinted, &fingerprint)
-                    .await;
-            }
-            limit
-                .admit(customer)
-                .map_err(|retry_after| self.limited(route, retry_after))?;
-            // Just read: the claim need not read it again.
-            claim.read_first = false;
-        }
         let mut generation = 0;
         claim.derive(&self.policy.derivation, generation);
         loop {
@@ -373,6 +354,8 @@ impl ChargeService {
                     operation,
                 } => {
                     tracing::debug!(%record_id, operation = operation.id(), "claimed");
+                    self.admit(customer, route, record_id, &claim.lease.token, &operation)
+                        .await?;
                     return self
                         .drive(
                             record_id,
@@ -496,6 +479,30 @@ impl ChargeService {
             metrics::gauge!(ORPHANS, "kind" => kind.as_str()).set(n as f64);
         }
         Ok(report)
+    }
+
+    /// Charges a won claim to its customer's rate ([`crate::limits`]):
+    /// only the attempt whose claim created the record gets here, so one
+    /// operation costs one unit however many attempts race for its key
+    /// (the others found the record: a 409, a replay or a 422). Over the
+    /// rate, the claim is undone under its lease, as if the request had
+    /// never come (the provider was not called), and answered 429.
+    async fn admit(
+        &self,
+        customer: &CustomerId,
+        route: &'static str,
+        record_id: RecordId,
+        lease_token: &LeaseToken,
+        operation: &Operation,
+    ) -> Result<(), ChargeError> {
+        let Some(limit) = &self.rate_limit else {
+            return Ok(());
+        };
+        let Err(retry_after) = limit.admit(customer) else {
+            return Ok(());
+        };
+        self.store.forget(record_id, lease_token, operation).await?;
+        Err(self.limited(route, retry_after))
     }
 
     /// The refusal of a request over its customer's rate, counted.

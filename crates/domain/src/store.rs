@@ -142,12 +142,6 @@ pub struct Claim {
     /// store sets its timestamps. A refund's amount is reserved on its
     /// charge in the same transaction.
     pub operation: Operation,
-    /// Whether the store looks for the key's record before writing, to
-    /// answer a known key without a write. False when the caller read it
-    /// just before and found none (or one past its TTL), so it is not read
-    /// twice. Only a shortcut either way: a record that appeared since is
-    /// still found by the write, which the unique index arbitrates.
-    pub read_first: bool,
 }
 
 /// A provider charge or refund that names one of our operations, with no

@@ -1,6 +1,10 @@
 //! The HTTP checks. Each sends raw single requests (no retry loop) so it
 //! sees every status the server gives, and judges them against the contract.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
 use payments_client::client::{Answer, Client, Exchange, exchange};
 use payments_client::error::error_chain;
 use payments_client::key::IdempotencyKey;
@@ -9,12 +13,17 @@ use payments_client::model::{ApiError, ChargeQuery, ChargeRequest, RefundRequest
 use super::Config;
 use super::report::{Check, CheckResult};
 
+/// How long one request may wait out the server's rate limit in all.
+const MOST_RATE_WAIT: Duration = Duration::from_secs(120);
+
 /// One smoke run: its id, its client and its settings.
 #[derive(Debug)]
 pub(crate) struct Run {
     pub id: String,
     pub client: Client,
     pub config: Config,
+    /// How long each check waited out 429 `rate_limited` answers.
+    pub waited: Mutex<BTreeMap<Check, Duration>>,
 }
 
 impl Run {
@@ -30,8 +39,29 @@ impl Run {
         .with_metadata("smoke_check", check.name())
     }
 
-    /// One `POST /api/charges`, answered or described as a failure.
+    /// One `POST /api/charges` for `check`, answered or described as a
+    /// failure. A 429 `rate_limited` is waited out (its `Retry-After`, for
+    /// at most [`MOST_RATE_WAIT`] in all) and the request sent again: the
+    /// server stored nothing for it, and the smoke is a customer like any
+    /// other, under the server's per-customer rate. The wait is noted.
     async fn post(
+        &self,
+        check: Check,
+        key: Option<&IdempotencyKey>,
+        request: &ChargeRequest,
+    ) -> Result<Exchange, String> {
+        let mut waited = Duration::ZERO;
+        loop {
+            let answer = self.post_once(key, request).await?;
+            match rate_limited(&[&answer]) {
+                Some(wait) if self.wait_out(check, wait, &mut waited).await => {}
+                _ => return Ok(answer),
+            }
+        }
+    }
+
+    /// One `POST /api/charges`, whatever it answers.
+    async fn post_once(
         &self,
         key: Option<&IdempotencyKey>,
         request: &ChargeRequest,
@@ -41,6 +71,48 @@ impl Run {
             .await
             .map_err(|e| error_chain(&e))
     }
+
+    /// Sleeps `wait` for `check` and notes it, unless `waited` would then
+    /// exceed [`MOST_RATE_WAIT`] (false: give up).
+    async fn wait_out(&self, check: Check, wait: Duration, waited: &mut Duration) -> bool {
+        if *waited + wait > MOST_RATE_WAIT {
+            return false;
+        }
+        tokio::time::sleep(wait).await;
+        *waited += wait;
+        if let Ok(mut all) = self.waited.lock() {
+            *all.entry(check).or_default() += wait;
+        }
+        true
+    }
+
+    /// `result`, with a note of the time its check waited out the rate
+    /// limit, if it did.
+    pub(crate) fn noted(&self, result: CheckResult) -> CheckResult {
+        let waited = self
+            .waited
+            .lock()
+            .ok()
+            .and_then(|all| all.get(&result.name).copied());
+        match waited {
+            Some(wait) if result.note.is_none() => result.with_note(format!(
+                "waited {} s for the server's per-customer rate limit (429 rate_limited, which \
+                 stores nothing; RATE_LIMIT_PER_MINUTE)",
+                wait.as_secs()
+            )),
+            _ => result,
+        }
+    }
+}
+
+/// The longest `Retry-After` among `answers` that are 429 `rate_limited`
+/// (1 s if one has none), or `None` if none is.
+fn rate_limited(answers: &[&Exchange]) -> Option<Duration> {
+    answers
+        .iter()
+        .filter(|a| a.status == 429 && ApiError::from_response(429, &a.body).code == "rate_limited")
+        .map(|a| a.retry_after.unwrap_or(Duration::from_secs(1)))
+        .max()
 }
 
 /// A check's verdict and the charges its answers named.
@@ -66,17 +138,28 @@ pub(crate) async fn concurrent_same_key(run: &Run) -> Checked {
     let check = Check::ConcurrentSameKey;
     let key = IdempotencyKey::generate();
     let request = run.request(check);
-    let (a, b) = tokio::join!(
-        run.post(Some(&key), &request),
-        run.post(Some(&key), &request)
-    );
-    let (a, b) = match (a, b) {
-        (Ok(a), Ok(b)) => (a, b),
-        (Err(e), _) | (_, Err(e)) => {
-            return Checked {
-                result: CheckResult::fail(check, format!("a request failed: {e}")),
-                charge_ids: Vec::new(),
-            };
+    // A pair that made nothing because the customer was over its rate
+    // (429, and 409 for a claim the 429 then undid) is sent again after
+    // the wait: neither stored anything.
+    let mut waited = Duration::ZERO;
+    let (a, b) = loop {
+        let (a, b) = tokio::join!(
+            run.post_once(Some(&key), &request),
+            run.post_once(Some(&key), &request)
+        );
+        let (a, b) = match (a, b) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                return Checked {
+                    result: CheckResult::fail(check, format!("a request failed: {e}")),
+                    charge_ids: Vec::new(),
+                };
+            }
+        };
+        let made = is_fresh_charge(&a) || is_fresh_charge(&b);
+        match rate_limited(&[&a, &b]) {
+            Some(wait) if !made && run.wait_out(check, wait, &mut waited).await => {}
+            _ => break (a, b),
         }
     };
     let mut charge_ids: Vec<String> = [&a, &b].into_iter().filter_map(charge_id).collect();
@@ -127,15 +210,23 @@ async fn judge_second(
             ),
             None => fail("the second 201 names no charge".to_owned()),
         },
-        409 => {
-            let code = ApiError::from_response(409, &second.body).code;
-            if code != "request_in_progress" {
+        409 | 429 => {
+            let code = ApiError::from_response(second.status, &second.body).code;
+            let expected = if second.status == 409 {
+                "request_in_progress"
+            } else {
+                "rate_limited"
+            };
+            if code != expected {
                 return fail(format!(
-                    "409 with code {code}, expected request_in_progress"
+                    "{} with code {code}, expected {expected}",
+                    second.status
                 ));
             }
-            // The loser was told to wait: its retry with the same key must
-            // get the winner's stored answer.
+            // The loser was told to wait (its key in flight, or, when the
+            // two raced a rate limit's refill, over the rate with nothing
+            // stored): its retry with the same key must get the winner's
+            // stored answer.
             match run.client.charge_with_key(key, request).await {
                 Ok(outcome) => match &outcome.answer {
                     Answer::Done(charge) if charge.id == id && outcome.replayed => {
@@ -177,7 +268,7 @@ pub(crate) async fn sequential_replay(run: &Run) -> SequentialChecked {
         charge_ids,
         completed,
     };
-    let first = match run.post(Some(&key), &request).await {
+    let first = match run.post(check, Some(&key), &request).await {
         Ok(first) => first,
         Err(e) => {
             let result = CheckResult::fail(check, format!("the first request failed: {e}"));
@@ -196,7 +287,7 @@ pub(crate) async fn sequential_replay(run: &Run) -> SequentialChecked {
     };
     let mut charge_ids = vec![first_id.clone()];
     let completed = Some((key.clone(), request.clone()));
-    let second = match run.post(Some(&key), &request).await {
+    let second = match run.post(check, Some(&key), &request).await {
         Ok(second) => second,
         Err(e) => {
             let result = CheckResult::fail(check, format!("the retry failed: {e}"));
@@ -245,7 +336,7 @@ pub(crate) async fn key_reuse_other_body(
         None => {
             let key = IdempotencyKey::generate();
             let request = run.request(check);
-            match run.post(Some(&key), &request).await {
+            match run.post(check, Some(&key), &request).await {
                 Ok(first) if is_fresh_charge(&first) => {}
                 Ok(first) => {
                     return CheckResult::fail(
@@ -264,7 +355,7 @@ pub(crate) async fn key_reuse_other_body(
         amount_cents: request.amount_cents + 1,
         ..request
     };
-    match run.post(Some(&key), &other).await {
+    match run.post(check, Some(&key), &other).await {
         Err(e) => CheckResult::fail(check, format!("the request failed: {e}")),
         Ok(answer) => {
             let code = ApiError::from_response(answer.status, &answer.body).code;
@@ -298,7 +389,7 @@ pub(crate) async fn key_reuse_other_body(
 pub(crate) async fn missing_key(run: &Run) -> CheckResult {
     let check = Check::MissingKey;
     let request = run.request(check);
-    match run.post(None, &request).await {
+    match run.post(check, None, &request).await {
         Err(e) => CheckResult::fail(check, format!("the request failed: {e}")),
         Ok(answer) => {
             let code = ApiError::from_response(answer.status, &answer.body).code;
@@ -362,14 +453,20 @@ fn describe(exchange: &Exchange) -> String {
     }
 }
 
-/// A charge, then two concurrent refunds of half of it under one key (each
+/// A charge (`sequential_replay`'s, read by replaying its key, so the run
+/// starts no more operations than it must; or a new one if that check made
+/// none), then two concurrent refunds of half of it under one key (each
 /// through the client's retry loop): both end with the same refund, and
 /// the charge counts exactly that much refunded. Then the charge's key
 /// finds it in `GET /api/charges`.
-pub(crate) async fn refund_once_and_find(run: &Run) -> [CheckResult; 2] {
+pub(crate) async fn refund_once_and_find(
+    run: &Run,
+    completed: Option<(IdempotencyKey, ChargeRequest)>,
+) -> [CheckResult; 2] {
     let (refund, list) = (Check::RefundOnce, Check::ListFindsCharge);
-    let key = IdempotencyKey::generate();
-    let charge = match run.client.charge_with_key(&key, &run.request(refund)).await {
+    let (key, request) =
+        completed.unwrap_or_else(|| (IdempotencyKey::generate(), run.request(refund)));
+    let charge = match run.client.charge_with_key(&key, &request).await {
         Ok(outcome) => match outcome.answer {
             Answer::Done(charge) => charge,
             Answer::Declined(e) => {

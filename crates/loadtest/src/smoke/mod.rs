@@ -4,7 +4,13 @@
 //! Safe to run repeatedly against staging: every run uses fresh keys, small
 //! amounts on a sandbox test card (`tok_visa`, 100 minor units by default),
 //! and tags each charge with `metadata.smoke_run = <run id>` and
-//! `metadata.smoke_check = <check name>`, so its charges can be found.
+//! `metadata.smoke_check = <check name>`, so its charges can be found. A run
+//! starts three operations (two charges and a refund; four if the server
+//! serves keyless requests), so it fits the
+//! server's default per-customer burst three times over; beyond it, a 429
+//! `rate_limited` is waited out (`Retry-After`, at most two minutes per
+//! request) and noted on its check, never judged a failure: the server
+//! stored nothing for it.
 //!
 //! The checks, in order (see [`Check`]):
 //! 1. `concurrent_same_key`: two concurrent requests with one key make one
@@ -16,7 +22,11 @@
 //! 4. `missing_key`: no key is 400 `idempotency_key_missing` (a 201 means the
 //!    server is in `optional` rollout mode: a pass with a note, or a failure
 //!    with [`Config::require_key`]).
-//! 5. `one_row_per_key` (with [`Config::database_url`]): exactly one
+//! 5. `refund_once`: two concurrent refunds of half of check 2's charge
+//!    under one key make one refund, which the charge then counts.
+//! 6. `list_finds_charge`: `GET /api/charges?idempotency_key=` finds the
+//!    charge that key made.
+//! 7. `one_row_per_key` (with [`Config::database_url`]): exactly one
 //!    `charges` row for each keyed operation.
 //!
 //! [`run`] is the whole smoke; the binary only parses flags and prints the
@@ -112,15 +122,17 @@ pub async fn run(config: &Config) -> Result<Report, SmokeError> {
         id: run_id.clone(),
         client,
         config: config.clone(),
+        waited: Default::default(),
     };
     let mut results = Vec::new();
     let concurrent = checks::concurrent_same_key(&run).await;
     results.push(concurrent.result);
     let sequential = checks::sequential_replay(&run).await;
     results.push(sequential.result);
-    results.push(checks::key_reuse_other_body(&run, sequential.completed).await);
+    results.push(checks::key_reuse_other_body(&run, sequential.completed.clone()).await);
     results.push(checks::missing_key(&run).await);
-    results.extend(checks::refund_once_and_find(&run).await);
+    results.extend(checks::refund_once_and_find(&run, sequential.completed).await);
+    let mut results: Vec<CheckResult> = results.into_iter().map(|r| run.noted(r)).collect();
 
     let mut skipped = Vec::new();
     match &mut database {

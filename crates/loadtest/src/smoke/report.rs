@@ -28,6 +28,17 @@ pub enum Check {
 }
 
 impl Check {
+    /// Every check, in the order the smoke runs them.
+    pub const ALL: [Check; 7] = [
+        Self::ConcurrentSameKey,
+        Self::SequentialReplay,
+        Self::KeyReuseOtherBody,
+        Self::MissingKey,
+        Self::RefundOnce,
+        Self::ListFindsCharge,
+        Self::OneRowPerKey,
+    ];
+
     pub const fn name(self) -> &'static str {
         match self {
             Self::ConcurrentSameKey => "concurrent_same_key",
