@@ -28,7 +28,7 @@ test:
 	$(CARGO) build --workspace --bins --quiet
 	@mkdir -p target
 	@set -o pipefail; REQUIRE_ALL_BACKENDS="$${REQUIRE_ALL_BACKENDS:-0}" \
-	  $(CARGO) test --workspace --all-targets 2>&1 | tee target/test.log
+	  { $(CARGO) test --workspace --all-targets && $(CARGO) test --workspace --doc; } 2>&1 | tee target/test.log
 	@./scripts/test-summary target/test.log
 
 ## Benchmarks of the release binaries on SQLite, PostgreSQL and MariaDB

@@ -58,6 +58,12 @@
 //! [`client::exchange`]; a service calls [`Client::charge`].
 #![forbid(unsafe_code)]
 
+// README.md's examples are compiled by `cargo test --doc` (which `make test`
+// runs), so the README cannot drift from the API again.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub mod client;
 pub mod error;
 pub mod key;
