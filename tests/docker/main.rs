@@ -19,6 +19,7 @@
 
 mod docs;
 mod links;
+mod logs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

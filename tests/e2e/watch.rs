@@ -227,3 +227,63 @@ async fn jobs_json_logs_are_all_json() {
     assert!(has_error(&lines, "GATEWAY_URL is not set"), "{stderr}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The `ABANDONED` line, as the real `payments-jobs` writes it with
+/// `LOG_FORMAT=json`, carries what docs/operations.md's runbook needs to
+/// reconcile by hand: which operation and customer, the provider key to
+/// search the provider by, and the amount and currency to match its object.
+#[tokio::test]
+async fn the_abandoned_line_carries_what_reconciling_needs() {
+    let Some(db) = payments_tests::TestDb::new(payments_tests::Backend::Sqlite, 1).await else {
+        panic!("SQLite is always available");
+    };
+    let key = payments_tests::new_key();
+    let body: Value = serde_json::from_str(&payments_tests::charge_body(4321, "tok_visa")).unwrap();
+    let (_, charge_id) = db
+        .stuck_request(&key, "cus_runbook", &body, Duration::from_secs(3600))
+        .await;
+    let env = [
+        ("DATABASE_URL", db.url.as_str()),
+        // Nothing listens on the discard port: the outcome stays unknown.
+        ("GATEWAY_URL", "http://127.0.0.1:9"),
+        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+        ("ABANDON_AFTER", "1m"),
+        ("LOG_FORMAT", "json"),
+    ];
+    let (ok, stdout, stderr) = run_binary("payments-jobs", &["reap", "--once"], &env).await;
+    assert!(ok, "{stderr}");
+    let mut lines = json_lines("payments-jobs stdout", &stdout);
+    lines.extend(json_lines("payments-jobs stderr", &stderr));
+    let abandoned = lines
+        .iter()
+        .find(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("ABANDONED: provider outcome unknown"))
+        })
+        .unwrap_or_else(|| panic!("no ABANDONED line in:\n{stdout}\n{stderr}"));
+    let fields = &abandoned["fields"];
+    assert_eq!(abandoned["level"], "ERROR");
+    assert_eq!(fields["operation"], charge_id.as_str(), "{fields}");
+    assert_eq!(fields["kind"], "charge", "{fields}");
+    assert_eq!(fields["customer_id"], "cus_runbook", "{fields}");
+    assert_eq!(fields["amount_cents"], 4321, "{fields}");
+    assert_eq!(fields["currency"], "GBP", "{fields}");
+    let provider_key = fields["provider_key"].as_str().unwrap_or_default();
+    assert!(provider_key.starts_with("payments-charge-"), "{fields}");
+    assert!(
+        fields["record_id"].is_number() || fields["record_id"].is_string(),
+        "{fields}"
+    );
+    assert!(
+        fields["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("--abandon-after")),
+        "{fields}"
+    );
+    let pass = lines
+        .iter()
+        .find(|l| l["fields"]["message"] == "reap pass")
+        .unwrap_or_else(|| panic!("no reap pass line in:\n{stdout}\n{stderr}"));
+    assert_eq!(pass["fields"]["abandoned"], 1, "{pass}");
+}

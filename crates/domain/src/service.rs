@@ -691,11 +691,13 @@ impl ChargeService {
                 .await?
         {
             let operation = self.store.operation(record).await?;
-            tracing::error!(
-                record_id = %record.id,
-                operation = operation.id(),
-                "ABANDONED: claimed longer ago than the provider's key retention allows a \
-                 re-drive; marked unknown, reconcile it with the provider"
+            log_abandoned(
+                record.id,
+                &operation,
+                None,
+                "past the provider's key retention",
+                "claimed longer ago than the provider's key retention allows a re-drive; marked \
+                 unknown, reconcile it with the provider",
             );
             metrics::counter!(ABANDONED_TOTAL, "reason" => "key_retention").increment(1);
             return self
@@ -748,14 +750,14 @@ impl ChargeService {
                     Doubt::Mismatch => "provider_mismatch",
                     _ => "replayed_error",
                 };
-                tracing::error!(
-                    %record_id,
-                    operation = operation.id(),
-                    doubt = doubt.as_str(),
-                    %reason,
-                    "ABANDONED: the provider answers this operation's key the same way to every \
-                     call (an answer that does not match it, or an error it saved); no re-drive \
-                     can learn more, marked unknown for reconciliation"
+                log_abandoned(
+                    record_id,
+                    &operation,
+                    Some(doubt.as_str()),
+                    &reason,
+                    "the provider answers this operation's key the same way to every call (an \
+                     answer that does not match it, or an error it saved); no re-drive can learn \
+                     more, marked unknown for reconciliation",
                 );
                 metrics::counter!(ABANDONED_TOTAL, "reason" => why).increment(1);
                 return self
@@ -1360,4 +1362,33 @@ fn refused(envelope: &ErrorEnvelope) -> StoredResponse {
         content_type: JSON.to_owned(),
         location: None,
     }
+}
+
+/// The one `ABANDONED:` log line (error), whoever abandons: what reconciling
+/// the operation by hand needs, in fields of their own (the provider key to
+/// search the provider by, the amount and currency to match its object).
+/// `what` follows `ABANDONED: ` in the message.
+pub fn log_abandoned(
+    record_id: RecordId,
+    operation: &Operation,
+    doubt: Option<&str>,
+    reason: &str,
+    what: &str,
+) {
+    let (customer_id, provider_key, amount_cents, currency) = match operation {
+        Operation::Charge(c) => (&c.customer_id, &c.provider_key, c.amount_cents, &c.currency),
+        Operation::Refund(r) => (&r.customer_id, &r.provider_key, r.amount_cents, &r.currency),
+    };
+    tracing::error!(
+        %record_id,
+        operation = operation.id(),
+        kind = operation.kind().as_str(),
+        customer_id = %customer_id,
+        provider_key = %provider_key,
+        amount_cents,
+        currency = %currency,
+        doubt,
+        reason,
+        "ABANDONED: {what}"
+    );
 }

@@ -24,7 +24,9 @@ use std::time::Duration;
 
 use payments_domain::idempotency::IdempotencyRecord;
 use payments_domain::provider::Doubt;
-use payments_domain::service::{ABANDONED_TOTAL, ChargeError, ChargeService, OnUnknown};
+use payments_domain::service::{
+    ABANDONED_TOTAL, ChargeError, ChargeService, OnUnknown, log_abandoned,
+};
 use payments_domain::store::{ClaimAge, NewLease, Operation, Store, StoreError};
 use payments_domain::time;
 
@@ -326,13 +328,12 @@ impl Reaper {
             .await
         {
             Ok(reply) if !reply.replayed => {
-                tracing::error!(
-                    record_id = %record.id,
-                    operation = operation.id(),
-                    route = %record.route,
-                    customer_id = %record.customer_id,
-                    %reason,
-                    "ABANDONED: provider outcome unknown; marked unknown, reconcile it with the provider"
+                log_abandoned(
+                    record.id,
+                    operation,
+                    None,
+                    reason,
+                    "provider outcome unknown; marked unknown, reconcile it with the provider",
                 );
                 metrics::counter!(ABANDONED_TOTAL, "reason" => "reaper").increment(1);
                 Handled::Abandoned
