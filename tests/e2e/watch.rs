@@ -287,3 +287,76 @@ async fn the_abandoned_line_carries_what_reconciling_needs() {
         .unwrap_or_else(|| panic!("no reap pass line in:\n{stdout}\n{stderr}"));
     assert_eq!(pass["fields"]["abandoned"], 1, "{pass}");
 }
+
+/// Logs by cause, not by status: a provider outage answered 503
+/// `gateway_unavailable` with `Retry-After` is expected, so its lines are
+/// at most WARN and carry the code; only a database outage and unexpected
+/// failures are errors. (tower-http's own line, `response failed ...
+/// classification=Status code: 503` at ERROR, flooded alerting on a
+/// provider blip.)
+#[tokio::test]
+async fn a_provider_outage_is_not_logged_as_an_error() {
+    let Some(db) = payments_tests::TestDb::new(payments_tests::Backend::Sqlite, 1).await else {
+        panic!("SQLite is always available");
+    };
+    let sandbox = Process::start("payments-sandbox", &["--listen", "127.0.0.1:0"], &[]).await;
+    let env = crate::api_env(&db, &sandbox, &[("LOG_FORMAT", "json")]);
+    let (mut running, stdout) = Process::spawn("payments-api", &[], &env);
+    let stdout = drain(stdout);
+    assert!(
+        running.wait_for_log(&["\"message\":\"serving\""]).await,
+        "did not start:\n{}",
+        running.log()
+    );
+    let serving = json_lines("payments-api stderr", &running.log())
+        .into_iter()
+        .find(|l| l["fields"]["message"] == "serving")
+        .expect("the serving line");
+    let addr = serving["fields"]["addr"].as_str().expect("addr").to_owned();
+    let api = Process::detached(format!("http://{addr}"));
+    // The provider answers 500 to every call: each charge's outcome is
+    // unknown, answered 503 with Retry-After.
+    let config = reqwest::Client::new()
+        .post(format!("{}/_sandbox/config", sandbox.url))
+        .json(&serde_json::json!({"error_rate": 1.0}))
+        .send()
+        .await
+        .unwrap();
+    assert!(config.status().is_success());
+    let token = crate::mint("cus_blip").await;
+    for _ in 0..3 {
+        let key = payments_tests::new_key();
+        let answer = api
+            .post_charge(&token, &key, &payments_tests::charge_body(700, "tok_visa"))
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), 503);
+        assert!(answer.headers().contains_key("retry-after"));
+    }
+    let status = running.terminate(Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+    let log = format!("{}{}", stdout.await.unwrap(), running.log());
+    let lines = json_lines("payments-api log", &log);
+    let errors: Vec<&Value> = lines.iter().filter(|l| l["level"] == "ERROR").collect();
+    assert!(
+        errors.is_empty(),
+        "a provider outage logged errors: {errors:#?}"
+    );
+    let answered: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["fields"]["message"] == "provider unavailable; answered 503 with Retry-After")
+        .collect();
+    assert_eq!(answered.len(), 3, "{log}");
+    for line in answered {
+        assert_eq!(line["level"], "WARN");
+        assert_eq!(line["fields"]["code"], "gateway_unavailable");
+    }
+    // Each request's own line carries its status and its error's code.
+    let finished: Vec<&Value> = lines
+        .iter()
+        .filter(|l| {
+            l["fields"]["status"] == 503 && l["span"]["error_code"] == "gateway_unavailable"
+        })
+        .collect();
+    assert_eq!(finished.len(), 3, "{log}");
+}

@@ -154,6 +154,8 @@ impl From<StoreError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, code) = self.status_and_code();
+        // On the request's line (its span), whatever the cause.
+        tracing::Span::current().record("error_code", code);
         match &self {
             Self::InProgress => {
                 metrics::counter!(crate::telemetry::IDEMPOTENCY_CONFLICTS_TOTAL).increment(1)
@@ -166,6 +168,14 @@ impl IntoResponse for ApiError {
                 tracing::error!(%detail, "database unavailable; answered 503")
             }
             Self::NotReady(detail) => tracing::warn!(%detail, "not ready"),
+            // Expected: the provider's outcome is unknown, the client
+            // retries with its key after Retry-After (the service logged
+            // why, with the operation).
+            Self::GatewayUnavailable(doubt) => tracing::warn!(
+                code,
+                doubt = doubt.as_str(),
+                "provider unavailable; answered 503 with Retry-After"
+            ),
             _ => {}
         }
         let param = match &self {

@@ -84,8 +84,15 @@ pub fn router(state: AppState) -> Router {
     if let Err(e) = telemetry::install() {
         tracing::warn!(error = %e, "metrics recorder unavailable; /metrics will answer 500");
     }
+    // Every answer is one INFO line with its status, and an error's code
+    // on its span (`error_code`). tower-http's own failure line (ERROR
+    // for any 5xx) is off: a provider blip answered 503 with Retry-After
+    // is expected, not an error. Errors are logged by their cause where
+    // they are answered (`ApiError::into_response`): a database outage and
+    // unexpected failures at ERROR, a provider outage at WARN.
     let trace = TraceLayer::new_for_http()
         .on_response(DefaultOnResponse::new().level(tracing::Level::INFO))
+        .on_failure(())
         .make_span_with(|request: &Request<_>| {
             let request_id = request
                 .headers()
@@ -99,6 +106,7 @@ pub fn router(state: AppState) -> Router {
                 path = %request.uri().path(),
                 idempotency_key = tracing::field::Empty,
                 replayed = tracing::field::Empty,
+                error_code = tracing::field::Empty,
             )
         });
     let key_ttl = axum::middleware::map_response_with_state(state.clone(), with_key_ttl);
