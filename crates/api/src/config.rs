@@ -369,6 +369,17 @@ mod tests {
         assert!(refused(&["--jwt-hs256-secret=short"]).contains("32 bytes"));
         assert!(refused(&[SECRET, "--lease=5s", "--gateway-timeout=10s"]).contains("LEASE"));
         assert!(refused(&[SECRET, "--idempotency-ttl=48h"]).contains("retention"));
+        let outlived = refused(&[
+            SECRET,
+            "--allow-short-ttl",
+            "--idempotency-ttl=20s",
+            "--lease=30s",
+            "--gateway-timeout=5s",
+        ]);
+        assert!(
+            outlived.contains("LEASE (30s) must be shorter than IDEMPOTENCY_TTL (20s)"),
+            "{outlived}"
+        );
         let short = refused(&[SECRET, "--idempotency-ttl=59m"]);
         assert!(
             short.contains("at least 1h") && short.contains("ALLOW_SHORT_TTL"),

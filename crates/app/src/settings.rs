@@ -85,7 +85,13 @@ impl Settings {
             );
         }
         if self.gateway.lease >= ttl {
-            return Err("LEASE must be shorter than IDEMPOTENCY_TTL".into());
+            return Err(ConfigError(format!(
+                "LEASE ({}) must be shorter than IDEMPOTENCY_TTL ({}): a record expires a TTL \
+                 after its claim, so an attempt that finished later would leave an answer \
+                 already expired, and its client's next retry would start a second operation",
+                humantime::format_duration(self.gateway.lease),
+                humantime::format_duration(ttl)
+            )));
         }
         if self.charges.max_amount_cents <= 0 {
             return Err("MAX_AMOUNT_CENTS must be greater than 0".into());
