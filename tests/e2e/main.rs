@@ -246,6 +246,42 @@ async fn bad_configuration_is_refused_at_start() {
     }
 }
 
+/// A database server that is not listening is said at once, by address,
+/// by both binaries: "connection refused at HOST:PORT", not "pool timed out
+/// while waiting for an open connection" after the acquire timeout (30 s
+/// here, so the old behaviour fails on its message).
+#[tokio::test]
+async fn a_database_that_refuses_connections_is_named_at_once() {
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        probe.local_addr().unwrap().port()
+    };
+    for (scheme, backend) in [("postgres", "PostgreSQL"), ("mysql", "MySQL/MariaDB")] {
+        let url = format!("{scheme}://root@127.0.0.1:{port}/payments");
+        let env = [
+            ("DATABASE_URL", url.as_str()),
+            ("DATABASE_ACQUIRE_TIMEOUT", "30s"),
+            ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+            ("LISTEN_ADDR", "127.0.0.1:0"),
+            ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
+        ];
+        let expected =
+            format!("cannot connect to {backend}: connection refused at 127.0.0.1:{port}");
+        for (binary, args) in [
+            ("payments-api", &[][..]),
+            ("payments-jobs", &["prune", "--once"][..]),
+        ] {
+            let (ok, _, stderr) = run_binary(binary, args, &env).await;
+            assert!(!ok, "{binary} started on {url}");
+            assert!(
+                stderr.contains(&expected),
+                "{binary}: expected {expected:?} in:\n{stderr}"
+            );
+            assert!(!stderr.contains("pool timed out"), "{binary}:\n{stderr}");
+        }
+    }
+}
+
 /// A typo in a SQLite path creates a new, empty database: the server says
 /// so, with the absolute path, once (not when it finds the file).
 #[tokio::test]

@@ -145,6 +145,48 @@ pub(crate) async fn ping_if_idle<C: sqlx::Connection>(
     Ok(true)
 }
 
+/// One connection of the server's own, before a pool is built on it: a
+/// server that cannot be reached is said at once, by address ("connection
+/// refused at 127.0.0.1:5432"), where the pool would retry until its
+/// acquire timeout and say only "pool timed out while waiting for an open
+/// connection". Any other failure (a refused password, a missing database)
+/// is the driver's own error, at once too.
+pub(crate) async fn reach<O: sqlx::ConnectOptions>(
+    options: &O,
+    backend: &str,
+    address: String,
+) -> Result<(), StoreError>
+where
+    O::Connection: Sized,
+{
+    use sqlx::Connection;
+    match options.connect().await {
+        Ok(conn) => {
+            // Only a probe: its close is no one's business.
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Err(sqlx::Error::Io(e)) => {
+            let what = match e.kind() {
+                std::io::ErrorKind::ConnectionRefused => "connection refused".to_owned(),
+                _ => e.to_string(),
+            };
+            Err(StoreError::Unavailable(
+                format!("cannot connect to {backend}: {what} at {address} ({e})").into(),
+            ))
+        }
+        Err(e) => Err(classify(e)),
+    }
+}
+
+/// `host:port`, or the Unix socket's path, of a server's connect options.
+fn address(socket: Option<&std::path::PathBuf>, host: &str, port: u16) -> String {
+    match socket {
+        Some(path) => path.display().to_string(),
+        None => format!("{host}:{port}"),
+    }
+}
+
 /// Opens the backend the URL names. Does not migrate.
 pub async fn connect(url: &DatabaseUrl, pool: &PoolSettings) -> Result<Arc<dyn Store>, StoreError> {
     Ok(match url.kind {

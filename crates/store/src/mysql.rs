@@ -89,6 +89,8 @@ impl MySqlStore {
     pub async fn connect(url: &DatabaseUrl, settings: &PoolSettings) -> Result<Self, StoreError> {
         let url = url.expose().replacen("mariadb://", "mysql://", 1);
         let options: MySqlConnectOptions = url.parse().map_err(classify)?;
+        let at = crate::address(options.get_socket(), options.get_host(), options.get_port());
+        crate::reach(&options, "MySQL/MariaDB", at).await?;
         let pool = settings
             .options(settings.max_connections)
             .after_connect(|conn: &mut sqlx::MySqlConnection, _| {

@@ -102,6 +102,8 @@ impl PostgresStore {
 
     pub async fn connect(url: &DatabaseUrl, settings: &PoolSettings) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.expose().parse().map_err(classify)?;
+        let at = crate::address(options.get_socket(), options.get_host(), options.get_port());
+        crate::reach(&options, "PostgreSQL", at).await?;
         let pool = settings
             .options(settings.max_connections)
             .connect_with(options.application_name("payments"))
