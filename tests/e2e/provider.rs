@@ -106,3 +106,65 @@ async fn a_refused_secret_key_then_the_fixed_one(backend: Backend) {
 }
 
 backend_tests!(a_refused_secret_key_then_the_fixed_one);
+
+/// Section 5 of issue 25: a `GATEWAY_URL` on a closed port is said loudly
+/// at start (WARN, naming GATEWAY_URL and why), while the server still
+/// starts and reports ready: readiness does not depend on the provider, so
+/// an outage does not take every replica out of the balancer. A provider
+/// that answers is said too, and raises no warning.
+#[tokio::test]
+async fn an_unreachable_provider_is_named_at_start_and_readiness_stays() {
+    let Some(db) = TestDb::new(Backend::Sqlite, 1).await else {
+        panic!("SQLite is always available");
+    };
+    let closed = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://127.0.0.1:{}", probe.local_addr().unwrap().port())
+    };
+    let closed_env = [
+        ("DATABASE_URL", db.url.as_str()),
+        ("LISTEN_ADDR", "127.0.0.1:0"),
+        ("GATEWAY_URL", closed.as_str()),
+        ("GATEWAY_SECRET_KEY", "sk_test_sandbox"),
+        ("JWT_HS256_SECRET", payments_api::config::DEV_JWT_SECRET),
+    ];
+    let api = Process::start("payments-api", &[], &closed_env).await;
+    assert!(
+        api.wait_for_log(&["PROVIDER UNREACHABLE AT START"]).await,
+        "no warning:\n{}",
+        api.log()
+    );
+    let warning = api
+        .log()
+        .lines()
+        .find(|l| l.contains("PROVIDER UNREACHABLE AT START"))
+        .unwrap()
+        .to_owned();
+    assert!(
+        warning.contains("WARN") && warning.contains("GATEWAY_URL") && warning.contains(&closed),
+        "{warning}"
+    );
+    let ready = reqwest::get(format!("{}/readyz", api.url)).await.unwrap();
+    assert_eq!(
+        ready.status(),
+        200,
+        "readiness does not depend on the provider"
+    );
+    drop(api);
+
+    let sandbox = Process::start("payments-sandbox", &["--listen", "127.0.0.1:0"], &[]).await;
+    let env = api_env(&db, &sandbox, &[]);
+    let api = Process::start("payments-api", &[], &env).await;
+    assert!(
+        api.wait_for_log(&["the provider answers"]).await,
+        "{}",
+        api.log()
+    );
+    assert!(!api.log().contains("PROVIDER UNREACHABLE"), "{}", api.log());
+    let requests = sandbox_json(&sandbox, "/_sandbox/requests").await;
+    assert_eq!(
+        requests["data"].as_array().map(Vec::len),
+        Some(0),
+        "the probe is no provider call: {requests}"
+    );
+}

@@ -63,10 +63,13 @@ pub async fn assemble(
     settings: &Settings,
     provider: Provider,
 ) -> anyhow::Result<Assembly> {
-    let (provider_url, secret_key) = match provider {
-        Provider::Remote { url, secret_key } => (url, secret_key),
+    let (provider_url, secret_key, remote) = match provider {
+        Provider::Remote { url, secret_key } => (url, secret_key, true),
         #[cfg(feature = "dev-sandbox")]
-        Provider::Sandbox(addr) => start_sandbox(addr).await?,
+        Provider::Sandbox(addr) => {
+            let (url, key) = start_sandbox(addr).await?;
+            (url, key, false)
+        }
     };
     let gateway = HttpGateway::pinned(
         &provider_url,
@@ -81,6 +84,9 @@ pub async fn assemble(
         )
     })?
     .context("building the provider client")?;
+    if remote {
+        tokio::spawn(probe(gateway.clone(), provider_url.clone()));
+    }
     let policy = settings.policy()?;
     pin_derivation(store.as_ref(), &policy.derivation).await?;
     let mut service = ChargeService::new(store.clone(), Arc::new(gateway), policy);
@@ -131,6 +137,26 @@ async fn pin_derivation(store: &dyn Store, derivation: &Derivation) -> anyhow::R
          and jobs runner must use the same secret, and it is never rotated"
     );
     Ok(())
+}
+
+/// Tries the provider once at start, in the background, and says loudly
+/// when it cannot be reached: a `GATEWAY_URL` on a closed port otherwise
+/// starts, reports ready, and answers every charge 503. Start-up and
+/// readiness do not wait for it: a provider outage must not take every
+/// replica out of the load balancer, when replays, reads and 409s still
+/// work and every charge is answered 503 with `Retry-After` until it is
+/// back.
+async fn probe(gateway: HttpGateway, url: String) {
+    match gateway.reachable().await {
+        Ok(()) => tracing::info!(gateway = %url, "the provider answers"),
+        Err(reason) => tracing::warn!(
+            gateway = %url,
+            %reason,
+            "PROVIDER UNREACHABLE AT START: GATEWAY_URL cannot be reached; every new charge and \
+             refund will answer 503 gateway_unavailable until it can. Serving anyway (readiness \
+             does not depend on the provider): check GATEWAY_URL"
+        ),
+    }
 }
 
 /// The name the secret's fingerprint is stored under.

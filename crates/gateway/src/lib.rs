@@ -237,6 +237,25 @@ impl HttpGateway {
         })
     }
 
+    /// Whether the provider answers at all: one GET of its root, without
+    /// the secret key. Any HTTP answer (Stripe's root is a 404) means it
+    /// can be reached; the error says why not (connection refused, a name
+    /// that does not resolve, TLS, a timeout), with its causes.
+    pub async fn reachable(&self) -> Result<(), String> {
+        match self.client.get(format!("{}/", self.base_url)).send().await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let mut why = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(cause) = source {
+                    why.push_str(&format!(": {cause}"));
+                    source = cause.source();
+                }
+                Err(why)
+            }
+        }
+    }
+
     /// Reads a charge's refund list `page_size` (1 to 100) at a time, at
     /// most `max_pages` pages (by default Stripe's 100, and 100 pages), so a
     /// test can reach the bound with a few refunds.
