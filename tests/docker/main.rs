@@ -199,11 +199,59 @@ fn the_dependency_layer_lists_every_workspace_member() {
         // Else cargo cannot load the workspace in the dependency layer.
         assert!(copied.contains(&*file), "the Dockerfile lacks {file}");
     }
-    // sqlx::migrate! compiles the migrations into the binaries.
-    let position = |what| builder.iter().position(|i| i.iter().any(|w| w == what));
-    let (migrations, build) = (position("migrations"), position("--bin"));
-    let first = migrations.is_some() && migrations < build;
-    assert!(first, "migrations first");
+    // sqlx::migrate! compiles the migrations into the binaries, and
+    // include_str! the files a crate reads from outside `crates/`
+    // (openapi.yaml): each is copied before the binaries are built.
+    let position = |what: &str| builder.iter().position(|i| i.iter().any(|w| w == what));
+    let build = position("--bin");
+    for needed in ["migrations".to_owned()]
+        .into_iter()
+        .chain(compiled_in_from_outside())
+    {
+        let copied = position(&needed);
+        assert!(
+            copied.is_some() && copied < build,
+            "{needed} is copied before the build"
+        );
+    }
+}
+
+/// The files outside `crates/` that a crate compiles in (`include_str!` or
+/// `include_bytes!` of a path that leaves `crates/`), relative to the root.
+fn compiled_in_from_outside() -> BTreeSet<String> {
+    fn sources(dir: &Path, found: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                sources(&path, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                found.push(path);
+            }
+        }
+    }
+    let root = root().canonicalize().unwrap();
+    let mut files = Vec::new();
+    sources(&root.join("crates"), &mut files);
+    let mut outside = BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for macro_call in ["include_str!(\"", "include_bytes!(\""] {
+            for (at, _) in text.match_indices(macro_call) {
+                let rest = &text[at + macro_call.len()..];
+                let literal = &rest[..rest.find('"').unwrap()];
+                let included = file.parent().unwrap().join(literal).canonicalize().unwrap();
+                let relative = included.strip_prefix(&root).unwrap();
+                if !relative.starts_with("crates") {
+                    outside.insert(relative.to_str().unwrap().to_owned());
+                }
+            }
+        }
+    }
+    assert!(
+        outside.contains("openapi.yaml"),
+        "payments-api serves the contract"
+    );
+    outside
 }
 
 #[test]

@@ -346,6 +346,109 @@ async fn different_keys_are_different_charges(backend: Backend) {
     assert_eq!(app.db.charges().await, 3);
 }
 
+/// A charge body in `currency`.
+fn in_currency(currency: &str) -> String {
+    format!(r#"{{"amount_cents":4900,"currency":"{currency}","card_token":"tok_visa"}}"#)
+}
+
+/// Lower case is Stripe's: `gbp` is accepted, stored and answered `GBP`,
+/// and the same key then sent with `GBP` or `Gbp` is the same request, a
+/// byte-for-byte replay, not a 422. Its refunds are in `GBP` too.
+async fn currency_case_is_one_request(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let key = new_key();
+    let first = app
+        .post_charge("cus_1", Some(&key), &in_currency("gbp"))
+        .await;
+    assert_eq!(first.status(), 201);
+    let first_bytes = first.bytes().await.unwrap();
+    let charge: Value = serde_json::from_slice(&first_bytes).unwrap();
+    assert_eq!(charge["currency"], "GBP", "{charge}");
+    for other_case in ["GBP", "Gbp", "gbp"] {
+        let again = app
+            .post_charge("cus_1", Some(&key), &in_currency(other_case))
+            .await;
+        assert_eq!(again.status(), 201, "{other_case}");
+        assert_eq!(again.headers()["idempotent-replay"], "true", "{other_case}");
+        assert_eq!(again.bytes().await.unwrap(), first_bytes, "{other_case}");
+    }
+    // Another currency under the key is another request.
+    let usd = app
+        .post_charge("cus_1", Some(&key), &in_currency("usd"))
+        .await;
+    assert_eq!(usd.status(), 422);
+    let id = charge["id"].as_str().unwrap();
+    let read = app.get_as("cus_1", &format!("/api/charges/{id}")).await;
+    assert_eq!(read.body["currency"], "GBP");
+    let refund = app
+        .post_refund("cus_1", id, &new_key(), &json!({"amount_cents": 100}))
+        .await;
+    assert_eq!(refund.status, 201, "{}", refund.body);
+    assert_eq!(refund.body["currency"], "GBP");
+    assert_eq!(
+        app.sandbox_charges().await.len(),
+        1,
+        "one charge at the provider"
+    );
+    assert_eq!(app.db.charges().await, 1, "one charges row");
+}
+
+/// The same, racing: one key sent at once in three cases is one charge,
+/// each answer a 201 or a 409 (never a 422), and a retry then replays it.
+async fn currency_case_racing_is_one_charge(backend: Backend) {
+    let Some(app) = spawn_app(backend, slow(300)).await else {
+        return;
+    };
+    let app = std::sync::Arc::new(app);
+    let key = new_key();
+    let cases = ["gbp", "GBP", "Gbp", "gbp", "GBP", "Gbp"];
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(cases.len()));
+    let tasks: Vec<_> = cases
+        .iter()
+        .map(|currency| {
+            let (app, key, barrier) = (app.clone(), key.clone(), barrier.clone());
+            let body = in_currency(currency);
+            tokio::spawn(async move {
+                barrier.wait().await;
+                let r = app.post_charge("cus_1", Some(&key), &body).await;
+                let status = r.status().as_u16();
+                (status, r.json::<Value>().await.unwrap())
+            })
+        })
+        .collect();
+    let mut created = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            (201, charge) => {
+                assert_eq!(charge["currency"], "GBP");
+                created += 1;
+            }
+            (409, body) => assert_eq!(body["error"]["code"], "request_in_progress"),
+            (status, body) => panic!("unexpected {status}: {body}"),
+        }
+    }
+    assert!(created >= 1);
+    let retry = app
+        .post_charge("cus_1", Some(&key), &in_currency("gBp"))
+        .await;
+    assert_eq!(retry.status(), 201);
+    assert_eq!(retry.headers()["idempotent-replay"], "true");
+    assert_eq!(
+        app.sandbox_charges().await.len(),
+        1,
+        "one charge at the provider"
+    );
+    assert_eq!(app.db.charges().await, 1, "one charges row");
+    assert_eq!(app.db.records().await, 1);
+}
+
+backend_tests!(
+    currency_case_is_one_request,
+    currency_case_racing_is_one_charge,
+);
+
 backend_tests!(
     parallel_requests_with_one_key_charge_once,
     sequential_retry_replays_byte_for_byte,

@@ -6,6 +6,7 @@
 mod hardening;
 mod idempotency;
 mod incident;
+mod index;
 mod lifecycle;
 mod limits;
 mod lost_tail;

@@ -436,3 +436,41 @@ async fn unstorable_ids_and_values_are_refused(backend: Backend) {
 }
 
 backend_tests!(unstorable_ids_and_values_are_refused);
+
+/// A currency that is no ISO 4217 code (in either case) is a 400 on
+/// `currency` whose message names the form; nothing is stored, and the
+/// same key then charges with a good one.
+async fn a_bad_currency_is_told_the_form(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let key = new_key();
+    let bodies = [
+        r#""ZZZ""#,
+        r#""zzz""#,
+        r#""gb""#,
+        r#""GBPX""#,
+        r#""g8p""#,
+        "826",
+    ];
+    for currency in bodies {
+        let body =
+            format!(r#"{{"amount_cents":4900,"currency":{currency},"card_token":"tok_visa"}}"#);
+        let answer = Answer::of(app.post_charge("cus_1", Some(&key), &body).await).await;
+        let envelope = assert_envelope(answer, 400, "invalid_request");
+        assert_eq!(envelope["error"]["param"], "currency", "{currency}");
+        let message = envelope["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("three-letter ISO 4217 code such as GBP or gbp"),
+            "{currency}: {message}"
+        );
+    }
+    assert_eq!(app.db.records().await, 0, "nothing stored");
+    let body = r#"{"amount_cents":4900,"currency":"eur","card_token":"tok_visa"}"#;
+    let answer = Answer::of(app.post_charge("cus_1", Some(&key), body).await).await;
+    assert_eq!(answer.status, 201, "{}", answer.body);
+    assert_eq!(answer.body["currency"], "EUR");
+    assert_eq!(app.sandbox_charges().await.len(), 1);
+}
+
+backend_tests!(a_bad_currency_is_told_the_form);

@@ -175,6 +175,40 @@ fn json(body: String) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
+// The paths of the endpoints that need no token, as routed and as `GET /`
+// links them.
+/// `GET /healthz`.
+pub const HEALTHZ: &str = "/healthz";
+/// `GET /readyz`.
+pub const READYZ: &str = "/readyz";
+/// `GET /metrics`.
+pub const METRICS: &str = "/metrics";
+/// `GET /openapi.yaml`.
+pub const OPENAPI: &str = "/openapi.yaml";
+
+/// The HTTP contract, the repository's `openapi.yaml`, compiled in so the
+/// binary stands alone (the Docker build copies it next to the crates).
+pub const OPENAPI_YAML: &str = include_str!("../../../openapi.yaml");
+
+/// `GET /`: what this server is, and where to look next.
+pub async fn index() -> Json<serde_json::Value> {
+    Json(json!({
+        "name": env!("CARGO_PKG_NAME"),
+        "version": env!("CARGO_PKG_VERSION"),
+        "links": {
+            "healthz": HEALTHZ,
+            "readyz": READYZ,
+            "metrics": METRICS,
+            "openapi": OPENAPI,
+        },
+    }))
+}
+
+/// `GET /openapi.yaml`: the contract.
+pub async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/yaml")], OPENAPI_YAML).into_response()
+}
+
 /// `GET /healthz`: the process is up.
 pub async fn healthz() -> Json<serde_json::Value> {
     Json(json!({"status": "ok"}))

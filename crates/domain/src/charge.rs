@@ -1,6 +1,7 @@
 //! Charges: the request a customer sends, validated once at the edge, and the
 //! charge row we record before, during and after the provider call.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -131,29 +132,42 @@ impl AmountCents {
 }
 
 /// An ISO 4217 currency that has minor units (so not XAU, XXX and friends),
-/// held as its upper-case code.
+/// held as its upper-case code. It is accepted in either case, as Stripe's
+/// API takes it: `gbp`, `GBP` and `Gbp` are one currency, stored and
+/// answered as `GBP`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Currency(iso_currency::Currency);
 
 impl Currency {
+    /// What [`Currency::parse`] expects, said in every refusal of a code.
+    pub const RULE: &str = "currency must be a three-letter ISO 4217 code such as GBP or gbp";
+
     pub fn parse(code: &str) -> Result<Self, InvalidRequest> {
-        let invalid = || {
-            InvalidRequest::param(
-                "currency",
-                format!("currency must be an ISO 4217 currency code, got {code:?}"),
-            )
-        };
-        if code.len() != 3 || !code.bytes().all(|b| b.is_ascii_uppercase()) {
-            return Err(invalid());
+        if code.len() != 3 || !code.bytes().all(|b| b.is_ascii_alphabetic()) {
+            return Err(Self::refused(&Value::from(code)));
         }
-        let currency = iso_currency::Currency::from_code(code).ok_or_else(invalid)?;
+        let canonical = code.to_ascii_uppercase();
+        let currency = iso_currency::Currency::from_code(&canonical)
+            .ok_or_else(|| Self::refused(&Value::from(code)))?;
         if currency.exponent().is_none() {
             return Err(InvalidRequest::param(
                 "currency",
-                format!("{code} is not a currency that can be charged"),
+                format!("{canonical} is not a currency that can be charged"),
             ));
         }
         Ok(Self(currency))
+    }
+
+    /// The body's `currency`, which must be a string.
+    fn from_json(value: &Value) -> Result<Self, InvalidRequest> {
+        value
+            .as_str()
+            .map_or_else(|| Err(Self::refused(value)), Self::parse)
+    }
+
+    /// The refusal of `got` (as JSON), naming the expected form.
+    fn refused(got: &Value) -> InvalidRequest {
+        InvalidRequest::param("currency", format!("{}, got {got}", Self::RULE))
     }
 
     pub fn code(self) -> &'static str {
@@ -276,7 +290,7 @@ impl ChargeRequest {
             ));
         }
         let amount = AmountCents::parse(required(object, "amount_cents")?, max_amount_cents)?;
-        let currency = Currency::parse(required_str(object, "currency")?)?;
+        let currency = Currency::from_json(required(object, "currency")?)?;
         let card_token = CardToken::parse(required_str(object, "card_token")?)?;
         let description = match object.get("description") {
             None | Some(Value::Null) => None,
@@ -322,6 +336,26 @@ impl ChargeRequest {
             description,
             metadata,
         })
+    }
+
+    /// What this request's fingerprint is taken over: `body`, the body it
+    /// was parsed from, with its currency in the canonical form, so `gbp`
+    /// and `GBP` under one key are one request (a replay, not a 422). Until
+    /// lower case was accepted every valid body had the canonical form, so
+    /// the fingerprints stored before still match; such a body is used as
+    /// it is.
+    pub fn fingerprinted<'a>(&self, body: &'a Value) -> Cow<'a, Value> {
+        let canonical = self.currency.code();
+        match body {
+            Value::Object(fields)
+                if fields.get("currency").and_then(Value::as_str) != Some(canonical) =>
+            {
+                let mut fields = fields.clone();
+                fields.insert("currency".to_owned(), Value::from(canonical));
+                Cow::Owned(Value::Object(fields))
+            }
+            _ => Cow::Borrowed(body),
+        }
     }
 }
 
@@ -571,7 +605,7 @@ mod tests {
             Some("currency")
         );
         assert_eq!(
-            param_of(with("currency", json!("gbp"))).as_deref(),
+            param_of(with("currency", json!("gb"))).as_deref(),
             Some("currency")
         );
         assert_eq!(
@@ -598,6 +632,76 @@ mod tests {
         let mut missing = base.clone();
         missing.as_object_mut().map(|o| o.remove("currency"));
         assert_eq!(param_of(missing).as_deref(), Some("currency"));
+    }
+
+    #[test]
+    fn currency_is_accepted_in_either_case_and_held_upper_case() {
+        for code in ["GBP", "gbp", "Gbp", "gBP"] {
+            let r = parse(json!({"amount_cents": 100, "currency": code, "card_token": "tok_visa"}))
+                .expect(code);
+            assert_eq!(r.currency.code(), "GBP", "{code}");
+        }
+        // The minimum is the canonical currency's.
+        let below = json!({"amount_cents": 29, "currency": "gbp", "card_token": "tok_visa"});
+        assert_eq!(param_of(below).as_deref(), Some("amount_cents"));
+    }
+
+    #[test]
+    fn a_code_that_is_not_iso_4217_is_told_the_form() {
+        for bad in [
+            json!("ZZZ"),
+            json!("zzz"),
+            json!("GB"),
+            json!("GBPP"),
+            json!("G8P"),
+            json!(""),
+            json!(826),
+            json!(null),
+        ] {
+            let body = json!({"amount_cents": 100, "currency": bad, "card_token": "tok_visa"});
+            let refused = parse(body).expect_err("not a currency");
+            assert_eq!(refused.param.as_deref(), Some("currency"), "{bad}");
+            assert!(
+                refused.message.starts_with(Currency::RULE),
+                "{bad}: {}",
+                refused.message
+            );
+            assert!(
+                refused.message.contains(&bad.to_string()),
+                "{}",
+                refused.message
+            );
+        }
+        // A real code without minor units says so, in the canonical form.
+        let gold = json!({"amount_cents": 100, "currency": "xau", "card_token": "tok_visa"});
+        let refused = parse(gold).expect_err("XAU");
+        assert_eq!(refused.message, "XAU is not a currency that can be charged");
+    }
+
+    #[test]
+    fn the_fingerprint_is_over_the_canonical_currency() {
+        use crate::idempotency::RequestFingerprint;
+        let fingerprint = |body: Value| {
+            let request = parse(body.clone()).expect("valid");
+            RequestFingerprint::of(&request.fingerprinted(&body))
+        };
+        let body = |currency: &str| {
+            json!({"amount_cents": 100, "currency": currency, "card_token": "tok_visa",
+                "description": "tea"})
+        };
+        let upper = fingerprint(body("GBP"));
+        assert_eq!(fingerprint(body("gbp")), upper);
+        assert_eq!(fingerprint(body("Gbp")), upper);
+        assert_ne!(fingerprint(body("usd")), upper);
+        // A canonical body is fingerprinted as sent, as before lower case
+        // was accepted: the records stored then still match.
+        let canonical = body("GBP");
+        let request = parse(canonical.clone()).expect("valid");
+        assert!(matches!(
+            request.fingerprinted(&canonical),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(upper, RequestFingerprint::of(&canonical));
     }
 
     #[test]

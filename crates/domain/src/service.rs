@@ -273,10 +273,11 @@ impl ChargeService {
         body: &Value,
     ) -> Result<Reply, ChargeError> {
         let request = ChargeRequest::from_json(body, self.policy.max_amount_cents)?;
+        let fingerprinted = request.fingerprinted(body);
         let mut charge = Charge::pending(customer, &request);
         charge.idempotency_key = Some(key.as_str().to_owned());
         let operation = Operation::Charge(charge);
-        self.start(customer, key, CHARGES_ROUTE, body, operation)
+        self.start(customer, key, CHARGES_ROUTE, &fingerprinted, operation)
             .await
     }
 
@@ -314,6 +315,8 @@ impl ChargeService {
 
     /// Steps 1 and 2 for any operation: claim the key with the pending
     /// operation, then drive it, or answer from the record someone else has.
+    /// `fingerprinted` is what the request's fingerprint is taken over: the
+    /// body in its canonical form, with the path's charge for a refund.
     async fn start(
         &self,
         customer: &CustomerId,
