@@ -58,6 +58,8 @@ fmt:
 build:
 	$(CARGO) build --workspace --release
 
-## Forget the development database.
+## Forget the development state: ./data holds `make run`'s SQLite database
+## and its in-process sandbox's ledger (charges, refunds, idempotency keys),
+## which only make sense together.
 clean-data:
 	rm -rf data

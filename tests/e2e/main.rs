@@ -4,6 +4,7 @@
 
 mod auth;
 mod cache;
+mod dev_sandbox;
 mod group_commit;
 mod mismatch;
 mod provider;

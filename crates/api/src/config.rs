@@ -3,6 +3,7 @@
 //! combination is validated before anything starts.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -86,6 +87,12 @@ pub struct Settings {
     /// Where the in-process sandbox listens when GATEWAY_URL is unset.
     #[arg(long, env = "SANDBOX_LISTEN_ADDR", default_value = "127.0.0.1:12111")]
     pub sandbox_listen_addr: SocketAddr,
+    /// The file the in-process sandbox keeps its ledger in (charges,
+    /// refunds, the idempotency keys it answered) across restarts. Default:
+    /// beside a SQLite DATABASE_URL's file, named after it
+    /// (data/payments.sandbox-ledger.jsonl); in memory with any other database.
+    #[arg(long, env = "SANDBOX_LEDGER")]
+    pub sandbox_ledger: Option<PathBuf>,
     /// Run the reaper, the pruner and the reconciler in this process too. Default: on with
     /// the in-process sandbox (so `make run` is complete), off otherwise
     /// (run `payments-jobs` instead).
@@ -287,7 +294,10 @@ impl Settings {
         self.jwt_rules()?;
         let provider = match self.core.gateway.remote()? {
             #[cfg(feature = "dev-sandbox")]
-            None => Provider::Sandbox(self.sandbox_listen_addr),
+            None => Provider::Sandbox {
+                listen: self.sandbox_listen_addr,
+                ledger: self.sandbox_ledger(),
+            },
             #[cfg(not(feature = "dev-sandbox"))]
             None => {
                 return Err(ConfigError(
@@ -313,6 +323,21 @@ impl Settings {
         // Last: the provider's own rules name what is wrong first.
         self.core.gateway.derivation()?;
         Ok(provider)
+    }
+
+    /// Where the in-process sandbox keeps its ledger: SANDBOX_LEDGER, else
+    /// beside the SQLite database file (`data/payments.db`:
+    /// `data/payments.sandbox-ledger.jsonl`), so the two are kept, and
+    /// reset by `make clean-data`, together, and every database has a
+    /// provider of its own; `None` (memory) for any other database.
+    pub fn sandbox_ledger(&self) -> Option<PathBuf> {
+        if let Some(path) = &self.sandbox_ledger {
+            return Some(path.clone());
+        }
+        let database = self.core.database.database_url.sqlite_file()?;
+        let mut name = database.file_stem()?.to_owned();
+        name.push(".sandbox-ledger.jsonl");
+        Some(database.with_file_name(name))
     }
 
     /// Whether the reaper and pruner run in this process.
@@ -349,7 +374,27 @@ mod tests {
     #[cfg(feature = "dev-sandbox")]
     fn defaults_are_valid_with_a_secret() {
         let provider = settings(&[SECRET]).validate().expect("valid");
-        assert!(matches!(provider, Provider::Sandbox(_)), "{provider:?}");
+        assert!(matches!(provider, Provider::Sandbox { .. }), "{provider:?}");
+    }
+
+    #[test]
+    fn the_sandbox_ledger_is_kept_beside_a_sqlite_database() {
+        let ledger = |args: &[&str]| settings(args).sandbox_ledger();
+        let path = |p: &str| Some(PathBuf::from(p));
+        assert_eq!(ledger(&[]), path("data/payments.sandbox-ledger.jsonl"));
+        assert_eq!(
+            ledger(&["--database-url=sqlite:///tmp/x/dev.sqlite3?mode=rwc"]),
+            path("/tmp/x/dev.sandbox-ledger.jsonl")
+        );
+        assert_eq!(ledger(&["--database-url=sqlite::memory:"]), None);
+        assert_eq!(ledger(&["--database-url=postgres://u@h/db"]), None);
+        assert_eq!(
+            ledger(&[
+                "--database-url=postgres://u@h/db",
+                "--sandbox-ledger=l.jsonl"
+            ]),
+            path("l.jsonl")
+        );
     }
 
     #[test]

@@ -36,9 +36,14 @@ pub enum Provider {
         url: String,
         secret_key: SecretString,
     },
-    /// An in-process sandbox listening here (`make run`; no money moves).
+    /// An in-process sandbox (`make run`; no money moves).
     #[cfg(feature = "dev-sandbox")]
-    Sandbox(std::net::SocketAddr),
+    Sandbox {
+        /// Where it listens.
+        listen: std::net::SocketAddr,
+        /// The file its ledger is kept in across restarts; `None`: memory.
+        ledger: Option<std::path::PathBuf>,
+    },
 }
 
 /// What the binaries and the tests run: the store, and the service over it
@@ -66,8 +71,8 @@ pub async fn assemble(
     let (provider_url, secret_key, remote) = match provider {
         Provider::Remote { url, secret_key } => (url, secret_key, true),
         #[cfg(feature = "dev-sandbox")]
-        Provider::Sandbox(addr) => {
-            let (url, key) = start_sandbox(addr).await?;
+        Provider::Sandbox { listen, ledger } => {
+            let (url, key) = start_sandbox(listen, ledger).await?;
             (url, key, false)
         }
     };
@@ -162,21 +167,46 @@ async fn probe(gateway: HttpGateway, url: String) {
 /// The name the secret's fingerprint is stored under.
 pub const PROVIDER_KEY_FINGERPRINT: &str = "provider_key_fingerprint";
 
-/// Starts the in-process sandbox; its URL and secret key. It lives as long
-/// as the process.
+/// Starts the in-process sandbox, its ledger read from and kept in `ledger`
+/// (in memory when `None`); its URL and secret key. It lives as long as the
+/// process: each change is in the file before it is answered, so nothing
+/// needs flushing at exit.
 #[cfg(feature = "dev-sandbox")]
-async fn start_sandbox(addr: std::net::SocketAddr) -> anyhow::Result<(String, SecretString)> {
+async fn start_sandbox(
+    addr: std::net::SocketAddr,
+    ledger: Option<std::path::PathBuf>,
+) -> anyhow::Result<(String, SecretString)> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
         format!("binding the in-process sandbox on {addr} (set SANDBOX_LISTEN_ADDR)")
     })?;
     let url = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(payments_sandbox::serve(
+    let kept = match &ledger {
+        Some(path) => path.display().to_string(),
+        None => "memory (a database that is not a SQLite file; set SANDBOX_LEDGER)".to_owned(),
+    };
+    let file = match ledger {
+        None => None,
+        Some(path) => Some(
+            tokio::task::spawn_blocking(move || payments_sandbox::LedgerFile::open(path))
+                .await
+                .context("loading the in-process sandbox's ledger")?
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "{e}. With `make run`, `make clean-data` resets ./data: the database \
+                         and the sandbox's ledger together (SANDBOX_LEDGER sets the ledger's path)"
+                    )
+                })?,
+        ),
+    };
+    tokio::spawn(payments_sandbox::serve_with_ledger(
         listener,
         payments_sandbox::SandboxConfig::default(),
+        file,
         std::future::pending(),
     ));
     tracing::warn!(
         sandbox = %url,
+        ledger = %kept,
         "GATEWAY_URL is not set: charging against an in-process SANDBOX. NO REAL MONEY MOVES. \
          Fault injection: POST {url}/_sandbox/config"
     );

@@ -129,6 +129,10 @@ fn charge(
         )
         .to_stored(),
     };
-    ledger.record(charge, key.map(str::to_owned));
+    if let Err(error) = ledger.record(charge, key.map(str::to_owned)) {
+        tracing::error!(%error, "the charge was not recorded");
+        let error = ApiError::internal(format!("The charge was not made: {error}"));
+        return (error.to_stored(), false);
+    }
     (response, true)
 }

@@ -15,12 +15,22 @@
 //! retention (`key_retention_secs`, 24 h by default): a request with a
 //! forgotten key is processed anew, and a charge is made again. Tests shorten
 //! the retention to prove that the API never re-drives a key that old.
+//! A key's age is wall-clock time (Unix milliseconds), so that it can be
+//! kept in the ledger file and still age across a restart.
+//!
+//! With a ledger file, each answer stored is written to it (one line, under
+//! the table's lock, so a key's lines are in order); keys in flight are
+//! not: a restart ends their requests unanswered, which releases them.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use sha2::{Digest, Sha256};
+
+use crate::journal::{Journal, Line};
+use crate::ledger::unix_now_ms;
 use crate::params::Fingerprint;
 use crate::response::StoredResponse;
 
@@ -28,11 +38,21 @@ use crate::response::StoredResponse;
 pub(crate) const MAX_KEY_LEN: usize = 255;
 
 /// An idempotency key as the provider scopes it: per API key, the way Stripe
-/// scopes keys per account.
+/// scopes keys per account. The API key is kept as its SHA-256, so the
+/// ledger file holds no API key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct ScopedKey {
-    pub(crate) api_key: String,
+    pub(crate) account: [u8; 32],
     pub(crate) key: String,
+}
+
+impl ScopedKey {
+    pub(crate) fn new(api_key: &str, key: String) -> Self {
+        Self {
+            account: Sha256::digest(api_key.as_bytes()).into(),
+            key,
+        }
+    }
 }
 
 /// What to do with a request that carries an idempotency key.
@@ -49,12 +69,49 @@ pub(crate) enum Decision {
 }
 
 #[derive(Debug)]
-struct Entry {
+pub(crate) struct Entry {
     fingerprint: Fingerprint,
     state: EntryState,
-    /// When the key was first used: it is forgotten `retention` later.
-    first_used: Instant,
+    /// When the key was first used (Unix milliseconds): it is forgotten
+    /// `retention` later.
+    first_used_ms: u64,
 }
+
+impl Entry {
+    /// A completed key read back from the ledger file.
+    pub(crate) fn completed(
+        fingerprint: Fingerprint,
+        first_used_ms: u64,
+        response: StoredResponse,
+    ) -> Self {
+        Self {
+            fingerprint,
+            state: EntryState::Completed(response),
+            first_used_ms,
+        }
+    }
+
+    /// Its ledger file line; `None` while in flight.
+    pub(crate) fn line<'a>(&'a self, key: &'a ScopedKey) -> Option<Line<'a>> {
+        match &self.state {
+            EntryState::InFlight { .. } => None,
+            EntryState::Completed(response) => Some(Line::key(
+                key,
+                &self.fingerprint,
+                self.first_used_ms,
+                response,
+            )),
+        }
+    }
+
+    fn expired(&self, retention: Duration) -> bool {
+        let age_ms = unix_now_ms().saturating_sub(self.first_used_ms);
+        u128::from(age_ms) >= retention.as_millis()
+    }
+}
+
+/// The keys read back from a ledger file, by scoped key.
+pub(crate) type Entries = HashMap<ScopedKey, Entry>;
 
 #[derive(Debug)]
 enum EntryState {
@@ -69,11 +126,23 @@ enum EntryState {
 /// All keys. A std mutex: never held across an `.await`.
 #[derive(Debug, Default)]
 pub(crate) struct KeyTable {
-    entries: Mutex<HashMap<ScopedKey, Entry>>,
+    entries: Mutex<Entries>,
     next_claim: AtomicU64,
+    /// The ledger file; `None`: in memory only.
+    journal: Option<Arc<Journal>>,
 }
 
 impl KeyTable {
+    /// The keys read back from a ledger file, which every answer stored is
+    /// written to from now on.
+    pub(crate) fn restored(entries: Entries, journal: Arc<Journal>) -> Self {
+        Self {
+            entries: Mutex::new(entries),
+            next_claim: AtomicU64::default(),
+            journal: Some(journal),
+        }
+    }
+
     /// Decides, atomically, what a request with `key` and `fingerprint` gets.
     /// The parameter check comes first, so a mismatch is reported even while
     /// the first request is still in flight. A key first used `retention` ago
@@ -87,7 +156,7 @@ impl KeyTable {
         let mut entries = self.lock();
         if entries
             .get(&key)
-            .is_some_and(|entry| entry.first_used.elapsed() >= retention)
+            .is_some_and(|entry| entry.expired(retention))
         {
             entries.remove(&key);
         }
@@ -106,7 +175,7 @@ impl KeyTable {
             Entry {
                 fingerprint,
                 state: EntryState::InFlight { claim },
-                first_used: Instant::now(),
+                first_used_ms: unix_now_ms(),
             },
         );
         Decision::Process(Claim {
@@ -117,24 +186,24 @@ impl KeyTable {
         })
     }
 
-    /// Forgets every key. Attempts still in flight store nothing afterwards.
-    pub(crate) fn clear(&self) {
-        self.lock().clear();
+    /// Runs `first` and, if it succeeds, forgets every key, with the table
+    /// locked throughout (so no answer is stored in between). Attempts still
+    /// in flight store nothing afterwards.
+    pub(crate) fn clear_after<E>(&self, first: impl FnOnce() -> Result<(), E>) -> Result<(), E> {
+        let mut entries = self.lock();
+        first()?;
+        entries.clear();
+        Ok(())
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<ScopedKey, Entry>> {
+    fn lock(&self) -> MutexGuard<'_, Entries> {
         // Critical sections are single map operations; a poisoned map is
         // still consistent.
         self.entries.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Runs `change` on the entry only if it is still this attempt's claim.
-    fn with_own_entry(
-        &self,
-        key: &ScopedKey,
-        claim: u64,
-        change: impl FnOnce(&mut HashMap<ScopedKey, Entry>),
-    ) {
+    fn with_own_entry(&self, key: &ScopedKey, claim: u64, change: impl FnOnce(&mut Entries)) {
         let mut entries = self.lock();
         let ours = matches!(
             entries.get(key),
@@ -162,12 +231,25 @@ impl Claim {
         &self.key.key
     }
 
-    /// Stores the final answer for replay.
+    /// Stores the final answer for replay, and writes it to the ledger
+    /// file. If the file refuses it, the answer is still replayed by this
+    /// process, and the error logged: after a restart the key is new.
     pub(crate) fn complete(mut self, response: StoredResponse) {
         self.completed = true;
+        let journal = self.table.journal.as_deref();
         self.table.with_own_entry(&self.key, self.claim, |entries| {
             if let Some(entry) = entries.get_mut(&self.key) {
                 entry.state = EntryState::Completed(response);
+                if let (Some(journal), Some(line)) = (journal, entry.line(&self.key))
+                    && let Err(error) = journal.append(&line)
+                {
+                    tracing::error!(
+                        %error,
+                        key = %self.key.key,
+                        "the answer stored under this idempotency key is not in the ledger \
+                         file: after a restart the key is processed as new"
+                    );
+                }
             }
         });
     }
@@ -191,10 +273,7 @@ mod tests {
     use crate::params::FormParams;
 
     fn key(name: &str) -> ScopedKey {
-        ScopedKey {
-            api_key: "sk_test".into(),
-            key: name.into(),
-        }
+        ScopedKey::new("sk_test", name.into())
     }
 
     fn fingerprint(body: &str) -> Fingerprint {
@@ -252,7 +331,7 @@ mod tests {
         let Decision::Process(stale) = table.begin(key("k"), fingerprint("amount=1"), DAY) else {
             panic!("first use must be processed");
         };
-        table.clear();
+        assert!(table.clear_after(|| Ok::<(), ()>(())).is_ok());
         let Decision::Process(fresh) = table.begin(key("k"), fingerprint("amount=1"), DAY) else {
             panic!("a cleared key must be processed");
         };
@@ -290,10 +369,7 @@ mod tests {
     fn keys_are_scoped_per_api_key() {
         let table = Arc::new(KeyTable::default());
         let _first = table.begin(key("k"), fingerprint("amount=1"), DAY);
-        let other = ScopedKey {
-            api_key: "sk_other".into(),
-            key: "k".into(),
-        };
+        let other = ScopedKey::new("sk_other", "k".into());
         assert!(matches!(
             table.begin(other, fingerprint("amount=2"), DAY),
             Decision::Process(_)

@@ -9,6 +9,11 @@
 //! kept lean: metadata in a sorted boxed slice rather than a `BTreeMap`
 //! (whose first node alone is over 500 bytes), and no second copy for
 //! `GET /_sandbox/charges`, whose lines are built when asked for.
+//!
+//! With a ledger file (`journal`), every change is written to it before it
+//! is made here: a change the file refused is not made, and its request is
+//! answered 500. The file is read back through [`Books`]' `replay_*`
+//! methods, which rebuild what a charge has refunded from its refunds.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,15 +22,17 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use rand::Rng;
 use rand::distr::Alphanumeric;
-use serde::Serialize;
+use serde::de::Error as _;
 use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::config::RefundStatus;
-use crate::network::Decline;
-use crate::params::{ChargeRequest, CreatedRange, RefundRequest};
+use crate::journal::{Journal, JournalError, Line};
+use crate::network::{self, Decline};
+use crate::params::{ChargeRequest, CreatedRange, REFUND_REASONS, RefundRequest};
 
 /// A charge's final state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub(crate) enum ChargeStatus {
     Succeeded,
@@ -64,12 +71,62 @@ impl Serialize for Metadata {
     }
 }
 
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        BTreeMap::<String, String>::deserialize(deserializer).map(Self::from)
+    }
+}
+
+/// Reads back one of the sandbox's own `&'static str` values: `None` for
+/// null, an error for a value the sandbox never writes.
+fn one_of<'de, D: Deserializer<'de>>(
+    deserializer: D,
+    known: impl IntoIterator<Item = &'static str>,
+) -> Result<Option<&'static str>, D::Error> {
+    let Some(value) = Option::<String>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    known
+        .into_iter()
+        .find(|known| *known == value)
+        .map(Some)
+        .ok_or_else(|| D::Error::custom(format!("unknown value {value:?}")))
+}
+
+fn failure_code<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'static str>, D::Error> {
+    one_of(d, network::failure_codes())
+}
+
+fn failure_message<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'static str>, D::Error> {
+    one_of(d, network::failure_messages())
+}
+
+fn refund_reason<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'static str>, D::Error> {
+    one_of(d, REFUND_REASONS)
+}
+
+/// `&'static str` under another name, for the fields that are not read
+/// back as written (`object`, which each type knows) or through [`one_of`]:
+/// serde's derive borrows a field spelled `&str` or `Option<&str>` from its
+/// input, which a ledger file line cannot lend.
+type Known = &'static str;
+
+fn charge_object() -> Known {
+    "charge"
+}
+
+fn refund_object() -> Known {
+    "refund"
+}
+
 /// Stripe's charge object (the subset the gateway reads, plus a few fields
-/// a Stripe client expects to see).
-#[derive(Debug, Clone, Serialize)]
+/// a Stripe client expects to see). Read back from the ledger file as it is
+/// written there: the wire object.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Charge {
     pub(crate) id: String,
-    object: &'static str,
+    #[serde(skip_deserializing, default = "charge_object")]
+    object: Known,
     pub(crate) amount: u64,
     /// What the charge's refunds add up to; never more than `amount`.
     pub(crate) amount_refunded: u64,
@@ -86,11 +143,14 @@ pub(crate) struct Charge {
     pub(crate) metadata: Metadata,
     /// Unix seconds.
     pub(crate) created: u64,
-    /// Unix milliseconds, for the search index's lag; not on the wire.
+    /// Unix milliseconds, for the search index's lag; not on the wire (the
+    /// ledger file has it beside the charge).
     #[serde(skip)]
-    created_ms: u64,
-    pub(crate) failure_code: Option<&'static str>,
-    failure_message: Option<&'static str>,
+    pub(crate) created_ms: u64,
+    #[serde(deserialize_with = "failure_code")]
+    pub(crate) failure_code: Option<Known>,
+    #[serde(deserialize_with = "failure_message")]
+    failure_message: Option<Known>,
 }
 
 impl Charge {
@@ -100,7 +160,7 @@ impl Charge {
         let created_ms = unix_now_ms();
         Self {
             id: object_id("ch"),
-            object: "charge",
+            object: charge_object(),
             amount: request.amount,
             amount_refunded: 0,
             currency: request.currency,
@@ -133,10 +193,11 @@ impl Charge {
 /// Stripe's refund object. The sandbox's refunds are made with the
 /// configured `refund_status` (`succeeded` unless told otherwise); a
 /// pending one is settled later by [`Ledger::settle_refund`].
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Refund {
     pub(crate) id: String,
-    object: &'static str,
+    #[serde(skip_deserializing, default = "refund_object")]
+    object: Known,
     pub(crate) amount: u64,
     /// The refunded charge's id.
     pub(crate) charge: String,
@@ -145,7 +206,8 @@ pub(crate) struct Refund {
     /// Why a `failed` refund failed (Stripe's `failure_reason`); null
     /// otherwise.
     pub(crate) failure_reason: Option<String>,
-    pub(crate) reason: Option<&'static str>,
+    #[serde(deserialize_with = "refund_reason")]
+    pub(crate) reason: Option<Known>,
     metadata: Metadata,
     /// Unix seconds.
     pub(crate) created: u64,
@@ -162,6 +224,8 @@ pub(crate) enum RefundRefusal {
     AlreadyRefunded,
     /// More than is left to refund.
     TooLarge { requested: u64, unrefunded: u64 },
+    /// The ledger file could not be written: nothing was refunded.
+    NotRecorded(String),
 }
 
 /// Why a refund's status could not be set (`POST /_sandbox/refunds/{id}`).
@@ -173,6 +237,8 @@ pub(crate) enum SettleRefusal {
     AlreadyFinal(RefundStatus),
     /// The status asked for is not a final one.
     NotFinal(RefundStatus),
+    /// The ledger file could not be written: nothing was changed.
+    NotRecorded(String),
 }
 
 /// The refund's failure reason when it fails with none given.
@@ -220,7 +286,7 @@ fn object_id(prefix: &str) -> String {
     format!("{prefix}_{suffix}")
 }
 
-fn unix_now_ms() -> u64 {
+pub(crate) fn unix_now_ms() -> u64 {
     // A clock before 1970 is not worth failing a charge over.
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -280,7 +346,7 @@ struct RefundEntry {
 /// Charges and refunds under one lock, so that a refund's check against its
 /// charge and its record are one critical section.
 #[derive(Debug, Default)]
-struct Books {
+pub(crate) struct Books {
     /// Oldest first.
     charges: Vec<ChargeEntry>,
     /// Oldest first.
@@ -303,21 +369,166 @@ impl Books {
     fn has_charge(&self, id: &str) -> bool {
         self.charges.iter().rev().any(|entry| entry.charge.id == id)
     }
+
+    /// How many charges and refunds.
+    pub(crate) fn counts(&self) -> (usize, usize) {
+        (self.charges.len(), self.refunds.len())
+    }
+
+    /// Every charge, then every refund, as ledger file lines, oldest first:
+    /// what [`Self::replay_charge`] and [`Self::replay_refund`] read back.
+    pub(crate) fn lines(&self) -> impl Iterator<Item = Line<'_>> {
+        let charges = self.charges.iter().map(|entry| Line::Charge {
+            charge: &entry.charge,
+            created_ms: entry.charge.created_ms,
+            idempotency_key: entry.idempotency_key.as_deref(),
+        });
+        let refunds = self.refunds.iter().map(|entry| Line::Refund {
+            refund: &entry.refund,
+            idempotency_key: entry.idempotency_key.as_deref(),
+        });
+        charges.chain(refunds)
+    }
+
+    /// A charge read back from the ledger file. What it had refunded is
+    /// rebuilt from the refund lines that follow it.
+    pub(crate) fn replay_charge(
+        &mut self,
+        mut charge: Charge,
+        created_ms: u64,
+        idempotency_key: Option<String>,
+    ) {
+        charge.created_ms = created_ms;
+        charge.amount_refunded = 0;
+        charge.refunded = false;
+        self.charges.push(ChargeEntry {
+            charge,
+            idempotency_key,
+        });
+    }
+
+    /// A refund read back from the ledger file, with its status as written;
+    /// it counts against its charge as a new one would. Refused when its
+    /// charge is unknown or it would take the charge's refunds past its
+    /// amount: the file is not one the sandbox wrote.
+    pub(crate) fn replay_refund(
+        &mut self,
+        refund: Refund,
+        idempotency_key: Option<String>,
+    ) -> Result<(), String> {
+        let charge = self.charge_mut(&refund.charge).ok_or_else(|| {
+            format!(
+                "refund {} is of charge {}, which no earlier line made",
+                refund.id, refund.charge
+            )
+        })?;
+        if refund.status.holds_amount() {
+            let unrefunded = charge.amount.saturating_sub(charge.amount_refunded);
+            if charge.status == ChargeStatus::Failed || refund.amount > unrefunded {
+                return Err(format!(
+                    "refund {} takes {} from charge {}, which has {unrefunded} left",
+                    refund.id, refund.amount, refund.charge
+                ));
+            }
+            hold(charge, refund.amount);
+        }
+        self.refunds.push(RefundEntry {
+            refund,
+            idempotency_key,
+        });
+        Ok(())
+    }
+
+    /// A settlement read back from the ledger file.
+    pub(crate) fn replay_settlement(
+        &mut self,
+        id: &str,
+        status: RefundStatus,
+        failure_reason: Option<String>,
+    ) -> Result<(), String> {
+        self.settle(id, status, failure_reason, || Ok(()))
+            .map(drop)
+            .map_err(|refusal| format!("refund {id} cannot be settled {status:?}: {refusal:?}"))
+    }
+
+    /// Settles a `pending` or `requires_action` refund with a final
+    /// `status`; a failed or canceled one gives its amount back to the
+    /// charge. `record` runs once every check passed, before the change.
+    fn settle(
+        &mut self,
+        id: &str,
+        status: RefundStatus,
+        failure_reason: Option<String>,
+        record: impl FnOnce() -> Result<(), SettleRefusal>,
+    ) -> Result<Refund, SettleRefusal> {
+        if !status.is_final() {
+            return Err(SettleRefusal::NotFinal(status));
+        }
+        let refund = self
+            .refunds
+            .iter_mut()
+            .rev()
+            .map(|entry| &mut entry.refund)
+            .find(|refund| refund.id == id)
+            .ok_or(SettleRefusal::NoSuchRefund)?;
+        if refund.status.is_final() {
+            return Err(SettleRefusal::AlreadyFinal(refund.status));
+        }
+        record()?;
+        refund.status = status;
+        refund.failure_reason = (status == RefundStatus::Failed)
+            .then(|| failure_reason.unwrap_or_else(|| DEFAULT_FAILURE_REASON.to_owned()));
+        let settled = refund.clone();
+        if !status.holds_amount()
+            && let Some(charge) = self.charge_mut(&settled.charge)
+        {
+            charge.amount_refunded = charge.amount_refunded.saturating_sub(settled.amount);
+            charge.refunded = charge.amount_refunded == charge.amount;
+        }
+        Ok(settled)
+    }
+}
+
+/// Counts `amount` (checked against what is left) as refunded.
+fn hold(charge: &mut Charge, amount: u64) {
+    charge.amount_refunded = charge.amount_refunded.saturating_add(amount);
+    charge.refunded = charge.amount_refunded == charge.amount;
 }
 
 /// The charges, the refunds and the request counters.
 ///
 /// A std mutex, not a tokio one: it is never held across an `.await`, and
-/// every critical section is a push, a scan or a copy.
+/// every critical section is a push, a scan or a copy (and, with a ledger
+/// file, the write of one line, which keeps the file in the books' order).
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     books: Mutex<Books>,
     requests: AtomicU64,
     in_flight: AtomicU64,
     max_in_flight: AtomicU64,
+    /// The ledger file; `None`: in memory only.
+    journal: Option<Arc<Journal>>,
 }
 
 impl Ledger {
+    /// The books read back from a ledger file, which every change is
+    /// written to from now on.
+    pub(crate) fn restored(books: Books, journal: Arc<Journal>) -> Self {
+        Self {
+            books: Mutex::new(books),
+            journal: Some(journal),
+            ..Self::default()
+        }
+    }
+
+    /// Writes `line` to the ledger file, if there is one.
+    fn write(&self, line: &Line<'_>) -> Result<(), JournalError> {
+        match &self.journal {
+            Some(journal) => journal.append(line),
+            None => Ok(()),
+        }
+    }
+
     /// Counts a charge or refund request and marks it in flight until the
     /// guard drops, however the handling ends (answer, error, client gone).
     pub(crate) fn begin_request(self: &Arc<Self>) -> InFlight {
@@ -329,11 +540,23 @@ impl Ledger {
         }
     }
 
-    pub(crate) fn record(&self, charge: Charge, idempotency_key: Option<String>) {
-        self.lock().charges.push(ChargeEntry {
+    /// Records the charge, unless the ledger file refused it.
+    pub(crate) fn record(
+        &self,
+        charge: Charge,
+        idempotency_key: Option<String>,
+    ) -> Result<(), JournalError> {
+        let mut books = self.lock();
+        self.write(&Line::Charge {
+            charge: &charge,
+            created_ms: charge.created_ms,
+            idempotency_key: idempotency_key.as_deref(),
+        })?;
+        books.charges.push(ChargeEntry {
             charge,
             idempotency_key,
         });
+        Ok(())
     }
 
     /// Refunds `request.amount` (or what is left) of the charge, unless that
@@ -369,7 +592,7 @@ impl Ledger {
         // Everything that could fail comes before the first change.
         let refund = Refund {
             id: object_id("re"),
-            object: "refund",
+            object: refund_object(),
             amount,
             charge: request.charge,
             currency: request.currency.unwrap_or_else(|| charge.currency.clone()),
@@ -380,9 +603,13 @@ impl Ledger {
             metadata: request.metadata.into(),
             created: unix_now_ms() / 1000,
         };
+        self.write(&Line::Refund {
+            refund: &refund,
+            idempotency_key: idempotency_key.as_deref(),
+        })
+        .map_err(|error| RefundRefusal::NotRecorded(error.to_string()))?;
         if status.holds_amount() {
-            charge.amount_refunded += amount;
-            charge.refunded = charge.amount_refunded == charge.amount;
+            hold(charge, amount);
         }
         books.refunds.push(RefundEntry {
             refund: refund.clone(),
@@ -391,7 +618,7 @@ impl Ledger {
         Ok(refund)
     }
 
-    /// The refund `id`, as it stands now.
+    /// The charge `id`, as it stands now.
     pub(crate) fn charge_by_id(&self, id: &str) -> Option<Charge> {
         self.lock()
             .charges
@@ -401,6 +628,7 @@ impl Ledger {
             .cloned()
     }
 
+    /// The refund `id`, as it stands now.
     pub(crate) fn refund_by_id(&self, id: &str) -> Option<Refund> {
         self.lock()
             .refunds
@@ -421,31 +649,17 @@ impl Ledger {
         status: RefundStatus,
         failure_reason: Option<String>,
     ) -> Result<Refund, SettleRefusal> {
-        if !status.is_final() {
-            return Err(SettleRefusal::NotFinal(status));
-        }
-        let mut books = self.lock();
-        let refund = books
-            .refunds
-            .iter_mut()
-            .rev()
-            .map(|entry| &mut entry.refund)
-            .find(|refund| refund.id == id)
-            .ok_or(SettleRefusal::NoSuchRefund)?;
-        if refund.status.is_final() {
-            return Err(SettleRefusal::AlreadyFinal(refund.status));
-        }
-        refund.status = status;
-        refund.failure_reason = (status == RefundStatus::Failed)
-            .then(|| failure_reason.unwrap_or_else(|| DEFAULT_FAILURE_REASON.to_owned()));
-        let settled = refund.clone();
-        if !status.holds_amount()
-            && let Some(charge) = books.charge_mut(&settled.charge)
-        {
-            charge.amount_refunded = charge.amount_refunded.saturating_sub(settled.amount);
-            charge.refunded = charge.amount_refunded == charge.amount;
-        }
-        Ok(settled)
+        let line = Line::Settled {
+            refund: id,
+            status,
+            failure_reason: failure_reason.as_deref(),
+        };
+        let record = || {
+            self.write(&line)
+                .map_err(|error| SettleRefusal::NotRecorded(error.to_string()))
+        };
+        self.lock()
+            .settle(id, status, failure_reason.clone(), record)
     }
 
     /// Refunds newest first, only `charge`'s if given (which must exist),
@@ -572,12 +786,18 @@ impl Ledger {
 
     /// Forgets charges, refunds and counters. Requests still in flight stay
     /// counted (their guards will decrement), so the high-water mark
-    /// restarts there.
-    pub(crate) fn reset(&self) {
-        *self.lock() = Books::default();
+    /// restarts there. With a ledger file, the file is replaced by an empty
+    /// one first; if that fails, nothing is forgotten.
+    pub(crate) fn reset(&self) -> Result<(), JournalError> {
+        let mut books = self.lock();
+        if let Some(journal) = &self.journal {
+            journal.restart()?;
+        }
+        *books = Books::default();
         self.requests.store(0, Ordering::SeqCst);
         self.max_in_flight
             .store(self.in_flight.load(Ordering::SeqCst), Ordering::SeqCst);
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, Books> {
@@ -658,7 +878,7 @@ mod tests {
         let ledger = Ledger::default();
         let paid = charge(1000, None);
         let id = paid.id.clone();
-        ledger.record(paid, None);
+        assert!(ledger.record(paid, None).is_ok());
 
         let first = ledger.refund(refund_of(&id, Some(600)), None, RefundStatus::Succeeded);
         assert!(first.is_ok_and(|refund| refund.amount == 600 && refund.currency == "gbp"));
@@ -700,7 +920,7 @@ mod tests {
         let ledger = Ledger::default();
         let paid = charge(1000, None);
         let id = paid.id.clone();
-        ledger.record(paid, None);
+        assert!(ledger.record(paid, None).is_ok());
         let start = std::sync::Barrier::new(20);
         let made = std::thread::scope(|scope| {
             let threads: Vec<_> = (0..20)
@@ -735,7 +955,7 @@ mod tests {
             }),
         );
         let id = declined.id.clone();
-        ledger.record(declined, None);
+        assert!(ledger.record(declined, None).is_ok());
         assert_eq!(
             ledger
                 .refund(refund_of(&id, None), None, RefundStatus::Succeeded)
@@ -764,7 +984,7 @@ mod tests {
             .map(|_| {
                 let made = charge(100, None);
                 let id = made.id.clone();
-                ledger.record(made, None);
+                assert!(ledger.record(made, None).is_ok());
                 id
             })
             .collect();

@@ -33,6 +33,8 @@
 //! - `network`: Stripe's test tokens and what each does.
 //! - `ledger`: the charges made (whole, for refunds and search), the refunds
 //!   and the request counters.
+//! - `journal`: the optional ledger file ([`LedgerFile`]) that keeps the
+//!   charges, refunds and answered idempotency keys across restarts.
 //! - `response`, `error`: stored JSON answers and Stripe's error envelope.
 //! - `state`: what the handlers share.
 //!
@@ -53,7 +55,7 @@
 //! | `POST /_sandbox/refunds/{id}` | JSON `{"status": "succeeded" \| "failed" \| "canceled", "failure_reason"?: ".."}`: settles a `pending` or `requires_action` refund, as the provider later does (Stripe's test helpers); a failed or canceled one gives its amount back to the charge. 400 when it is final already, 404 when unknown |
 //! | `GET /_sandbox/requests` | `{"data":[{"method","path","stripe_version"}..]}`: the last 1,000 `/v1` requests as they arrived (refused ones too), oldest first |
 //! | `GET /_sandbox/stats` | `requests`, `in_flight`, `max_in_flight` (of both `POST /v1/*`), `charges`, `refunds` |
-//! | `POST /_sandbox/reset` | forget charges, refunds, keys, counters and the request log (not the config) |
+//! | `POST /_sandbox/reset` | forget charges, refunds, keys, counters and the request log (not the config); a ledger file is replaced by an empty one |
 //! | `GET /healthz` | `{"status":"ok"}` |
 //!
 //! Refund errors (400 `invalid_request_error`): `resource_missing` (param
@@ -118,6 +120,21 @@
 //!   though its charge or refund is still recorded.
 //! - On shutdown the server stops accepting, gives open connections 2 s to
 //!   finish, then closes them.
+//! - The ledger is in memory unless a file is given ([`LedgerFile`]:
+//!   `--ledger PATH` / `SANDBOX_LEDGER` for the binary, and `make run`'s
+//!   in-process sandbox keeps one next to its SQLite database), so tests
+//!   stay independent. With a file, a restarted sandbox still knows its
+//!   charges, refunds and the answers stored under idempotency keys: a
+//!   provider retry after a restart replays, and a refund of an earlier
+//!   charge succeeds. The file is JSON Lines, one line per change, written
+//!   before the change is made and answered (not fsynced per line: it
+//!   survives the process being killed, not a power cut), read back and
+//!   rewritten compacted at start through a temporary file renamed over
+//!   it. A last line cut short by a crash is dropped with a warning;
+//!   anything else unreadable refuses to start, naming the file and line:
+//!   delete or move the file to start empty. Locked while in use. The
+//!   config, counters and request log are not kept. The `journal` module
+//!   has the details.
 
 pub mod config;
 
@@ -125,6 +142,7 @@ mod access;
 mod charges;
 mod error;
 mod idempotency;
+mod journal;
 mod ledger;
 mod network;
 mod params;
@@ -137,4 +155,5 @@ mod server;
 mod state;
 
 pub use config::{DEFAULT_KEY_RETENTION_SECS, InvalidConfig, RefundStatus, SandboxConfig};
-pub use server::{SandboxHandle, serve};
+pub use journal::{LedgerFile, LedgerFileError};
+pub use server::{SandboxHandle, serve, serve_with_ledger};

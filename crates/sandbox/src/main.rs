@@ -3,15 +3,20 @@
 //! Prints exactly one line to stdout once it listens,
 //! `payments-sandbox listening on http://IP:PORT`, so a test that starts it
 //! with `--listen 127.0.0.1:0` can read the port. Logs go to stderr.
+//!
+//! With `--ledger PATH` (`SANDBOX_LEDGER`) its charges, refunds and answered
+//! idempotency keys are kept in that file across restarts (the crate's
+//! `journal` module); without, in memory only.
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
 // Boolean env vars accept 1/0, yes/no, on/off as well as true/false.
 use clap::builder::BoolishValueParser;
-use payments_sandbox::{RefundStatus, SandboxConfig};
+use payments_sandbox::{LedgerFile, RefundStatus, SandboxConfig};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -23,6 +28,10 @@ struct Args {
     /// Address to listen on; port 0 picks a free one.
     #[arg(long, env = "SANDBOX_LISTEN_ADDR", default_value = "127.0.0.1:12111")]
     listen: SocketAddr,
+    /// Keep the ledger (charges, refunds and the idempotency keys answered)
+    /// in this file across restarts; created if missing. Unset: in memory.
+    #[arg(long, env = "SANDBOX_LEDGER")]
+    ledger: Option<PathBuf>,
     /// Milliseconds to wait before processing each charge or refund.
     #[arg(long, env = "SANDBOX_LATENCY_MS", default_value_t = 0)]
     latency_ms: u64,
@@ -101,14 +110,22 @@ async fn main() -> anyhow::Result<()> {
     };
     config.validate().context("invalid sandbox configuration")?;
 
+    let kept = match &args.ledger {
+        Some(path) => format!("keeps its ledger in {}", path.display()),
+        None => "keeps everything in memory".to_owned(),
+    };
     tracing::warn!(
-        "payments-sandbox is a SIMULATOR: it moves no money, keeps everything in memory \
-         and, without --secret-key, accepts any API key. Never point a production system at it."
+        "payments-sandbox is a SIMULATOR: it moves no money, {kept} and, without \
+         --secret-key, accepts any API key. Never point a production system at it."
     );
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr().context("reading the bound address")?;
+    let ledger = match args.ledger {
+        Some(path) => Some(tokio::task::spawn_blocking(move || LedgerFile::open(path)).await??),
+        None => None,
+    };
     tracing::info!(%addr, ?config, "payments-sandbox starting");
 
     let mut stdout = std::io::stdout().lock();
@@ -117,7 +134,7 @@ async fn main() -> anyhow::Result<()> {
         .context("writing the listening line to stdout")?;
     drop(stdout);
 
-    payments_sandbox::serve(listener, config, shutdown_signal())
+    payments_sandbox::serve_with_ledger(listener, config, ledger, shutdown_signal())
         .await
         .context("serving")?;
     Ok(())

@@ -18,36 +18,62 @@ pub(crate) enum Authorization {
     Declined(Decline),
 }
 
+/// The test tokens the network declines, and how.
+const DECLINED: [(&str, Decline); 4] = [
+    (
+        "tok_chargeDeclined",
+        Decline {
+            code: "card_declined",
+            decline_code: "generic_decline",
+            message: "Your card was declined.",
+        },
+    ),
+    (
+        "tok_chargeDeclinedInsufficientFunds",
+        Decline {
+            code: "card_declined",
+            decline_code: "insufficient_funds",
+            message: "Your card has insufficient funds.",
+        },
+    ),
+    (
+        "tok_chargeDeclinedExpiredCard",
+        Decline {
+            code: "expired_card",
+            decline_code: "expired_card",
+            message: "Your card has expired.",
+        },
+    ),
+    (
+        "tok_chargeDeclinedFraudulent",
+        Decline {
+            code: "card_declined",
+            decline_code: "fraudulent",
+            message: "Your card was declined.",
+        },
+    ),
+];
+
 /// Authorises a charge on a test token; `None` for a token that does not
 /// exist (Stripe answers 400 `resource_missing`, and charges nothing).
 pub(crate) fn authorize(token: &str) -> Option<Authorization> {
-    let declined = |code, decline_code, message| {
-        Some(Authorization::Declined(Decline {
-            code,
-            decline_code,
-            message,
-        }))
-    };
-    match token {
-        "tok_visa" | "tok_mastercard" | "tok_amex" => Some(Authorization::Approved),
-        "tok_chargeDeclined" => declined(
-            "card_declined",
-            "generic_decline",
-            "Your card was declined.",
-        ),
-        "tok_chargeDeclinedInsufficientFunds" => declined(
-            "card_declined",
-            "insufficient_funds",
-            "Your card has insufficient funds.",
-        ),
-        "tok_chargeDeclinedExpiredCard" => {
-            declined("expired_card", "expired_card", "Your card has expired.")
-        }
-        "tok_chargeDeclinedFraudulent" => {
-            declined("card_declined", "fraudulent", "Your card was declined.")
-        }
-        _ => None,
+    if matches!(token, "tok_visa" | "tok_mastercard" | "tok_amex") {
+        return Some(Authorization::Approved);
     }
+    DECLINED
+        .iter()
+        .find(|(declined, _)| *declined == token)
+        .map(|(_, decline)| Authorization::Declined(*decline))
+}
+
+/// Every failure code a declined charge can carry (`Decline::code`).
+pub(crate) fn failure_codes() -> impl Iterator<Item = &'static str> {
+    DECLINED.iter().map(|(_, decline)| decline.code)
+}
+
+/// Every failure message a declined charge can carry (`Decline::message`).
+pub(crate) fn failure_messages() -> impl Iterator<Item = &'static str> {
+    DECLINED.iter().map(|(_, decline)| decline.message)
 }
 
 #[cfg(test)]

@@ -32,7 +32,7 @@ pub(crate) struct FormParams {
 
 /// SHA-256 over the canonical form of the parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Fingerprint([u8; 32]);
+pub(crate) struct Fingerprint(pub(crate) [u8; 32]);
 
 /// A charge request that passed validation.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -117,7 +117,7 @@ async fn handle(
     let claim = match key {
         None => None,
         Some(key) => match state.keys.begin(
-            ScopedKey { api_key, key },
+            ScopedKey::new(&api_key, key),
             params.fingerprint(operation.path),
             config.key_retention(),
         ) {

@@ -99,6 +99,10 @@ fn refusal_error(charge: &str, refusal: RefundRefusal) -> ApiError {
         ))
         .with_code("amount_too_large")
         .with_param("amount"),
+        RefundRefusal::NotRecorded(error) => {
+            tracing::error!(%error, "the refund was not recorded");
+            ApiError::internal(format!("The refund was not made: {error}"))
+        }
     }
 }
 
@@ -226,6 +230,9 @@ pub(crate) async fn settle_refund(
                 status_name(status)
             ))
             .with_param("status"),
+            SettleRefusal::NotRecorded(error) => {
+                ApiError::internal(format!("The refund was not settled: {error}"))
+            }
         })?;
     tracing::info!(refund = %settled.id, status = ?settled.status, "refund settled");
     Ok(Json(settled))

@@ -85,10 +85,12 @@ async fn stats(State(state): State<AppState>) -> Json<Value> {
     Json(json!(state.ledger.stats()))
 }
 
-async fn reset(State(state): State<AppState>) -> Json<Value> {
-    state.reset();
+async fn reset(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    state
+        .reset()
+        .map_err(|error| ApiError::internal(format!("The sandbox was not reset: {error}")))?;
     tracing::info!("sandbox reset: charges, refunds, keys and counters cleared");
-    Json(json!({ "status": "ok" }))
+    Ok(Json(json!({ "status": "ok" })))
 }
 
 async fn health() -> Json<Value> {

@@ -22,10 +22,11 @@ use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, oneshot, watch};
-use tokio::task::JoinSet;
+use tokio::task::{JoinHandle, JoinSet};
 use tower::ServiceExt;
 
 use crate::config::SandboxConfig;
+use crate::journal::LedgerFile;
 use crate::routes;
 use crate::state::AppState;
 
@@ -50,7 +51,8 @@ impl ConnectionControl {
     }
 }
 
-/// Serves the sandbox on an already-bound listener until `shutdown` resolves.
+/// Serves the sandbox on an already-bound listener until `shutdown` resolves,
+/// its ledger in memory.
 ///
 /// On shutdown it stops accepting, lets open connections finish their
 /// current request for a short grace period, then closes the rest. Fails
@@ -61,10 +63,25 @@ pub async fn serve(
     config: SandboxConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
+    serve_with_ledger(listener, config, None, shutdown).await
+}
+
+/// [`serve`], with the ledger read from and kept in `ledger` when given
+/// (in memory when `None`). The file is released once the server stopped.
+pub async fn serve_with_ledger(
+    listener: TcpListener,
+    config: SandboxConfig,
+    ledger: Option<LedgerFile>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
     config
         .validate()
         .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
-    let router = routes::router(AppState::new(config));
+    let state = match ledger {
+        Some(file) => AppState::with_ledger(config, file),
+        None => AppState::new(config),
+    };
+    let router = routes::router(state.clone());
     let (stop_tx, stop_rx) = watch::channel(());
     let mut connections = JoinSet::new();
     let mut shutdown = pin!(shutdown);
@@ -108,6 +125,9 @@ pub async fn serve(
         );
         connections.shutdown().await;
     }
+    // A request still processing (its client gone) can no longer record:
+    // the file is released for the next sandbox.
+    state.close();
     tracing::info!("sandbox stopped");
     Ok(())
 }
@@ -147,34 +167,54 @@ async fn serve_connection(stream: TcpStream, router: Router, mut stop: watch::Re
 }
 
 /// A sandbox running in the background on 127.0.0.1 with a random port.
-/// Dropping the handle stops it.
+/// Dropping the handle stops it; [`SandboxHandle::stop`] waits until it has.
 #[derive(Debug)]
 pub struct SandboxHandle {
     addr: SocketAddr,
     // Dropping the sender resolves the server's shutdown future.
-    _stop: oneshot::Sender<()>,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<()>,
 }
 
 impl SandboxHandle {
-    /// Binds 127.0.0.1:0 and serves `config` on a background task. Fails if
-    /// binding fails or `config` is invalid.
+    /// Binds 127.0.0.1:0 and serves `config` on a background task, its
+    /// ledger in memory. Fails if binding fails or `config` is invalid.
     pub async fn start(config: SandboxConfig) -> io::Result<SandboxHandle> {
+        Self::start_with_ledger(config, None).await
+    }
+
+    /// [`SandboxHandle::start`], with the ledger read from and kept in
+    /// `ledger` when given.
+    pub async fn start_with_ledger(
+        config: SandboxConfig,
+        ledger: Option<LedgerFile>,
+    ) -> io::Result<SandboxHandle> {
         config
             .validate()
             .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, error))?;
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let shutdown = async {
                 // Sent or dropped: either way, stop.
                 let _ = stopped.await;
             };
-            if let Err(error) = serve(listener, config, shutdown).await {
+            if let Err(error) = serve_with_ledger(listener, config, ledger, shutdown).await {
                 tracing::error!(%error, "sandbox stopped with an error");
             }
         });
-        Ok(SandboxHandle { addr, _stop: stop })
+        Ok(SandboxHandle { addr, stop, task })
+    }
+
+    /// Stops the sandbox and waits until it has: its connections are
+    /// closed and its ledger file, if any, released.
+    pub async fn stop(self) {
+        let Self { stop, task, .. } = self;
+        let _ = stop.send(());
+        if let Err(error) = task.await {
+            tracing::error!(%error, "the sandbox's task failed");
+        }
     }
 
     /// `http://127.0.0.1:PORT`, without a trailing slash.

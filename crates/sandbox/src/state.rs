@@ -1,11 +1,12 @@
 //! The state every handler shares: the live fault-injection config, the
-//! ledger and the idempotency keys.
+//! ledger and the idempotency keys (and the ledger file both write to).
 
 use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::access::RequestLog;
 use crate::config::SandboxConfig;
 use crate::idempotency::KeyTable;
+use crate::journal::{Journal, JournalError, LedgerFile};
 use crate::ledger::Ledger;
 
 /// Cheap to clone: every field is shared.
@@ -17,6 +18,8 @@ pub(crate) struct AppState {
     pub(crate) keys: Arc<KeyTable>,
     /// The last `/v1` requests, for `GET /_sandbox/requests`.
     pub(crate) requests: Arc<RequestLog>,
+    /// The ledger file, if any.
+    journal: Option<Arc<Journal>>,
 }
 
 impl AppState {
@@ -27,6 +30,31 @@ impl AppState {
             ledger: Arc::default(),
             keys: Arc::default(),
             requests: Arc::default(),
+            journal: None,
+        }
+    }
+
+    /// The ledger and keys read back from `file`, which every change is
+    /// written to from now on. `config` must already be valid.
+    pub(crate) fn with_ledger(config: SandboxConfig, file: LedgerFile) -> Self {
+        let LedgerFile {
+            journal,
+            books,
+            keys,
+        } = file;
+        Self {
+            config: Arc::new(RwLock::new(config)),
+            ledger: Arc::new(Ledger::restored(books, Arc::clone(&journal))),
+            keys: Arc::new(KeyTable::restored(keys, Arc::clone(&journal))),
+            requests: Arc::default(),
+            journal: Some(journal),
+        }
+    }
+
+    /// Flushes and releases the ledger file, if any: the server stopped.
+    pub(crate) fn close(&self) {
+        if let Some(journal) = &self.journal {
+            journal.close();
         }
     }
 
@@ -44,10 +72,12 @@ impl AppState {
     }
 
     /// Forgets charges, refunds, keys, counters and the request log; keeps
-    /// the config.
-    pub(crate) fn reset(&self) {
-        self.keys.clear();
+    /// the config. With a ledger file, it is replaced by an empty one
+    /// first (keys and books locked, so nothing is written in between); if
+    /// that fails, nothing is forgotten.
+    pub(crate) fn reset(&self) -> Result<(), JournalError> {
+        self.keys.clear_after(|| self.ledger.reset())?;
         self.requests.clear();
-        self.ledger.reset();
+        Ok(())
     }
 }

@@ -72,6 +72,27 @@ impl DatabaseUrl {
     pub fn expose(&self) -> &str {
         &self.url
     }
+
+    /// The database file of a `sqlite:` URL, as the driver reads it;
+    /// `None` for an in-memory database (`sqlite::memory:`, `mode=memory`),
+    /// a URL that names no file, and the other backends.
+    pub fn sqlite_file(&self) -> Option<std::path::PathBuf> {
+        use std::str::FromStr;
+        if self.kind != BackendKind::Sqlite {
+            return None;
+        }
+        let rest = self
+            .url
+            .trim_start_matches("sqlite://")
+            .trim_start_matches("sqlite:");
+        let (database, params) = rest.split_once('?').unwrap_or((rest, ""));
+        let in_memory = database == ":memory:"
+            || url::form_urlencoded::parse(params.as_bytes())
+                .any(|(name, value)| name == "mode" && value == "memory");
+        let options = sqlx::sqlite::SqliteConnectOptions::from_str(&self.url).ok()?;
+        let file = options.get_filename();
+        (!in_memory && !file.as_os_str().is_empty()).then(|| file.to_owned())
+    }
 }
 
 impl fmt::Display for DatabaseUrl {
@@ -344,5 +365,29 @@ mod tests {
             .parse::<DatabaseUrl>()
             .expect_err("refused");
         assert!(err.contains("oracle://u:***@h/db"), "{err}");
+    }
+
+    #[test]
+    fn names_the_sqlite_file_only_for_a_file() {
+        let file = |url: &str| url.parse::<DatabaseUrl>().expect("valid").sqlite_file();
+        let path = |p: &str| Some(std::path::PathBuf::from(p));
+        assert_eq!(file("sqlite://data/payments.db"), path("data/payments.db"));
+        assert_eq!(
+            file("sqlite:data/payments.db?mode=rwc"),
+            path("data/payments.db")
+        );
+        assert_eq!(file("sqlite:///tmp/p%20q.db"), path("/tmp/p q.db"));
+        for none in [
+            "sqlite::memory:",
+            "sqlite://:memory:",
+            "sqlite://?mode=memory",
+            "sqlite://data/p.db?mode=memory",
+            "sqlite://",
+            "sqlite://data/p.db?mode=nonsense",
+            "postgres://u@h/db",
+            "mysql://u@h/db",
+        ] {
+            assert_eq!(file(none), None, "{none}");
+        }
     }
 }

@@ -1,0 +1,443 @@
+//! The ledger file over real HTTP on loopback: a sandbox stopped and started
+//! again on the same file (in process, and the binary killed with SIGKILL)
+//! still knows its charges, refunds and the answers stored under its
+//! idempotency keys; a damaged file refuses to start, naming itself. Each
+//! test has a directory of its own.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use payments_sandbox::{LedgerFile, SandboxConfig, SandboxHandle};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+
+const VISA: &[(&str, &str)] = &[
+    ("amount", "4900"),
+    ("currency", "gbp"),
+    ("source", "tok_visa"),
+    ("metadata[order_id]", "42"),
+];
+
+/// A fresh directory under the system's temp dir, removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> std::io::Result<Self> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|since| since.as_nanos())
+            .unwrap_or_default();
+        let name = format!(
+            "payments-sandbox-ledger-{}-{nanos}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = std::env::temp_dir().join(name);
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self(dir))
+    }
+
+    fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A sandbox on `ledger`, and a client for it.
+struct Sandbox {
+    handle: SandboxHandle,
+    client: reqwest::Client,
+}
+
+/// An answer: status, `Idempotent-Replayed`, body bytes and body as JSON.
+struct Answer {
+    status: StatusCode,
+    replayed: bool,
+    bytes: Vec<u8>,
+    json: Value,
+}
+
+impl Sandbox {
+    async fn start(ledger: &Path) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+        let file = LedgerFile::open(ledger)?;
+        let handle = SandboxHandle::start_with_ledger(SandboxConfig::default(), Some(file)).await?;
+        let client = reqwest::Client::builder().no_proxy().build()?;
+        Ok(Self { handle, client })
+    }
+
+    async fn post(
+        &self,
+        path: &str,
+        form: &[(&str, &str)],
+        key: &str,
+    ) -> Result<Answer, reqwest::Error> {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.handle.url()))
+            .bearer_auth("sk_test_sandbox")
+            .header("Idempotency-Key", key)
+            .form(form)
+            .send()
+            .await?;
+        answer(response).await
+    }
+
+    async fn get(&self, path: &str) -> Result<Value, reqwest::Error> {
+        self.client
+            .get(format!("{}{path}", self.handle.url()))
+            .bearer_auth("sk_test_sandbox")
+            .send()
+            .await?
+            .json()
+            .await
+    }
+
+    async fn post_json(&self, path: &str, body: &Value) -> Result<Answer, reqwest::Error> {
+        let response = self
+            .client
+            .post(format!("{}{path}", self.handle.url()))
+            .json(body)
+            .send()
+            .await?;
+        answer(response).await
+    }
+}
+
+async fn answer(response: reqwest::Response) -> Result<Answer, reqwest::Error> {
+    let status = response.status();
+    let replayed = response.headers().get("idempotent-replayed").is_some();
+    let bytes = response.bytes().await?.to_vec();
+    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Ok(Answer {
+        status,
+        replayed,
+        bytes,
+        json,
+    })
+}
+
+fn id(answer: &Answer) -> Result<String, String> {
+    answer.json["id"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("no id in {}", answer.json))
+}
+
+/// The ids of `GET /v1/charges`, newest first.
+async fn listed_charges(sandbox: &Sandbox) -> Result<Vec<Value>, reqwest::Error> {
+    let list = sandbox.get("/v1/charges?limit=100").await?;
+    Ok(list["data"]
+        .as_array()
+        .map(|data| data.iter().map(|charge| charge["id"].clone()).collect())
+        .unwrap_or_default())
+}
+
+#[tokio::test]
+async fn a_restarted_sandbox_remembers_charges_refunds_and_keys() -> TestResult {
+    let dir = TempDir::new()?;
+    let path = dir.join("ledger.jsonl");
+
+    // First life: a charge, a declined charge, a refund, and a pending
+    // refund that later fails (giving its amount back).
+    let first = Sandbox::start(&path).await?;
+    let charged = first.post("/v1/charges", VISA, "charge-1").await?;
+    assert_eq!(charged.status, StatusCode::OK);
+    let charge = id(&charged)?;
+    let declined_form = [
+        ("amount", "700"),
+        ("currency", "gbp"),
+        ("source", "tok_chargeDeclined"),
+    ];
+    let declined = first
+        .post("/v1/charges", &declined_form, "charge-2")
+        .await?;
+    assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
+    let refund_form = [("charge", charge.as_str()), ("amount", "1000")];
+    let refunded = first.post("/v1/refunds", &refund_form, "refund-1").await?;
+    assert_eq!(refunded.status, StatusCode::OK, "{}", refunded.json);
+    first
+        .post_json("/_sandbox/config", &json!({"refund_status": "pending"}))
+        .await?;
+    let pending_form = [("charge", charge.as_str()), ("amount", "500")];
+    let pending = first.post("/v1/refunds", &pending_form, "refund-2").await?;
+    assert_eq!(pending.json["status"], "pending");
+    let settled = first
+        .post_json(
+            &format!("/_sandbox/refunds/{}", id(&pending)?),
+            &json!({"status": "failed"}),
+        )
+        .await?;
+    assert_eq!(settled.status, StatusCode::OK, "{}", settled.json);
+    let listed = listed_charges(&first).await?;
+    assert_eq!(listed.len(), 2);
+    first.handle.stop().await;
+
+    // Second life: the same file.
+    let second = Sandbox::start(&path).await?;
+    // (b) The provider retry replays the first answer, byte for byte, and
+    // charges nothing; the same for the decline and the refund.
+    let retried = second.post("/v1/charges", VISA, "charge-1").await?;
+    assert_eq!(
+        (retried.status, retried.replayed, &retried.bytes),
+        (StatusCode::OK, true, &charged.bytes)
+    );
+    let retried = second
+        .post("/v1/charges", &declined_form, "charge-2")
+        .await?;
+    assert_eq!(
+        (retried.status, retried.replayed, &retried.bytes),
+        (StatusCode::PAYMENT_REQUIRED, true, &declined.bytes)
+    );
+    let retried = second.post("/v1/refunds", &refund_form, "refund-1").await?;
+    assert_eq!((retried.replayed, &retried.bytes), (true, &refunded.bytes));
+    // The key still knows its parameters.
+    let other = [
+        ("amount", "4901"),
+        ("currency", "gbp"),
+        ("source", "tok_visa"),
+    ];
+    let reused = second.post("/v1/charges", &other, "charge-1").await?;
+    assert_eq!(reused.status, StatusCode::BAD_REQUEST);
+    assert_eq!(reused.json["error"]["type"], "idempotency_error");
+    // (c) The charges are listed as before, with what was refunded.
+    assert_eq!(listed_charges(&second).await?, listed);
+    let stats = second.get("/_sandbox/stats").await?;
+    assert_eq!(
+        (&stats["charges"], &stats["refunds"]),
+        (&json!(2), &json!(2))
+    );
+    let now = second.get(&format!("/v1/charges/{charge}")).await?;
+    assert_eq!(now["amount_refunded"], 1000, "{now}");
+    let keys: Vec<Value> = second.get("/_sandbox/charges").await?["data"]
+        .as_array()
+        .map(|data| data.iter().map(|c| c["idempotency_key"].clone()).collect())
+        .unwrap_or_default();
+    assert_eq!(keys, [json!("charge-1"), json!("charge-2")]);
+    // (a) A refund of the earlier charge succeeds: what is left of it.
+    let rest = second
+        .post("/v1/refunds", &[("charge", charge.as_str())], "refund-3")
+        .await?;
+    assert_eq!(rest.status, StatusCode::OK, "{}", rest.json);
+    assert_eq!(rest.json["amount"], 3900);
+    second.handle.stop().await;
+
+    // Third life: the compacted file, with the settled refund as it is now.
+    let third = Sandbox::start(&path).await?;
+    let charged = third.get(&format!("/v1/charges/{charge}")).await?;
+    assert_eq!(
+        (&charged["amount_refunded"], &charged["refunded"]),
+        (&json!(4900), &json!(true))
+    );
+    let refunds = third.get(&format!("/v1/refunds?charge={charge}")).await?;
+    let statuses: Vec<&Value> = refunds["data"]
+        .as_array()
+        .map(|data| data.iter().map(|refund| &refund["status"]).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        statuses,
+        [&json!("succeeded"), &json!("failed"), &json!("succeeded")]
+    );
+    let again = third
+        .post("/v1/refunds", &[("charge", charge.as_str())], "refund-4")
+        .await?;
+    assert_eq!(again.json["error"]["code"], "charge_already_refunded");
+    third.handle.stop().await;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_reset_empties_the_ledger_file() -> TestResult {
+    let dir = TempDir::new()?;
+    let path = dir.join("ledger.jsonl");
+    let first = Sandbox::start(&path).await?;
+    assert_eq!(
+        first.post("/v1/charges", VISA, "k").await?.status,
+        StatusCode::OK
+    );
+    let reset = first.post_json("/_sandbox/reset", &json!({})).await?;
+    assert_eq!(reset.status, StatusCode::OK);
+    first.handle.stop().await;
+    let second = Sandbox::start(&path).await?;
+    assert!(listed_charges(&second).await?.is_empty());
+    let charged = second.post("/v1/charges", VISA, "k").await?;
+    assert_eq!((charged.status, charged.replayed), (StatusCode::OK, false));
+    second.handle.stop().await;
+    Ok(())
+}
+
+#[test]
+fn a_damaged_ledger_file_refuses_to_load_naming_it() -> TestResult {
+    let dir = TempDir::new()?;
+    let header = "{\"payments_sandbox_ledger\":{\"version\":1}}\n";
+    for (name, contents, needle) in [
+        (
+            "garbage",
+            format!("{header}not json\n"),
+            "line 2 is not a ledger line",
+        ),
+        (
+            "header-cut",
+            "{\"payments_sandbox_ledger\":{\"vers".to_owned(),
+            "it holds no complete line",
+        ),
+        (
+            "other",
+            "{\"hello\":\"world\"}\n".to_owned(),
+            "line 1 is not a ledger line",
+        ),
+        (
+            "orphan-refund",
+            format!(
+                "{header}{}\n",
+                json!({"refund": {"refund": {"id": "re_1", "amount": 1, "charge": "ch_1",
+                    "currency": "gbp", "status": "succeeded", "failure_reason": null,
+                    "reason": null, "metadata": {}, "created": 1},
+                    "idempotency_key": null}})
+            ),
+            "line 2: refund re_1 is of charge ch_1, which no earlier line made",
+        ),
+        (
+            "newer",
+            "{\"payments_sandbox_ledger\":{\"version\":9}}\n".to_owned(),
+            "format version 9",
+        ),
+    ] {
+        let path = dir.join(name);
+        std::fs::write(&path, &contents)?;
+        let error = match LedgerFile::open(&path) {
+            Ok(file) => return Err(format!("{name} was read: {file:?}").into()),
+            Err(error) => error,
+        };
+        let message = error.to_string();
+        assert_eq!(error.path(), path);
+        assert!(
+            message.contains(&path.display().to_string())
+                && message.contains(needle)
+                && message.contains("delete it to start with an empty ledger"),
+            "{name}: {message}"
+        );
+        // Refused, not rewritten: the file is left for a person to look at.
+        assert_eq!(std::fs::read_to_string(&path)?, contents);
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_line_cut_short_by_a_crash_is_dropped_and_the_rest_kept() -> TestResult {
+    let dir = TempDir::new()?;
+    let path = dir.join("ledger.jsonl");
+    let first = Sandbox::start(&path).await?;
+    let charged = first.post("/v1/charges", VISA, "k").await?;
+    first.handle.stop().await;
+    // What a process killed halfway through an append leaves.
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)?
+        .write_all(b"{\"charge\":{\"id\":\"ch_")?;
+    let second = Sandbox::start(&path).await?;
+    let retried = second.post("/v1/charges", VISA, "k").await?;
+    assert_eq!((retried.replayed, &retried.bytes), (true, &charged.bytes));
+    assert_eq!(listed_charges(&second).await?.len(), 1);
+    second.handle.stop().await;
+    let compacted = std::fs::read_to_string(&path)?;
+    assert!(compacted.ends_with('\n') && !compacted.contains("\"ch_\""));
+    Ok(())
+}
+
+#[test]
+fn a_ledger_file_serves_one_sandbox_at_a_time() -> TestResult {
+    let dir = TempDir::new()?;
+    let path = dir.join("nested").join("ledger.jsonl");
+    let first = LedgerFile::open(&path)?;
+    let second = LedgerFile::open(&path).map(|file| format!("{file:?}"));
+    assert!(
+        second
+            .as_ref()
+            .is_err_and(|error| error.to_string().contains("another sandbox is using it")),
+        "{second:?}"
+    );
+    drop(first);
+    assert!(LedgerFile::open(&path).is_ok());
+    Ok(())
+}
+
+/// A `payments-sandbox` process, killed with SIGKILL when dropped.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `payments-sandbox` with `SANDBOX_LEDGER` on a free port; its URL.
+fn start_binary(
+    ledger: &Path,
+) -> Result<(Killed, String), Box<dyn std::error::Error + Send + Sync>> {
+    let mut child = Killed(
+        Command::new(env!("CARGO_BIN_EXE_payments-sandbox"))
+            .args(["--listen", "127.0.0.1:0"])
+            .env("SANDBOX_LEDGER", ledger)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()?,
+    );
+    let mut line = String::new();
+    if let Some(stdout) = child.0.stdout.take() {
+        BufReader::new(stdout).read_line(&mut line)?;
+    }
+    let url = line
+        .trim_end()
+        .strip_prefix("payments-sandbox listening on ")
+        .ok_or_else(|| format!("unexpected first line {line:?}"))?
+        .to_owned();
+    Ok((child, url))
+}
+
+/// The binary, killed with SIGKILL right after it answered: every answer
+/// it sent was in the file already.
+#[tokio::test]
+async fn the_binary_keeps_its_ledger_through_a_kill() -> TestResult {
+    let dir = TempDir::new()?;
+    let path = dir.join("ledger.jsonl");
+    let client = reqwest::Client::builder().no_proxy().build()?;
+    let charge = |url: &str| {
+        client
+            .post(format!("{url}/v1/charges"))
+            .bearer_auth("sk_test_sandbox")
+            .header("Idempotency-Key", "killed")
+            .form(VISA)
+            .send()
+    };
+    let binary = |path: PathBuf| tokio::task::spawn_blocking(move || start_binary(&path));
+
+    let (process, url) = binary(path.clone()).await??;
+    let first = answer(charge(&url).await?).await?;
+    drop(process);
+    assert_eq!(first.status, StatusCode::OK);
+
+    let (process, url) = binary(path).await??;
+    let retried = answer(charge(&url).await?).await?;
+    let charges: Value = client
+        .get(format!("{url}/_sandbox/charges"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    drop(process);
+    assert_eq!((retried.replayed, &retried.bytes), (true, &first.bytes));
+    assert_eq!(charges["data"].as_array().map(Vec::len), Some(1));
+    Ok(())
+}

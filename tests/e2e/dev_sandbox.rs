@@ -1,0 +1,112 @@
+//! `make run` stopped and started again: the API's in-process sandbox keeps
+//! its ledger beside the SQLite database (`SANDBOX_LEDGER`'s default), so
+//! after a restart a refund of a charge made before it succeeds, and a
+//! charge whose answer was lost is re-driven under its provider key and
+//! replayed, not made again.
+
+use payments_api::config::DEV_JWT_SECRET;
+use payments_tests::{Process, charge_body};
+use serde_json::{Value, json};
+
+use crate::{mint, post};
+
+/// The in-process sandbox's URL, from the API's start-up warning.
+fn sandbox_url(api: &Process) -> String {
+    let log = api.log();
+    let url = log
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("sandbox=http://"))
+        .unwrap_or_else(|| panic!("no sandbox URL in the log:\n{log}"));
+    format!("http://{url}")
+}
+
+async fn sandbox_charges(api: &Process) -> Vec<Value> {
+    let charges: Value = reqwest::get(format!("{}/_sandbox/charges", sandbox_url(api)))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    charges["data"].as_array().unwrap().clone()
+}
+
+#[tokio::test]
+async fn a_restarted_make_run_still_knows_the_sandboxs_charges() {
+    let dir = std::env::temp_dir().join(format!(
+        "payments-e2e-ledger-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let url = format!("sqlite://{}/payments.db", dir.display());
+    let env = [
+        ("DATABASE_URL", url.as_str()),
+        ("LISTEN_ADDR", "127.0.0.1:0"),
+        ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
+        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+    ];
+    let ledger = dir.join("payments.sandbox-ledger.jsonl");
+    let token = mint("cus_restart").await;
+
+    let mut api = Process::start("payments-api", &[], &env).await;
+    let shown = ledger.display().to_string();
+    assert!(api.log().contains(&shown), "{}", api.log());
+    let charged = post(&api, &token, "kept", &charge_body(2500, "tok_visa")).await;
+    assert_eq!(charged.status(), 201);
+    let charged: Value = charged.json().await.unwrap();
+    // A second charge whose answer is lost on the way back: the provider
+    // made it, the API has it pending.
+    let dropped = reqwest::Client::new()
+        .post(format!("{}/_sandbox/config", sandbox_url(&api)))
+        .json(&json!({"drop_after_charge": true}))
+        .send()
+        .await
+        .unwrap();
+    assert!(dropped.status().is_success());
+    let lost = post(&api, &token, "lost", &charge_body(700, "tok_visa")).await;
+    assert_eq!(lost.status(), 503);
+    let before = sandbox_charges(&api).await;
+    assert_eq!(before.len(), 2);
+    assert!(
+        api.terminate(std::time::Duration::from_secs(10))
+            .await
+            .success()
+    );
+    assert!(ledger.exists(), "{shown}");
+
+    // The same data directory; the sandbox's config starts afresh.
+    let api = Process::start("payments-api", &[], &env).await;
+    let charge_id = charged["id"].as_str().unwrap();
+    let refunded = reqwest::Client::new()
+        .post(format!("{}/api/charges/{charge_id}/refunds", api.url))
+        .bearer_auth(&token)
+        .header("idempotency-key", "refund")
+        .json(&json!({"amount_cents": 1000}))
+        .send()
+        .await
+        .unwrap();
+    let status = refunded.status();
+    let refunded: Value = refunded.json().await.unwrap();
+    assert_eq!(
+        (status.as_u16(), &refunded["status"]),
+        (201, &json!("succeeded")),
+        "{refunded}"
+    );
+    // The retry re-drives the lost charge under the same provider key (or
+    // finds the in-process reaper doing so: 409 until it is done): the
+    // sandbox replays the charge it made before the restart.
+    let mut retried = post(&api, &token, "lost", &charge_body(700, "tok_visa")).await;
+    for _ in 0..100 {
+        if retried.status() != 409 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        retried = post(&api, &token, "lost", &charge_body(700, "tok_visa")).await;
+    }
+    let status = retried.status();
+    let retried: Value = retried.json().await.unwrap();
+    assert_eq!(status, 201, "{retried}");
+    let after = sandbox_charges(&api).await;
+    assert_eq!(after, before, "no charge made again, none forgotten");
+    assert_eq!(retried["gateway_charge_id"], before[1]["id"]);
+    api.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
