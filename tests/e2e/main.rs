@@ -306,6 +306,17 @@ async fn a_new_sqlite_database_is_announced_with_its_path() {
     assert!(!again.log().contains(needle), "{}", again.log());
     again.stop().await.unwrap();
     let _ = std::fs::remove_dir_all(dir);
+    // An in-memory database is new by nature: no file, no warning (sqlx
+    // names it after a file that does not exist).
+    let memory = [
+        ("DATABASE_URL", "sqlite::memory:"),
+        ("LISTEN_ADDR", "127.0.0.1:0"),
+        ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
+        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+    ];
+    let in_memory = Process::start("payments-api", &[], &memory).await;
+    assert!(!in_memory.log().contains(needle), "{}", in_memory.log());
+    in_memory.stop().await.unwrap();
 }
 
 /// Two API processes on one database, concurrent same-key requests sent

@@ -84,17 +84,19 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(10));
-        let file = options.get_filename();
+        // `None` for an in-memory database (sqlx names it after a file
+        // that does not exist, so the file's absence says nothing there).
+        let file = url.sqlite_file();
         // A typo in DATABASE_URL would otherwise start on a new, empty
         // database without a word: say where one was created.
-        let new = file != std::path::Path::new(":memory:") && !file.exists();
-        if let Some(dir) = file.parent()
+        let new = file.as_ref().is_some_and(|f| !f.exists());
+        if let Some(dir) = file.as_ref().and_then(|f| f.parent())
             && !dir.as_os_str().is_empty()
         {
             std::fs::create_dir_all(dir).map_err(|e| classify(sqlx::Error::from(e)))?;
         }
-        if new {
-            let path = std::path::absolute(file).unwrap_or_else(|_| file.to_owned());
+        if let Some(file) = file.as_ref().filter(|_| new) {
+            let path = std::path::absolute(file).unwrap_or_else(|_| file.clone());
             tracing::warn!(
                 path = %path.display(),
                 "no SQLite database at DATABASE_URL's path: creating a new, empty one; if a \
