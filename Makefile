@@ -27,7 +27,7 @@ run:
 test:
 	$(CARGO) build --workspace --bins --quiet
 	@mkdir -p target
-	@set -o pipefail; REQUIRE_ALL_BACKENDS="$${REQUIRE_ALL_BACKENDS:-0}" \
+	@set -o pipefail; export REQUIRE_ALL_BACKENDS="$${REQUIRE_ALL_BACKENDS:-0}"; \
 	  { $(CARGO) test --workspace --all-targets && $(CARGO) test --workspace --doc; } 2>&1 | tee target/test.log
 	@./scripts/test-summary target/test.log
 
