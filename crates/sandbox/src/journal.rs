@@ -514,15 +514,32 @@ fn sync_dir(_path: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// An exclusive lock on the file, or why not.
+/// How long a lock held by someone else is waited for before giving up.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// An exclusive lock on the file, or why not. A lock held elsewhere is
+/// tried again for [`LOCK_PATIENCE`]: the sandbox that just stopped (a
+/// restarted `make run` whose old process is still exiting), or a child
+/// process forked by this one that holds a copy of the descriptor until
+/// its exec closes it, releases it within that; a sandbox still running
+/// on the file does not.
 fn lock(file: &File) -> io::Result<()> {
-    file.try_lock().map_err(|error| match error {
-        std::fs::TryLockError::WouldBlock => io::Error::new(
-            io::ErrorKind::WouldBlock,
-            "another sandbox is using it (each sandbox needs a ledger file of its own)",
-        ),
-        std::fs::TryLockError::Error(error) => error,
-    })
+    let started = std::time::Instant::now();
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_PATIENCE => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WouldBlock,
+                    "another sandbox is using it (each sandbox needs a ledger file of its own)",
+                ));
+            }
+            Err(std::fs::TryLockError::Error(error)) => return Err(error),
+        }
+    }
 }
 
 fn hex(bytes: &[u8; 32]) -> String {
