@@ -427,3 +427,64 @@ async fn sigterm_drains_in_flight_requests() {
     assert!(status.success(), "{status}");
     assert_eq!(db.charges_with_status("succeeded").await, 1);
 }
+
+/// Issue 26, first step: `payments-api token` mints a development token for
+/// a subject that is not a customer, carrying scopes in a `scope` claim,
+/// which the server accepts; a scope this server does not know is refused
+/// by name (a typo would otherwise mint a token without it).
+#[tokio::test]
+async fn development_tokens_carry_scopes() {
+    let secret = [("JWT_HS256_SECRET", DEV_JWT_SECRET)];
+    let (ok, stdout, stderr) = run_binary(
+        "payments-api",
+        &[
+            "token",
+            "--subject",
+            "ops_bob",
+            "--scope",
+            "refunds:write charges:read_all",
+        ],
+        &secret,
+    )
+    .await;
+    assert!(ok, "{stderr}");
+    let token = stdout.trim();
+    let claims = jsonwebtoken::decode::<Value>(
+        token,
+        &jsonwebtoken::DecodingKey::from_secret(DEV_JWT_SECRET.as_bytes()).expect("key"),
+        &jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256),
+    )
+    .expect("a token signed with the development secret")
+    .claims;
+    assert_eq!(claims["sub"], "ops_bob");
+    assert_eq!(claims["scope"], "refunds:write charges:read_all");
+
+    let (ok, _, stderr) = run_binary(
+        "payments-api",
+        &["token", "--customer", "cus_a", "--scope", "refund:write"],
+        &secret,
+    )
+    .await;
+    assert!(!ok);
+    assert!(
+        stderr.contains(r#"--scope "refund:write" is not one of this server's"#),
+        "{stderr}"
+    );
+
+    // The server accepts the scoped token.
+    let env = [
+        ("DATABASE_URL", "sqlite::memory:"),
+        ("LISTEN_ADDR", "127.0.0.1:0"),
+        ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
+        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+    ];
+    let api = Process::start("payments-api", &[], &env).await;
+    let listed = reqwest::Client::new()
+        .get(format!("{}/api/charges", api.url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(listed.status(), 200);
+    api.stop().await.unwrap();
+}

@@ -20,6 +20,7 @@ use axum::http::request::Parts;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use payments_domain::charge::CustomerId;
+use payments_domain::scope::Scopes;
 use serde::{Deserialize, Serialize};
 
 use crate::AppState;
@@ -34,6 +35,27 @@ use crate::jwks::{Jwks, VerifyingKey};
 struct MintedClaims<'a> {
     sub: &'a str,
     exp: u64,
+    /// Space-separated, when any were asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scope: Option<String>,
+}
+
+/// `scp`, as identity providers write it: an array of names (Microsoft's
+/// access tokens, Okta) or a space-separated string.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ScpClaim {
+    Names(Vec<String>),
+    Words(String),
+}
+
+/// Who a verified token speaks for (`sub`), and the scopes it carries that
+/// this server knows ([`Scopes`]: from `scope` and `scp` together, others
+/// ignored).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub customer: CustomerId,
+    pub scopes: Scopes,
 }
 
 /// What a token is read as. Every field is optional so that a missing claim
@@ -46,6 +68,29 @@ struct Claims {
     /// NumericDate: an integer or a float.
     exp: Option<f64>,
     iat: Option<f64>,
+    /// RFC 8693 / RFC 9068: space-separated scope names.
+    scope: Option<String>,
+    scp: Option<ScpClaim>,
+}
+
+impl Claims {
+    /// The scopes of `scope` and `scp` that this server knows.
+    fn scopes(&self) -> Scopes {
+        let mut scopes = self
+            .scope
+            .as_deref()
+            .map(Scopes::from_claim)
+            .unwrap_or_default();
+        let listed = match &self.scp {
+            Some(ScpClaim::Names(names)) => Scopes::from_names(names.iter().map(String::as_str)),
+            Some(ScpClaim::Words(words)) => Scopes::from_claim(words),
+            None => Scopes::default(),
+        };
+        for scope in listed.iter() {
+            scopes = scopes.with(scope);
+        }
+        scopes
+    }
 }
 
 /// How tokens are validated besides their signature.
@@ -179,9 +224,9 @@ impl Authenticator {
         }
     }
 
-    /// The customer a bearer token speaks for. A refusal is logged at info
-    /// level with its reason, never with the token.
-    pub async fn verify(&self, token: &str) -> Result<CustomerId, ApiError> {
+    /// Who a bearer token speaks for, and its scopes. A refusal is logged at
+    /// info level with its reason, never with the token.
+    pub async fn verify(&self, token: &str) -> Result<Principal, ApiError> {
         let checked = match &self.keys {
             Keys::Static(key) => self.check_with(token, key),
             Keys::Jwks(jwks) => self.check_jwks(token, jwks).await,
@@ -198,7 +243,7 @@ impl Authenticator {
 
     /// With a JWK set: the key the token's `kid` names, whose algorithm must
     /// be the header's `alg`; then the checks of every key.
-    async fn check_jwks(&self, token: &str, jwks: &Jwks) -> Result<CustomerId, &'static str> {
+    async fn check_jwks(&self, token: &str, jwks: &Jwks) -> Result<Principal, &'static str> {
         let header = jsonwebtoken::decode_header(token).map_err(|e| reason(e.kind()))?;
         // Before any lookup: no fetch for a token no key could verify.
         if !matches!(header.alg, Algorithm::RS256 | Algorithm::ES256) {
@@ -214,8 +259,8 @@ impl Authenticator {
         self.check_with(token, &key)
     }
 
-    /// The customer, or why the token is refused, with `key`.
-    fn check_with(&self, token: &str, key: &VerifyingKey) -> Result<CustomerId, &'static str> {
+    /// Who the token speaks for, or why it is refused, with `key`.
+    fn check_with(&self, token: &str, key: &VerifyingKey) -> Result<Principal, &'static str> {
         let mut validation = self.validation.clone();
         validation.algorithms = vec![key.algorithm];
         let data = jsonwebtoken::decode::<Claims>(token, &key.key, &validation)
@@ -235,17 +280,25 @@ impl Authenticator {
         if claims.iat.is_some_and(|iat| iat > now + leeway) {
             return Err("issued in the future");
         }
+        let scopes = claims.scopes();
         let sub = claims.sub.ok_or("missing sub")?;
-        CustomerId::parse(&sub).map_err(|_| INVALID_SUB)
+        let customer = CustomerId::parse(&sub).map_err(|_| INVALID_SUB)?;
+        Ok(Principal { customer, scopes })
     }
 
     /// The static key's verdict, for the unit tests.
     #[cfg(test)]
-    fn check(&self, token: &str) -> Result<CustomerId, &'static str> {
+    fn check_principal(&self, token: &str) -> Result<Principal, &'static str> {
         match &self.keys {
             Keys::Static(key) => self.check_with(token, key),
             Keys::Jwks(_) => Err("a JWK set needs verify"),
         }
+    }
+
+    /// The static key's customer, for the unit tests.
+    #[cfg(test)]
+    fn check(&self, token: &str) -> Result<CustomerId, &'static str> {
+        self.check_principal(token).map(|p| p.customer)
     }
 }
 
@@ -291,12 +344,24 @@ fn reason(kind: &ErrorKind) -> &'static str {
 /// No `iat`: API replicas whose clocks run behind the minting host's would
 /// see it in the future and refuse the token.
 pub fn mint_hs256(secret: &str, customer: &str, ttl: Duration) -> Result<String, ConfigError> {
+    mint_hs256_scoped(secret, customer, &[], ttl)
+}
+
+/// [`mint_hs256`], with a `scope` claim of `scopes` (space-separated, as
+/// given: names this server does not know are kept, and ignored when read).
+pub fn mint_hs256_scoped(
+    secret: &str,
+    subject: &str,
+    scopes: &[String],
+    ttl: Duration,
+) -> Result<String, ConfigError> {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     let claims = MintedClaims {
-        sub: customer,
+        sub: subject,
         exp: (now + ttl).as_secs(),
+        scope: (!scopes.is_empty()).then(|| scopes.join(" ")),
     };
     let key = EncodingKey::from_secret(secret.as_bytes())
         .map_err(|e| ConfigError(format!("JWT_HS256_SECRET: {e}")))?;
@@ -327,7 +392,11 @@ impl FromRequestParts<AppState> for Customer {
             tracing::info!(reason = "not a bearer token", "bearer token refused");
             return Err(ApiError::NoCredentials);
         }
-        state.auth.verify(token.trim()).await.map(Customer)
+        state
+            .auth
+            .verify(token.trim())
+            .await
+            .map(|p| Customer(p.customer))
     }
 }
 
@@ -350,7 +419,11 @@ mod tests {
         let key = EncodingKey::from_rsa_pem(PRIVATE.as_bytes()).expect("test key");
         jsonwebtoken::encode(
             &Header::new(Algorithm::RS256),
-            &MintedClaims { sub, exp },
+            &MintedClaims {
+                sub,
+                exp,
+                scope: None,
+            },
             &key,
         )
         .expect("sign")
@@ -396,6 +469,7 @@ mod tests {
         let claims = MintedClaims {
             sub: "cus_es",
             exp: in_an_hour(),
+            scope: None,
         };
         let token =
             jsonwebtoken::encode(&Header::new(Algorithm::ES256), &claims, &key).expect("sign");
@@ -552,6 +626,71 @@ mod tests {
         assert_eq!(
             check(serde_json::json!({"sub": "c", "exp": t + 60, "iss": iss})).err(),
             Some("missing aud")
+        );
+    }
+
+    #[test]
+    fn scopes_are_read_from_scope_and_scp_and_unknown_ones_ignored() {
+        let auth = hs_auth(JwtRules::default());
+        let scopes = |claims: serde_json::Value| {
+            auth.check_principal(&hs256(claims))
+                .map(|p| p.scopes.to_string())
+        };
+        let exp = in_an_hour();
+        let base = |extra: serde_json::Value| {
+            let mut claims = serde_json::json!({"sub": "cus_s", "exp": exp});
+            if let (Some(c), Some(e)) = (claims.as_object_mut(), extra.as_object()) {
+                c.extend(e.clone());
+            }
+            claims
+        };
+        assert_eq!(scopes(base(serde_json::json!({}))), Ok(String::new()));
+        assert_eq!(
+            scopes(base(
+                serde_json::json!({"scope": "openid profile refunds:write"})
+            )),
+            Ok("refunds:write".to_owned())
+        );
+        assert_eq!(
+            scopes(base(
+                serde_json::json!({"scp": ["charges:read_all", "email"]})
+            )),
+            Ok("charges:read_all".to_owned())
+        );
+        assert_eq!(
+            scopes(base(
+                serde_json::json!({"scp": "charges:write charges:read"})
+            )),
+            Ok("charges:write charges:read".to_owned())
+        );
+        assert_eq!(
+            scopes(base(
+                serde_json::json!({"scope": "charges:write", "scp": ["events:read"]})
+            )),
+            Ok("charges:write events:read".to_owned())
+        );
+        // A scope claim of another type is a malformed token, as any claim.
+        assert_eq!(
+            scopes(base(serde_json::json!({"scope": 7}))),
+            Err("malformed token")
+        );
+    }
+
+    #[test]
+    fn minted_tokens_carry_their_scopes() {
+        let auth = hs_auth(JwtRules::default());
+        let scoped = ["refunds:write".to_owned(), "openid".to_owned()];
+        let token = mint_hs256_scoped(SECRET, "ops_bob", &scoped, Duration::from_secs(600))
+            .expect("minted");
+        let principal = auth.check_principal(&token).expect("valid");
+        assert_eq!(principal.customer.as_str(), "ops_bob");
+        assert_eq!(principal.scopes.to_string(), "refunds:write");
+        let plain = mint_hs256(SECRET, "cus_p", Duration::from_secs(600)).expect("minted");
+        assert!(
+            auth.check_principal(&plain)
+                .expect("valid")
+                .scopes
+                .is_empty()
         );
     }
 }

@@ -53,8 +53,17 @@ pub enum Command {
     /// Mint a development JWT for a customer, signed with JWT_HS256_SECRET.
     Token {
         /// The customer id (the token's `sub`).
+        #[arg(long, required_unless_present = "subject", conflicts_with = "subject")]
+        customer: Option<String>,
+        /// A subject that is not a customer, e.g. a back-office user or
+        /// service (`ops_bob`): the token's `sub`.
         #[arg(long)]
-        customer: String,
+        subject: Option<String>,
+        /// A scope the token carries (repeat it, or space-separate):
+        /// charges:write, charges:read, charges:read_all, refunds:write,
+        /// charges:capture, events:read.
+        #[arg(long = "scope", value_delimiter = ' ')]
+        scopes: Vec<String>,
         /// How long the token is valid.
         #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
         ttl: Duration,
@@ -755,6 +764,26 @@ mod tests {
         }
         let parse = |args: &[&str]| Cli::try_parse_from([&["payments-api"], args].concat());
         assert!(parse(&["token", "--customer=c", "--lease=5s"]).is_err());
+        assert!(parse(&["token"]).is_err(), "a customer or a subject");
+        assert!(parse(&["token", "--customer=c", "--subject=s"]).is_err());
+        match parse(&[
+            "token",
+            "--subject=ops_bob",
+            "--scope",
+            "refunds:write charges:read_all",
+        ]) {
+            Ok(Cli {
+                command:
+                    Some(Command::Token {
+                        subject, scopes, ..
+                    }),
+                ..
+            }) => {
+                assert_eq!(subject.as_deref(), Some("ops_bob"));
+                assert_eq!(scopes, ["refunds:write", "charges:read_all"]);
+            }
+            other => panic!("{:?}", other.map(|_| ())),
+        }
         assert!(parse(&["--lease=5s", "token", "--customer=c"]).is_err());
         // Serving's flags, with or without `serve`.
         for args in [&["--lease=1m"][..], &["serve", "--lease=1m"]] {

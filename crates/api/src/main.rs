@@ -38,9 +38,16 @@ async fn main() -> std::process::ExitCode {
         }
         Some(Command::Token {
             customer,
+            subject,
+            scopes,
             ttl,
             jwt_hs256_secret,
-        }) => token(jwt_hs256_secret.as_ref(), &customer, ttl),
+        }) => token(
+            jwt_hs256_secret.as_ref(),
+            customer.or(subject),
+            &scopes,
+            ttl,
+        ),
     };
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
@@ -51,17 +58,30 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// Prints a development token for `subject` (a customer, or with
+/// `--subject` anyone else) carrying `scopes`, each of which must be one
+/// of this server's.
 fn token(
     secret: Option<&SecretString>,
-    customer: &str,
+    subject: Option<String>,
+    scopes: &[String],
     ttl: std::time::Duration,
 ) -> anyhow::Result<()> {
+    use payments_domain::scope::Scope;
     let secret = secret.context("`token` signs with JWT_HS256_SECRET; set it")?;
-    payments_domain::charge::CustomerId::parse(customer)
-        .map_err(|e| anyhow::anyhow!("--customer: {e}"))?;
+    let subject = subject.context("--customer or --subject names the token's subject")?;
+    payments_domain::charge::CustomerId::parse(&subject)
+        .map_err(|e| anyhow::anyhow!("--customer/--subject: {e}"))?;
+    if let Some(unknown) = scopes.iter().find(|s| Scope::parse(s).is_none()) {
+        let known: Vec<&str> = Scope::ALL.iter().map(|s| s.as_str()).collect();
+        anyhow::bail!(
+            "--scope {unknown:?} is not one of this server's: {}",
+            known.join(", ")
+        );
+    }
     println!(
         "{}",
-        auth::mint_hs256(secret.expose_secret(), customer, ttl)?
+        auth::mint_hs256_scoped(secret.expose_secret(), &subject, scopes, ttl)?
     );
     Ok(())
 }

@@ -37,6 +37,7 @@ pub mod limits;
 pub mod list;
 pub mod provider;
 pub mod refund;
+pub mod scope;
 pub mod service;
 pub mod store;
 pub mod time;
