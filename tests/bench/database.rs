@@ -279,6 +279,7 @@ pub async fn sqlite_ceiling(charges: u64) -> Result<Ceiling> {
             lease: NewLease::new(Duration::from_secs(60)),
             ttl: Duration::from_secs(86_400),
             operation: Operation::Charge(charge.clone()),
+            read_first: true,
         };
         let store: &dyn payments_domain::store::Store = &store;
         let ClaimOutcome::Claimed { record_id, .. } = store.claim(&claim).await? else {

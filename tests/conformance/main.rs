@@ -46,6 +46,7 @@ fn claim(key: &str, customer: &str, body: &Value) -> Claim {
         lease: NewLease::new(LEASE),
         ttl: TTL,
         operation: Operation::Charge(Charge::pending(&customer_id, &request)),
+        read_first: true,
     }
 }
 
@@ -113,7 +114,11 @@ async fn concurrent_claims_have_one_winner(backend: Backend) {
         .map(|i| {
             let store = db.racer(i);
             let barrier = barrier.clone();
-            let c = claim("race-key", &format!("cus_{}", i % 2), &body(100));
+            let mut c = claim("race-key", &format!("cus_{}", i % 2), &body(100));
+            // Half skip the read before the write, so that their writes
+            // really race (on a cluster, into certification conflicts)
+            // rather than finding the winner's record by reading.
+            c.read_first = i % 4 < 2;
             tokio::spawn(async move {
                 barrier.wait().await;
                 store.claim(&c).await.unwrap()
@@ -670,6 +675,11 @@ async fn existing_records_carry_owner_and_fingerprint(backend: Backend) {
     );
     assert_eq!(complete.state, RecordState::Complete);
     check(&complete);
+    // A claim told not to read first still finds it, at the write.
+    let mut unread = claim("owned-key", "cus_2", &body(50));
+    unread.read_first = false;
+    let found = existing(store.claim(&unread).await.unwrap());
+    assert_eq!((found.id, found.state), (record_id, RecordState::Complete));
     assert_eq!(
         db.charges().await,
         1,
@@ -849,6 +859,7 @@ fn refund_claim(key: &str, charge: &Charge, amount: Option<i64>) -> Claim {
         lease: NewLease::new(LEASE),
         ttl: TTL,
         operation: Operation::Refund(Refund::pending(&customer, charge, &request)),
+        read_first: true,
     }
 }
 

@@ -500,6 +500,7 @@ impl TestDb {
             lease: NewLease::new(Duration::from_secs(1)),
             ttl: Duration::from_secs(24 * 3600),
             operation: Operation::Charge(charge),
+            read_first: true,
         };
         let stuck = match self.store.claim(&claim).await.expect("claim") {
             ClaimOutcome::Claimed {

@@ -334,6 +334,7 @@ impl ChargeService {
             lease: NewLease::new(self.policy.lease),
             ttl: self.policy.ttl,
             operation,
+            read_first: true,
         };
         if let Some(record) = self.remembered(key, route) {
             return self

@@ -142,6 +142,13 @@ pub struct Claim {
     /// store sets its timestamps. A refund's amount is reserved on its
     /// charge in the same transaction.
     pub operation: Operation,
+    /// Whether the store looks for the key's record before writing, to
+    /// answer a known key without a write. The service always does (true);
+    /// false goes straight to the write, which the conformance suite uses to
+    /// race claims whose writes really conflict (on a cluster, at
+    /// certification). Only a shortcut either way: a record that appeared
+    /// since is still found by the write, which the unique index arbitrates.
+    pub read_first: bool,
 }
 
 /// A provider charge or refund that names one of our operations, with no

@@ -867,6 +867,7 @@ sql_impl! {{
                 Some(claimed) => return Ok(claimed),
                 None => None,
             },
+            _ if !c.read_first => None,
             _ => Self::read_record(&self.pool, Self::keyed(&self.sql.record_by_key, c)).await?,
         };
         if let Some(record) = found.filter(|r| !r.reclaimable()) {
