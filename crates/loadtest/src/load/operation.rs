@@ -295,7 +295,11 @@ impl Run {
     pub(crate) async fn drive(&self, op: &Operation, stream: &Stream) -> OpRecord {
         let mut record = OpRecord::new(&op.key);
         let mut failed = 0u32;
-        while self.open() {
+        // The first attempt is always sent: the scenario started this
+        // operation while the run was open, and an operation that sent
+        // nothing would be counted unfinished. Retries stop at the deadline.
+        let mut first = true;
+        while std::mem::take(&mut first) || self.open() {
             let retry_after = match self.send(op, stream).await {
                 Seen::Answer(answer) => {
                     record.observe(&answer, &self.violations);
