@@ -858,7 +858,11 @@ fn refund_claim(key: &str, charge: &Charge, amount: Option<i64>) -> Claim {
         fingerprint: RequestFingerprint::of(&json!({"charge_id": charge.id, "b": body})),
         lease: NewLease::new(LEASE),
         ttl: TTL,
-        operation: Operation::Refund(Refund::pending(&customer, charge, &request)),
+        operation: Operation::Refund(Refund::pending(
+            &payments_domain::scope::Actor::customer(customer.clone()),
+            charge,
+            &request,
+        )),
         read_first: true,
     }
 }
@@ -1228,25 +1232,34 @@ async fn a_list_page_is_one_index_range_scan_on_postgres() {
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
     };
-    for query in [
+    let queries = [
         pairs(&[]),
         pairs(&[("limit", "100")]),
         pairs(&[("starting_after", "cus_big_0050000")]),
         pairs(&[("ending_before", "cus_big_0000100"), ("limit", "10")]),
-    ] {
-        let query = payments_domain::list::ChargeQuery::parse(&query).unwrap();
-        let plan = pg.explain_list_charges(&customer, &query).await.unwrap();
+    ];
+    // One customer's list, and the back office's list of everyone's.
+    let lists = [
+        (Some(&customer), "charges_customer_created"),
+        (None, "charges_created"),
+    ];
+    for ((owner, index), query) in lists
+        .into_iter()
+        .flat_map(|list| queries.iter().map(move |q| (list, q)))
+    {
+        let query = payments_domain::list::ChargeQuery::parse(query).unwrap();
+        let plan = pg.explain_list_charges(owner, &query).await.unwrap();
         let text = plan.join("\n");
         let scans: Vec<&String> = plan.iter().filter(|l| l.contains("Index Scan")).collect();
         assert!(
-            scans.iter().any(|l| l.contains("charges_customer_created")),
-            "an index scan of the customer index:\n{text}"
+            scans.iter().any(|l| l.contains(&format!("{index} "))),
+            "an index scan of {index}:\n{text}"
         );
         assert!(!text.contains("Sort"), "no sort:\n{text}");
         assert!(!text.contains("Seq Scan"), "no sequential scan:\n{text}");
         let main = scans
             .iter()
-            .find(|l| l.contains("charges_customer_created"))
+            .find(|l| l.contains(&format!("{index} ")))
             .unwrap();
         let actual = main.split("actual").nth(1).unwrap();
         let rows: u64 = actual
@@ -1298,13 +1311,13 @@ async fn customer_ids_compare_exactly(backend: Backend) {
     ];
     let victim = CustomerId::parse("cus_victim").unwrap();
     for filter in &filters {
-        let own = store.list_charges(&victim, filter).await.unwrap();
+        let own = store.list_charges(Some(&victim), filter).await.unwrap();
         assert_eq!(own.len(), 1, "the owner sees its charge: {filter:?}");
     }
     for other in ["cus_victim ", "cus_victim   ", "CUS_VICTIM"] {
         let other = CustomerId::unvalidated_for_tests(other);
         for filter in &filters {
-            let seen = store.list_charges(&other, filter).await.unwrap();
+            let seen = store.list_charges(Some(&other), filter).await.unwrap();
             assert!(
                 seen.is_empty(),
                 "{other:?} sees {:?} of cus_victim's charges with {filter:?}: {seen:?}",
@@ -1331,15 +1344,24 @@ async fn customer_ids_compare_exactly(backend: Backend) {
         .unwrap()
         .unwrap();
     assert_eq!(record.customer_id, "cus_padded ");
-    let listed = store.list_charges(&padded, &query(&[])).await.unwrap();
+    let listed = store
+        .list_charges(Some(&padded), &query(&[]))
+        .await
+        .unwrap();
     assert_eq!(
         listed.iter().map(|c| &c.id).collect::<Vec<_>>(),
         [&charge.id]
     );
+    // Everyone's list (the back office's) has both, newest first.
+    let everyone = store.list_charges(None, &query(&[])).await.unwrap();
+    assert_eq!(
+        everyone.iter().map(|c| &c.customer_id).collect::<Vec<_>>(),
+        ["cus_padded ", "cus_victim"]
+    );
     let unpadded = CustomerId::parse("cus_padded").unwrap();
     assert!(
         store
-            .list_charges(&unpadded, &query(&[]))
+            .list_charges(Some(&unpadded), &query(&[]))
             .await
             .unwrap()
             .is_empty()

@@ -865,3 +865,115 @@ async fn a_redirect_from_the_jwks_url_is_not_followed() {
         "the redirect was followed"
     );
 }
+
+/// Scopes from an identity provider's tokens, end to end (issue 26): the
+/// customers' API audience charges with `scope`; its tokens cannot refund,
+/// even naming `refunds:write` in `scp`; the back office's audience
+/// (JWT_BACKOFFICE_AUDIENCE), same issuer and keys, refunds that customer's
+/// charge and lists it with `customer=`. A token of the back office's
+/// audience from another issuer is refused.
+#[tokio::test]
+async fn scoped_jwks_tokens_act_by_role() {
+    const BACK_OFFICE: &str = "payments-backoffice";
+    let keys = &*KEYS;
+    let jwks = JwksServer::start(&[&keys.a]).await;
+    let api = start_jwks(
+        &jwks,
+        &[
+            ("JWT_ISSUER", ISSUER),
+            ("JWT_AUDIENCE", AUDIENCE),
+            ("JWT_BACKOFFICE_AUDIENCE", BACK_OFFICE),
+        ],
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let url = |path: &str| format!("{}{path}", api.process.url);
+    let mut customer = claims("cus_alice");
+    customer["scope"] = json!("openid profile charges:write charges:read");
+    let customer = keys.a.sign(&customer);
+    let charged = http
+        .post(url("/api/charges"))
+        .bearer_auth(&customer)
+        .header("idempotency-key", "jwks-charge")
+        .json(&json!({"amount_cents": 2000, "currency": "GBP", "card_token": "tok_visa"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(charged.status(), 201);
+    let charge: Value = charged.json().await.unwrap();
+    let refund_url = url(&format!(
+        "/api/charges/{}/refunds",
+        charge["id"].as_str().unwrap()
+    ));
+    let refund = |token: String, key: &'static str| {
+        let request = http
+            .post(&refund_url)
+            .bearer_auth(token)
+            .header("idempotency-key", key)
+            .json(&json!({"amount_cents": 500}));
+        async move {
+            let response = request.send().await.unwrap();
+            let challenge = response
+                .headers()
+                .get("www-authenticate")
+                .map(|v| v.to_str().unwrap().to_owned());
+            (
+                response.status().as_u16(),
+                challenge,
+                response.json::<Value>().await.unwrap(),
+            )
+        }
+    };
+    let mut asking = claims("cus_alice");
+    asking["scp"] = json!(["refunds:write"]);
+    let (status, challenge, body) = refund(keys.a.sign(&asking), "jwks-refund").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("insufficient_scope"))
+    );
+    assert_eq!(
+        challenge.as_deref(),
+        Some(r#"Bearer error="insufficient_scope", scope="refunds:write""#)
+    );
+
+    let mut office = claims("ops_bob");
+    office["aud"] = json!(BACK_OFFICE);
+    office["scp"] = json!("refunds:write charges:read_all");
+    let office = keys.a.sign(&office);
+    let (status, _, body) = refund(office.clone(), "jwks-refund").await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        body["requested_by"],
+        json!({"subject": "ops_bob", "role": "back_office"})
+    );
+    let listed: Value = http
+        .get(url("/api/charges?customer=cus_alice"))
+        .bearer_auth(&office)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["data"][0]["amount_refunded"], 500, "{listed}");
+
+    let mut elsewhere = claims("ops_eve");
+    elsewhere["aud"] = json!(BACK_OFFICE);
+    elsewhere["iss"] = json!("https://other.example");
+    elsewhere["scope"] = json!("refunds:write");
+    refused(
+        &api,
+        &keys.a.sign(&elsewhere),
+        "wrong issuer",
+        "another issuer",
+    )
+    .await;
+    assert!(
+        api.process
+            .wait_for_log(&["insufficient scope; answered 403", "scope=refunds:write"])
+            .await,
+        "{}",
+        api.process.log()
+    );
+    assert_no_token_in_log(&api, &[&customer, &office]);
+}

@@ -8,7 +8,7 @@ use payments_api::config::DEV_JWT_SECRET;
 use payments_tests::{Process, charge_body};
 use serde_json::{Value, json};
 
-use crate::{mint, post};
+use crate::{mint, mint_back_office, post};
 
 /// The in-process sandbox's URL, from the API's start-up warning.
 fn sandbox_url(api: &Process) -> String {
@@ -77,7 +77,7 @@ async fn a_restarted_make_run_still_knows_the_sandboxs_charges() {
     let charge_id = charged["id"].as_str().unwrap();
     let refunded = reqwest::Client::new()
         .post(format!("{}/api/charges/{charge_id}/refunds", api.url))
-        .bearer_auth(&token)
+        .bearer_auth(mint_back_office("ops_restart").await)
         .header("idempotency-key", "refund")
         .json(&json!({"amount_cents": 1000}))
         .send()

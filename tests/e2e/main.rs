@@ -60,6 +60,28 @@ async fn mint(customer: &str) -> String {
     stdout.trim().to_owned()
 }
 
+/// A development token of the back office (`payments-api token
+/// --audience`, the audience every test process is given) for `subject`,
+/// refunding and reading any customer's charges.
+async fn mint_back_office(subject: &str) -> String {
+    let (ok, stdout, stderr) = run_binary(
+        "payments-api",
+        &[
+            "token",
+            "--subject",
+            subject,
+            "--scope",
+            "refunds:write charges:read_all",
+            "--audience",
+            payments_tests::BACK_OFFICE_AUDIENCE,
+        ],
+        &[("JWT_HS256_SECRET", DEV_JWT_SECRET)],
+    )
+    .await;
+    assert!(ok, "token failed: {stderr}");
+    stdout.trim().to_owned()
+}
+
 /// The README's session: sandbox and API as separate processes; mint a
 /// token, charge, retry (replay), reuse the key with another amount (422).
 async fn readme_session_against_the_real_binaries(backend: Backend) {

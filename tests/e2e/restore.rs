@@ -11,7 +11,7 @@
 use payments_tests::{Backend, Process, TestDb, backend_tests, charge_body, run_binary};
 use serde_json::{Value, json};
 
-use crate::{api_env, mint, post, sandbox_json};
+use crate::{api_env, mint, mint_back_office, post, sandbox_json};
 
 /// The API on `db`, after its migrations.
 async fn api(db: &TestDb, sandbox: &Process) -> Process {
@@ -81,6 +81,7 @@ async fn a_restored_database_makes_every_operation_once(backend: Backend) {
         run_binary("payments-api", &["migrate"], &[("DATABASE_URL", &db.url)]).await;
     assert!(ok, "migrate failed: {stderr}");
     let token = mint("cus_restore").await;
+    let office = mint_back_office("ops_restore").await;
 
     // A charge the copy holds, to refund after it.
     let first_api = api(&db, &sandbox).await;
@@ -120,7 +121,7 @@ async fn a_restored_database_makes_every_operation_once(backend: Backend) {
     let refund_key = new_key();
     let refund_body = json!({ "amount_cents": 2500 });
     let (status, refund_first) =
-        refund(&api_before, &token, &kept_id, &refund_key, &refund_body).await;
+        refund(&api_before, &office, &kept_id, &refund_key, &refund_body).await;
     assert_eq!(status, 201, "{refund_first}");
     let keys: Vec<String> = (0..10).map(|_| new_key()).collect();
     let ten_first = ten_at_once(&api_before, &token, &keys).await;
@@ -157,7 +158,7 @@ async fn a_restored_database_makes_every_operation_once(backend: Backend) {
     );
     let (status, retry) = charge(&restored, &token, &dropped.0, &dropped.1).await;
     assert_eq!(status, 201, "the dropped charge, answered at last: {retry}");
-    let (status, retry) = refund(&restored, &token, &kept_id, &refund_key, &refund_body).await;
+    let (status, retry) = refund(&restored, &office, &kept_id, &refund_key, &refund_body).await;
     assert_eq!(status, 201, "{retry}");
     assert_eq!(retry["id"], refund_first["id"], "the same refund");
     assert_eq!(

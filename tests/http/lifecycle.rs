@@ -153,7 +153,7 @@ async fn a_refund_is_made_once_and_read_back(backend: Backend) {
         .await;
     let key = new_key();
     let first = app
-        .post_refund("cus_r", charge_id, &key, &refund_body(300))
+        .post_refund("ops_r", charge_id, &key, &refund_body(300))
         .await;
     assert_eq!(first.status, 201, "{}", first.body);
     let refund = &first.body;
@@ -163,10 +163,14 @@ async fn a_refund_is_made_once_and_read_back(backend: Backend) {
         (Some(300), Some("succeeded"))
     );
     let refund_id = refund["id"].as_str().expect("id");
+    assert_eq!(
+        refund["requested_by"],
+        json!({"subject": "ops_r", "role": "back_office"})
+    );
     let location = first.headers.get("location").and_then(|v| v.to_str().ok());
     assert_eq!(location, Some(&*format!("/api/refunds/{refund_id}")));
     let again = app
-        .post_refund("cus_r", charge_id, &key, &refund_body(300))
+        .post_refund("ops_r", charge_id, &key, &refund_body(300))
         .await;
     assert_eq!((again.status, &again.body), (201, refund));
     assert_eq!(
@@ -174,7 +178,7 @@ async fn a_refund_is_made_once_and_read_back(backend: Backend) {
         Some(&b"true"[..])
     );
     let changed = app
-        .post_refund("cus_r", charge_id, &key, &refund_body(301))
+        .post_refund("ops_r", charge_id, &key, &refund_body(301))
         .await;
     assert_eq!(
         (changed.status, changed.body["error"]["code"].as_str()),
@@ -182,7 +186,7 @@ async fn a_refund_is_made_once_and_read_back(backend: Backend) {
     );
     let other_id = other["id"].as_str().expect("id");
     let elsewhere = app
-        .post_refund("cus_r", other_id, &key, &refund_body(300))
+        .post_refund("ops_r", other_id, &key, &refund_body(300))
         .await;
     assert_eq!(
         elsewhere.status, 422,
@@ -222,11 +226,12 @@ async fn a_refund_is_made_once_and_read_back(backend: Backend) {
         );
     }
 
-    // Not the caller's charge: 404; not succeeded: 400. Neither is stored:
-    // the same key then works.
+    // No such charge: 404; not succeeded: 400. Neither is stored: the
+    // same key then works.
     let key = new_key();
+    let missing = format!("ch_{}", "0".repeat(32));
     let theirs = app
-        .post_refund("cus_x", charge_id, &key, &refund_body(1))
+        .post_refund("ops_r", &missing, &key, &refund_body(1))
         .await;
     assert_eq!(
         (theirs.status, theirs.body["error"]["code"].as_str()),
@@ -244,14 +249,14 @@ async fn a_refund_is_made_once_and_read_back(backend: Backend) {
         .as_str()
         .expect("the declined charge");
     let refused = app
-        .post_refund("cus_r", declined_id, &key, &refund_body(1))
+        .post_refund("ops_r", declined_id, &key, &refund_body(1))
         .await;
     assert_eq!(
         (refused.status, refused.body["error"]["code"].as_str()),
         (400, Some("charge_not_refundable"))
     );
     let fine = app
-        .post_refund("cus_r", charge_id, &key, &refund_body(1))
+        .post_refund("ops_r", charge_id, &key, &refund_body(1))
         .await;
     assert_eq!(
         fine.status, 201,
@@ -262,7 +267,7 @@ async fn a_refund_is_made_once_and_read_back(backend: Backend) {
     let keyless = app
         .http
         .post(format!("{}/api/charges/{charge_id}/refunds", app.base_url))
-        .bearer_auth(app.token("cus_r"))
+        .bearer_auth(app.back_office_token("ops_r", "refunds:write"))
         .json(&refund_body(1))
         .send()
         .await

@@ -118,27 +118,60 @@ async fn a_burst_from_one_customer_is_cut_at_its_limit(backend: Backend) {
     assert!(limited >= 9.0, "counted: {limited}");
 }
 
-/// Refunds are new operations too, under the same per-customer rate.
-async fn refunds_count_against_the_same_rate(backend: Backend) {
+/// A customer's refunds (`REFUNDS_BY_CUSTOMER`) count against its own
+/// rate, as its charges do. The back office has a rate of its own
+/// (`BACKOFFICE_RATE_LIMIT_*`): a customer over its rate does not stop the
+/// back office refunding, and the back office over its rate is a 429 too.
+/// Without that setting the back office is not limited.
+async fn refunds_count_against_their_callers_rate(backend: Backend) {
     let options = AppOptions {
         rate_limit: Some((1, 2)),
+        backoffice_rate_limit: Some((1, 1)),
+        refunds_by_customer: true,
         ..AppOptions::default()
     };
     let Some(app) = spawn_app(backend, options).await else {
         return;
     };
     let charge = app
-        .charge_json("cus_r", &charge_body(3000, "tok_visa"))
+        .charge_json("cus_r", &charge_body(5000, "tok_visa"))
         .await;
     let id = charge["id"].as_str().unwrap();
     let part = json!({"amount_cents": 1000});
+    let customer = app.token("cus_r");
     // The charge took one of the burst of 2, the first refund the other.
-    let first = app.post_refund("cus_r", id, &new_key(), &part).await;
+    let first = app.post_refund_with(&customer, id, &new_key(), &part).await;
     assert_eq!(first.status, 201, "{}", first.body);
-    let second = app.post_refund("cus_r", id, &new_key(), &part).await;
+    assert_eq!(first.body["requested_by"]["role"], "customer");
+    let second = app.post_refund_with(&customer, id, &new_key(), &part).await;
     assert_eq!(second.status, 429, "{}", second.body);
     assert_eq!(second.body["error"]["code"], "rate_limited");
-    assert_eq!(app.sandbox_refunds().await.len(), 1);
+    // The back office's own burst of 1.
+    let office = app.post_refund("ops_r", id, &new_key(), &part).await;
+    assert_eq!(office.status, 201, "{}", office.body);
+    let over = app.post_refund("ops_r", id, &new_key(), &part).await;
+    assert_eq!(
+        (over.status, over.body["error"]["code"].as_str()),
+        (429, Some("rate_limited"))
+    );
+    assert_eq!(app.sandbox_refunds().await.len(), 2);
+
+    // By default the back office is not limited.
+    let options = AppOptions {
+        rate_limit: Some((1, 1)),
+        ..AppOptions::default()
+    };
+    let Some(app) = spawn_app(backend, options).await else {
+        return;
+    };
+    let charge = app
+        .charge_json("cus_r", &charge_body(5000, "tok_visa"))
+        .await;
+    let id = charge["id"].as_str().unwrap();
+    for _ in 0..4 {
+        let refund = app.post_refund("ops_r", id, &new_key(), &part).await;
+        assert_eq!(refund.status, 201, "{}", refund.body);
+    }
 }
 
 /// Twenty concurrent first attempts of one new key are one operation: one
@@ -222,5 +255,5 @@ async fn concurrent_attempts_of_one_key_spend_one_unit(backend: Backend) {
 backend_tests!(
     a_burst_from_one_customer_is_cut_at_its_limit,
     concurrent_attempts_of_one_key_spend_one_unit,
-    refunds_count_against_the_same_rate,
+    refunds_count_against_their_callers_rate,
 );

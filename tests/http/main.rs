@@ -13,6 +13,7 @@ mod lost_tail;
 mod mismatch;
 mod observability;
 mod provider;
+mod roles;
 mod time;
 mod validation;
 

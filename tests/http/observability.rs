@@ -202,25 +202,33 @@ async fn every_charge_and_refund_answer_states_the_key_ttl() {
     assert_eq!(ttl_of(unauthenticated.headers()), expected, "401");
     let id = charge["id"].as_str().unwrap();
     let refund = app
-        .http
-        .post(format!("{}/api/charges/{id}/refunds", app.base_url))
-        .bearer_auth(app.token("cus_ttl"))
-        .header("idempotency-key", new_key())
-        .json(&serde_json::json!({"amount_cents": 100}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(refund.status(), 201);
-    assert_eq!(ttl_of(refund.headers()), expected, "refund 201");
+        .post_refund(
+            "ops_ttl",
+            id,
+            &new_key(),
+            &serde_json::json!({"amount_cents": 100}),
+        )
+        .await;
+    assert_eq!(refund.status, 201);
+    assert_eq!(ttl_of(&refund.headers), expected, "refund 201");
     let too_much = app
-        .http
-        .post(format!("{}/api/charges/{id}/refunds", app.base_url))
-        .bearer_auth(app.token("cus_ttl"))
-        .header("idempotency-key", new_key())
-        .json(&serde_json::json!({"amount_cents": 999_999}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(too_much.status(), 400);
-    assert_eq!(ttl_of(too_much.headers()), expected, "refund 400");
+        .post_refund(
+            "ops_ttl",
+            id,
+            &new_key(),
+            &serde_json::json!({"amount_cents": 999_999}),
+        )
+        .await;
+    assert_eq!(too_much.status, 400);
+    assert_eq!(ttl_of(&too_much.headers), expected, "refund 400");
+    let customers = app
+        .post_refund_with(
+            &app.token("cus_ttl"),
+            id,
+            &new_key(),
+            &serde_json::json!({}),
+        )
+        .await;
+    assert_eq!(customers.status, 403);
+    assert_eq!(ttl_of(&customers.headers), expected, "refund 403");
 }

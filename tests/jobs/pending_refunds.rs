@@ -33,7 +33,7 @@ async fn refund(app: &TestApp, charge_id: &str, key: &str, body: &Value) -> Raw 
     let response = app
         .http
         .post(format!("{}/api/charges/{charge_id}/refunds", app.base_url))
-        .bearer_auth(app.token("cus_1"))
+        .bearer_auth(app.back_office_token("ops_1", "refunds:write"))
         .header("idempotency-key", key)
         .json(body)
         .send()

@@ -16,6 +16,7 @@ use super::{non_idempotent_server, run_tool, sqlite_app};
 
 fn config_for(app: &TestApp, scenario: Scenario) -> Config {
     let mut config = Config::new(&app.base_url, app.token("cus_load"), scenario);
+    config.back_office_token = Some(app.back_office_token("ops_load", "refunds:write").into());
     config.sandbox_url = Some(app.sandbox.url());
     config.database_url = Some(app.db.url.clone().into());
     config.timeout = Duration::from_secs(10);

@@ -16,9 +16,15 @@ const ALL_CHECKS: [Check; 7] = Check::ALL;
 
 fn config_for(app: &TestApp) -> Config {
     let mut config = Config::new(&app.base_url, app.token("cus_smoke"));
+    config.back_office_token = Some(back_office(app).into());
     config.database_url = Some(app.db.url.clone().into());
     config.timeout = Duration::from_secs(10);
     config
+}
+
+/// The back office's token the refund check refunds with.
+fn back_office(app: &TestApp) -> String {
+    app.back_office_token("ops_smoke", "refunds:write")
 }
 
 /// Runs the real `payments-smoke` binary: (exit code, stdout, stderr).
@@ -50,6 +56,37 @@ async fn passes_against_the_real_server() {
     assert_eq!(app.sandbox_charges().await.len(), 2);
     assert_eq!(app.sandbox_refunds().await.len(), 1);
     assert_eq!(app.db.refunds_with_status("succeeded").await, 1);
+}
+
+/// Refunds are the back office's: without a back-office token the refund
+/// check fails, saying which flag it needs, and nothing is refunded; with
+/// `REFUNDS_BY_CUSTOMER` the customer's token refunds and the run passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_refund_check_needs_a_back_office_token_unless_customers_refund() {
+    let app = sqlite_app(AppOptions::default()).await;
+    let mut config = config_for(&app);
+    config.back_office_token = None;
+    let report = smoke::run(&config).await.unwrap();
+    assert!(!report.passed, "{}", report.to_text());
+    let refund = report.check(Check::RefundOnce).unwrap();
+    assert!(!refund.passed);
+    assert!(
+        refund.detail.contains("--back-office-token"),
+        "{}",
+        refund.detail
+    );
+    assert!(app.sandbox_refunds().await.is_empty());
+
+    let app = sqlite_app(AppOptions {
+        refunds_by_customer: true,
+        ..AppOptions::default()
+    })
+    .await;
+    let mut config = config_for(&app);
+    config.back_office_token = None;
+    let report = smoke::run(&config).await.unwrap();
+    assert!(report.passed, "{}", report.to_text());
+    assert_eq!(app.sandbox_refunds().await.len(), 1);
 }
 
 /// A staging pipeline retries its smoke job: five runs in a row as one
@@ -100,6 +137,7 @@ async fn optional_key_mode_passes_with_a_note_unless_keys_are_required() {
     })
     .await;
     let mut config = Config::new(&app.base_url, app.token("cus_smoke"));
+    config.back_office_token = Some(back_office(&app).into());
 
     let lenient = smoke::run(&config).await.unwrap();
     println!("{}", lenient.to_text());
@@ -149,11 +187,14 @@ async fn the_binary_exits_0_1_or_2_and_speaks_json() {
     // A correct server, with the database check: exit 0 and a JSON report.
     let app = sqlite_app(AppOptions::default()).await;
     let token = app.token("cus_smoke");
+    let office = back_office(&app);
     let (code, stdout, stderr) = smoke_binary(&[
         "--base-url",
         &app.base_url,
         "--token",
         &token,
+        "--back-office-token",
+        &office,
         "--database-url",
         &app.db.url,
         "--json",

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use payments_api::auth::mint_hs256;
+use payments_api::auth::{mint_hs256, mint_hs256_scoped};
 use payments_api::config::{Cli, KeyMode};
 use payments_api::{AppState, serve};
 use payments_app::Provider;
@@ -857,6 +857,11 @@ pub struct AppOptions {
     pub provider_max_processing: Option<Duration>,
     /// `SQLITE_WRITE_BATCH`: SQLite's group commit (1: off).
     pub sqlite_write_batch: u32,
+    /// `REFUNDS_BY_CUSTOMER`: off, as by default.
+    pub refunds_by_customer: bool,
+    /// `BACKOFFICE_RATE_LIMIT_PER_MINUTE` and `_BURST`; `None`: off, as
+    /// by default.
+    pub backoffice_rate_limit: Option<(u32, u32)>,
 }
 
 impl Default for AppOptions {
@@ -873,6 +878,8 @@ impl Default for AppOptions {
             rate_limit: Some((0, 0)),
             provider_max_processing: None,
             sqlite_write_batch: payments_store::DEFAULT_WRITE_BATCH,
+            refunds_by_customer: false,
+            backoffice_rate_limit: None,
         }
     }
 }
@@ -910,6 +917,9 @@ impl std::fmt::Debug for TestApp {
     }
 }
 
+/// The back office's audience (`JWT_BACKOFFICE_AUDIENCE`) of every test app.
+pub const BACK_OFFICE_AUDIENCE: &str = "payments-backoffice";
+
 /// Starts the sandbox, a fresh database and the API, assembled as
 /// `payments-api` assembles itself (`payments_app::assemble`,
 /// `AppState::new`) from the default settings and `options`; `None` if the
@@ -926,9 +936,12 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
         TEST_SECRET,
         "--database-url",
         &db.url,
+        "--jwt-backoffice-audience",
+        BACK_OFFICE_AUDIENCE,
     ])
     .expect("the test settings parse")
     .settings;
+    settings.refunds_by_customer = options.refunds_by_customer;
     settings.core.gateway.gateway_timeout = options.gateway_timeout;
     settings.core.gateway.lease = options.lease;
     if let Some(processing) = options.provider_max_processing {
@@ -944,6 +957,12 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
         (
             settings.core.charges.rate_limit_per_minute,
             settings.core.charges.rate_limit_burst,
+        ) = limit;
+    }
+    if let Some(limit) = options.backoffice_rate_limit {
+        (
+            settings.core.charges.backoffice_rate_limit_per_minute,
+            settings.core.charges.backoffice_rate_limit_burst,
         ) = limit;
     }
     let provider = Provider::Remote {
@@ -1034,6 +1053,53 @@ impl TestApp {
         mint_hs256(TEST_SECRET, customer, Duration::from_secs(3600)).expect("token")
     }
 
+    /// A back-office token (of [`BACK_OFFICE_AUDIENCE`]) for `subject`
+    /// with `scopes` (space-separated).
+    pub fn back_office_token(&self, subject: &str, scopes: &str) -> String {
+        let scopes: Vec<String> = scopes.split(' ').map(str::to_owned).collect();
+        let ttl = Duration::from_secs(3600);
+        mint_hs256_scoped(
+            TEST_SECRET,
+            subject,
+            &scopes,
+            Some(BACK_OFFICE_AUDIENCE),
+            ttl,
+        )
+        .expect("token")
+    }
+
+    /// `POST /api/charges/{charge_id}/refunds` with `token`.
+    pub async fn post_refund_with(
+        &self,
+        token: &str,
+        charge_id: &str,
+        key: &str,
+        body: &Value,
+    ) -> Answer {
+        let response = self
+            .http
+            .post(format!("{}/api/charges/{charge_id}/refunds", self.base_url))
+            .bearer_auth(token)
+            .header("idempotency-key", key)
+            .json(body)
+            .send()
+            .await
+            .expect("request");
+        Answer::of(response).await
+    }
+
+    /// `GET {path_and_query}` with `token`.
+    pub async fn get_with(&self, token: &str, path_and_query: &str) -> Answer {
+        let response = self
+            .http
+            .get(format!("{}{path_and_query}", self.base_url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("request");
+        Answer::of(response).await
+    }
+
     /// `POST /api/charges` as `customer`, with an optional key and a raw body.
     pub async fn post_charge(
         &self,
@@ -1065,24 +1131,18 @@ impl TestApp {
         request.send().await
     }
 
-    /// `POST /api/charges/{charge_id}/refunds` as `customer` with a key.
+    /// `POST /api/charges/{charge_id}/refunds` as the back-office subject
+    /// `subject` (with `refunds:write`), with a key: refunds are the back
+    /// office's.
     pub async fn post_refund(
         &self,
-        customer: &str,
+        subject: &str,
         charge_id: &str,
         key: &str,
         body: &Value,
     ) -> Answer {
-        let response = self
-            .http
-            .post(format!("{}/api/charges/{charge_id}/refunds", self.base_url))
-            .bearer_auth(self.token(customer))
-            .header("idempotency-key", key)
-            .json(body)
-            .send()
-            .await
-            .expect("request");
-        Answer::of(response).await
+        let token = self.back_office_token(subject, "refunds:write");
+        self.post_refund_with(&token, charge_id, key, body).await
     }
 
     /// `GET {path_and_query}` as `customer`.
@@ -1372,6 +1432,7 @@ impl Process {
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("RUST_LOG", "info")
             .env(RATE_LIMIT_OFF.0, RATE_LIMIT_OFF.1)
+            .env(BACK_OFFICE.0, BACK_OFFICE.1)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(stderr)
@@ -1650,6 +1711,11 @@ pub async fn run_binary_skewed(
 /// (applied after this), so that no test is throttled by the default.
 pub const RATE_LIMIT_OFF: (&str, &str) = ("RATE_LIMIT_PER_MINUTE", "0");
 
+/// Every process a test starts knows the back office's audience, as test
+/// apps do ([`BACK_OFFICE_AUDIENCE`]), unless the test's own environment
+/// sets `JWT_BACKOFFICE_AUDIENCE`.
+pub const BACK_OFFICE: (&str, &str) = ("JWT_BACKOFFICE_AUDIENCE", BACK_OFFICE_AUDIENCE);
+
 /// Runs a workspace binary to completion: (exit success, stdout, stderr).
 pub async fn run_binary(name: &str, args: &[&str], env: &[(&str, &str)]) -> (bool, String, String) {
     let mut command = tokio::process::Command::new(binary(name));
@@ -1657,7 +1723,8 @@ pub async fn run_binary(name: &str, args: &[&str], env: &[(&str, &str)]) -> (boo
         .args(args)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .env(RATE_LIMIT_OFF.0, RATE_LIMIT_OFF.1);
+        .env(RATE_LIMIT_OFF.0, RATE_LIMIT_OFF.1)
+        .env(BACK_OFFICE.0, BACK_OFFICE.1);
     for (k, v) in env {
         command.env(k, v);
     }

@@ -19,8 +19,10 @@ use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use std::marker::PhantomData;
+
 use payments_domain::charge::CustomerId;
-use payments_domain::scope::Scopes;
+use payments_domain::scope::{Actor, Denied, Role, Scopes};
 use serde::{Deserialize, Serialize};
 
 use crate::AppState;
@@ -38,6 +40,25 @@ struct MintedClaims<'a> {
     /// Space-separated, when any were asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     scope: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aud: Option<&'a str>,
+}
+
+/// `aud`: one audience, or several (RFC 7519 section 4.1.3).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum AudClaim {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl AudClaim {
+    fn contains(&self, audience: &str) -> bool {
+        match self {
+            Self::One(one) => one == audience,
+            Self::Many(many) => many.iter().any(|a| a == audience),
+        }
+    }
 }
 
 /// `scp`, as identity providers write it: an array of names (Microsoft's
@@ -49,12 +70,13 @@ enum ScpClaim {
     Words(String),
 }
 
-/// Who a verified token speaks for (`sub`), and the scopes it carries that
-/// this server knows ([`Scopes`]: from `scope` and `scp` together, others
-/// ignored).
+/// Who a verified token speaks for (`sub`), whether it is a back-office
+/// token ([`BackOffice`]), and the scopes it carries that this server knows
+/// ([`Scopes`]: from `scope` and `scp` together, others ignored).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {
-    pub customer: CustomerId,
+    pub subject: CustomerId,
+    pub role: Role,
     pub scopes: Scopes,
 }
 
@@ -71,6 +93,9 @@ struct Claims {
     /// RFC 8693 / RFC 9068: space-separated scope names.
     scope: Option<String>,
     scp: Option<ScpClaim>,
+    /// Read to tell a back-office token; the validation checks them too.
+    aud: Option<AudClaim>,
+    iss: Option<String>,
 }
 
 impl Claims {
@@ -103,9 +128,46 @@ pub struct JwtRules {
     pub leeway: Duration,
     /// When set, `iss` is required and must equal it.
     pub issuer: Option<String>,
-    /// When set, `aud` is required and must contain it. When unset, `aud` is
-    /// not checked (identity providers always send one).
+    /// When set, `aud` is required and must contain it (or the back
+    /// office's audience). When unset, `aud` is not checked (identity
+    /// providers always send one).
     pub audience: Option<String>,
+    /// What makes a token the back office's.
+    pub back_office: BackOffice,
+}
+
+/// A back-office token is one of this audience and this issuer (each when
+/// set; at least one must be, else no token is): only then are back-office
+/// scopes honoured ([`payments_domain::scope::BACK_OFFICE`]). A public
+/// client can ask the identity provider for any scope of the API it is
+/// allowed; it cannot get a token of an audience it is not allowed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackOffice {
+    /// `JWT_BACKOFFICE_AUDIENCE`: `aud` must contain it.
+    pub audience: Option<String>,
+    /// `JWT_BACKOFFICE_ISSUER`: `iss` must equal it.
+    pub issuer: Option<String>,
+}
+
+impl BackOffice {
+    /// Whether any token can be the back office's.
+    pub fn is_configured(&self) -> bool {
+        self.audience.is_some() || self.issuer.is_some()
+    }
+
+    /// The role of a token with these `aud` and `iss`.
+    fn role_of(&self, aud: Option<&AudClaim>, iss: Option<&str>) -> Role {
+        let audience = self
+            .audience
+            .as_deref()
+            .is_none_or(|want| aud.is_some_and(|aud| aud.contains(want)));
+        let issuer = self.issuer.as_deref().is_none_or(|want| iss == Some(want));
+        if self.is_configured() && audience && issuer {
+            Role::BackOffice
+        } else {
+            Role::Customer
+        }
+    }
 }
 
 /// `JWT_MAX_LIFETIME`'s default: the default ttl of `payments-api token`.
@@ -120,6 +182,7 @@ impl Default for JwtRules {
             leeway: DEFAULT_LEEWAY,
             issuer: None,
             audience: None,
+            back_office: BackOffice::default(),
         }
     }
 }
@@ -193,13 +256,23 @@ impl Authenticator {
         validation.validate_exp = true;
         validation.validate_nbf = true;
         let mut required = vec!["exp", "sub"];
+        let back_office = &rules.back_office;
         if let Some(issuer) = &rules.issuer {
-            validation.set_issuer(&[issuer]);
+            // A back-office issuer is served by the same keys.
+            let issuers: Vec<&String> = [Some(issuer), back_office.issuer.as_ref()]
+                .into_iter()
+                .flatten()
+                .collect();
+            validation.set_issuer(&issuers);
             required.push("iss");
         }
         match &rules.audience {
             Some(audience) => {
-                validation.set_audience(&[audience]);
+                let audiences: Vec<&String> = [Some(audience), back_office.audience.as_ref()]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                validation.set_audience(&audiences);
                 validation.validate_aud = true;
                 required.push("aud");
             }
@@ -281,9 +354,17 @@ impl Authenticator {
             return Err("issued in the future");
         }
         let scopes = claims.scopes();
+        let role = self
+            .rules
+            .back_office
+            .role_of(claims.aud.as_ref(), claims.iss.as_deref());
         let sub = claims.sub.ok_or("missing sub")?;
-        let customer = CustomerId::parse(&sub).map_err(|_| INVALID_SUB)?;
-        Ok(Principal { customer, scopes })
+        let subject = CustomerId::parse(&sub).map_err(|_| INVALID_SUB)?;
+        Ok(Principal {
+            subject,
+            role,
+            scopes,
+        })
     }
 
     /// The static key's verdict, for the unit tests.
@@ -298,7 +379,7 @@ impl Authenticator {
     /// The static key's customer, for the unit tests.
     #[cfg(test)]
     fn check(&self, token: &str) -> Result<CustomerId, &'static str> {
-        self.check_principal(token).map(|p| p.customer)
+        self.check_principal(token).map(|p| p.subject)
     }
 }
 
@@ -344,15 +425,18 @@ fn reason(kind: &ErrorKind) -> &'static str {
 /// No `iat`: API replicas whose clocks run behind the minting host's would
 /// see it in the future and refuse the token.
 pub fn mint_hs256(secret: &str, customer: &str, ttl: Duration) -> Result<String, ConfigError> {
-    mint_hs256_scoped(secret, customer, &[], ttl)
+    mint_hs256_scoped(secret, customer, &[], None, ttl)
 }
 
 /// [`mint_hs256`], with a `scope` claim of `scopes` (space-separated, as
-/// given: names this server does not know are kept, and ignored when read).
+/// given: names this server does not know are kept, and ignored when read)
+/// and, when given, an `aud` (the back office's audience makes a
+/// back-office token).
 pub fn mint_hs256_scoped(
     secret: &str,
     subject: &str,
     scopes: &[String],
+    audience: Option<&str>,
     ttl: Duration,
 ) -> Result<String, ConfigError> {
     let now = SystemTime::now()
@@ -362,6 +446,7 @@ pub fn mint_hs256_scoped(
         sub: subject,
         exp: (now + ttl).as_secs(),
         scope: (!scopes.is_empty()).then(|| scopes.join(" ")),
+        aud: audience,
     };
     let key = EncodingKey::from_secret(secret.as_bytes())
         .map_err(|e| ConfigError(format!("JWT_HS256_SECRET: {e}")))?;
@@ -369,12 +454,48 @@ pub fn mint_hs256_scoped(
         .map_err(|e| ConfigError(format!("cannot sign token: {e}")))
 }
 
-/// The authenticated customer. Rejects with 401 `unauthorized` and a
-/// `WWW-Authenticate: Bearer` challenge (RFC 6750).
-#[derive(Debug, Clone)]
-pub struct Customer(pub CustomerId);
+/// What a route needs of its caller ([`Caller`]).
+pub trait Access {
+    fn check(actor: &Actor) -> Result<(), Denied>;
+}
 
-impl FromRequestParts<AppState> for Customer {
+/// `POST /api/charges`: `charges:write`.
+#[derive(Debug)]
+pub struct Charging;
+/// The reads: `charges:read` or `charges:read_all`.
+#[derive(Debug)]
+pub struct Reading;
+/// `POST /api/charges/{id}/refunds`: `refunds:write`.
+#[derive(Debug)]
+pub struct Refunding;
+
+impl Access for Charging {
+    fn check(actor: &Actor) -> Result<(), Denied> {
+        actor.may_charge()
+    }
+}
+
+impl Access for Reading {
+    fn check(actor: &Actor) -> Result<(), Denied> {
+        actor.may_read()
+    }
+}
+
+impl Access for Refunding {
+    fn check(actor: &Actor) -> Result<(), Denied> {
+        actor.may_refund()
+    }
+}
+
+/// The authenticated caller, allowed what the route needs (`A`). Rejects
+/// with 401 `unauthorized` and a `WWW-Authenticate: Bearer` challenge
+/// (RFC 6750) for a missing or bad token, and with 403
+/// `insufficient_scope` for a token without the route's scope: an
+/// extractor, so before the body is read and anything is stored.
+#[derive(Debug)]
+pub struct Caller<A>(pub Actor, pub PhantomData<A>);
+
+impl<A: Access> FromRequestParts<AppState> for Caller<A> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
@@ -392,11 +513,20 @@ impl FromRequestParts<AppState> for Customer {
             tracing::info!(reason = "not a bearer token", "bearer token refused");
             return Err(ApiError::NoCredentials);
         }
-        state
-            .auth
-            .verify(token.trim())
-            .await
-            .map(|p| Customer(p.customer))
+        let principal = state.auth.verify(token.trim()).await?;
+        let actor = Actor::new(
+            principal.subject,
+            principal.role,
+            principal.scopes,
+            state.refunds_by_customer,
+        );
+        let span = tracing::Span::current();
+        span.record("subject", actor.subject().as_str());
+        span.record("role", actor.role().as_str());
+        A::check(&actor).inspect_err(|denied| {
+            tracing::info!(scope = %denied.0, "insufficient scope; answered 403");
+        })?;
+        Ok(Caller(actor, PhantomData))
     }
 }
 
@@ -423,6 +553,7 @@ mod tests {
                 sub,
                 exp,
                 scope: None,
+                aud: None,
             },
             &key,
         )
@@ -470,6 +601,7 @@ mod tests {
             sub: "cus_es",
             exp: in_an_hour(),
             scope: None,
+            aud: None,
         };
         let token =
             jsonwebtoken::encode(&Header::new(Algorithm::ES256), &claims, &key).expect("sign");
@@ -680,10 +812,11 @@ mod tests {
     fn minted_tokens_carry_their_scopes() {
         let auth = hs_auth(JwtRules::default());
         let scoped = ["refunds:write".to_owned(), "openid".to_owned()];
-        let token = mint_hs256_scoped(SECRET, "ops_bob", &scoped, Duration::from_secs(600))
+        let token = mint_hs256_scoped(SECRET, "ops_bob", &scoped, None, Duration::from_secs(600))
             .expect("minted");
         let principal = auth.check_principal(&token).expect("valid");
-        assert_eq!(principal.customer.as_str(), "ops_bob");
+        assert_eq!(principal.subject.as_str(), "ops_bob");
+        assert_eq!(principal.role, Role::Customer, "no back office configured");
         assert_eq!(principal.scopes.to_string(), "refunds:write");
         let plain = mint_hs256(SECRET, "cus_p", Duration::from_secs(600)).expect("minted");
         assert!(
@@ -691,6 +824,90 @@ mod tests {
                 .expect("valid")
                 .scopes
                 .is_empty()
+        );
+    }
+
+    #[test]
+    fn the_back_office_is_a_token_of_its_audience_or_issuer() {
+        let office = |audience: Option<&str>, issuer: Option<&str>| JwtRules {
+            back_office: BackOffice {
+                audience: audience.map(str::to_owned),
+                issuer: issuer.map(str::to_owned),
+            },
+            ..JwtRules::default()
+        };
+        let role = |auth: &Authenticator, claims: serde_json::Value| {
+            let mut claims = claims;
+            claims["sub"] = "ops_bob".into();
+            claims["exp"] = in_an_hour().into();
+            auth.check_principal(&hs256(claims)).map(|p| p.role)
+        };
+        use serde_json::json;
+        let by_audience = hs_auth(office(Some("payments-backoffice"), None));
+        assert_eq!(
+            role(&by_audience, json!({"aud": "payments-backoffice"})),
+            Ok(Role::BackOffice)
+        );
+        assert_eq!(
+            role(
+                &by_audience,
+                json!({"aud": ["payments", "payments-backoffice"]})
+            ),
+            Ok(Role::BackOffice)
+        );
+        assert_eq!(
+            role(&by_audience, json!({"aud": "payments"})),
+            Ok(Role::Customer)
+        );
+        assert_eq!(role(&by_audience, json!({})), Ok(Role::Customer));
+        let by_issuer = hs_auth(office(None, Some("https://staff.idp")));
+        assert_eq!(
+            role(&by_issuer, json!({"iss": "https://staff.idp"})),
+            Ok(Role::BackOffice)
+        );
+        assert_eq!(
+            role(&by_issuer, json!({"iss": "https://idp"})),
+            Ok(Role::Customer)
+        );
+        // Both set: both must match.
+        let both = hs_auth(office(
+            Some("payments-backoffice"),
+            Some("https://staff.idp"),
+        ));
+        assert_eq!(
+            role(&both, json!({"aud": "payments-backoffice"})),
+            Ok(Role::Customer)
+        );
+        assert_eq!(
+            role(
+                &both,
+                json!({"aud": "payments-backoffice", "iss": "https://staff.idp"})
+            ),
+            Ok(Role::BackOffice)
+        );
+        // Nothing configured: nobody.
+        let none = hs_auth(JwtRules::default());
+        assert_eq!(
+            role(&none, json!({"aud": "payments-backoffice"})),
+            Ok(Role::Customer)
+        );
+        // With JWT_AUDIENCE, a back-office token of its own audience is
+        // accepted besides customers' tokens; a third audience is not.
+        let strict = hs_auth(JwtRules {
+            audience: Some("payments".into()),
+            ..office(Some("payments-backoffice"), None)
+        });
+        assert_eq!(
+            role(&strict, json!({"aud": "payments"})),
+            Ok(Role::Customer)
+        );
+        assert_eq!(
+            role(&strict, json!({"aud": "payments-backoffice"})),
+            Ok(Role::BackOffice)
+        );
+        assert_eq!(
+            role(&strict, json!({"aud": "other"})),
+            Err("wrong audience")
         );
     }
 }

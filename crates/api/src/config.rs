@@ -12,7 +12,7 @@ use payments_app::{Provider, Settings as AppSettings};
 use payments_jobs::settings::JobArgs;
 use secrecy::{ExposeSecret, SecretString};
 
-use crate::auth::JwtRules;
+use crate::auth::{BackOffice, JwtRules};
 
 pub use payments_app::ConfigError;
 
@@ -64,6 +64,10 @@ pub enum Command {
         /// charges:capture, events:read.
         #[arg(long = "scope", value_delimiter = ' ')]
         scopes: Vec<String>,
+        /// The token's `aud`: the server's JWT_BACKOFFICE_AUDIENCE makes a
+        /// back-office token (`make run` serves with `payments-backoffice`).
+        #[arg(long)]
+        audience: Option<String>,
         /// How long the token is valid.
         #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
         ttl: Duration,
@@ -155,6 +159,23 @@ pub struct Settings {
     /// `aud` is not checked.
     #[arg(long, env = "JWT_AUDIENCE")]
     pub jwt_audience: Option<String>,
+    /// The audience of the back office's tokens (its own API at the
+    /// identity provider, which only staff clients may get tokens for):
+    /// back-office scopes (refunds:write, charges:read_all, ...) count
+    /// only in a token whose `aud` contains it. Unset, with
+    /// JWT_BACKOFFICE_ISSUER unset too: no token is the back office's.
+    #[arg(long, env = "JWT_BACKOFFICE_AUDIENCE")]
+    pub jwt_backoffice_audience: Option<String>,
+    /// The issuer of the back office's tokens (a staff tenant or realm
+    /// whose keys are the same JWK set): back-office scopes count only in
+    /// a token whose `iss` equals it (and, when set, of
+    /// JWT_BACKOFFICE_AUDIENCE).
+    #[arg(long, env = "JWT_BACKOFFICE_ISSUER")]
+    pub jwt_backoffice_issuer: Option<String>,
+    /// Let customers refund their own charges, as before roles. Off: only
+    /// back-office tokens with refunds:write refund (any customer's charge).
+    #[arg(long, env = "REFUNDS_BY_CUSTOMER", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub refunds_by_customer: bool,
     #[command(flatten)]
     pub http: crate::server::HttpTimeouts,
 }
@@ -284,12 +305,32 @@ impl Settings {
             ))),
             _ => Ok(value.clone()),
         };
-        Ok(JwtRules {
+        let rules = JwtRules {
             max_lifetime: self.jwt_max_lifetime,
             leeway: self.jwt_leeway,
             issuer: non_empty("JWT_ISSUER", &self.jwt_issuer)?,
             audience: non_empty("JWT_AUDIENCE", &self.jwt_audience)?,
-        })
+            back_office: BackOffice {
+                audience: non_empty("JWT_BACKOFFICE_AUDIENCE", &self.jwt_backoffice_audience)?,
+                issuer: non_empty("JWT_BACKOFFICE_ISSUER", &self.jwt_backoffice_issuer)?,
+            },
+        };
+        // A back office every customer token would pass for.
+        let office = &rules.back_office;
+        let same = |office: &Option<String>, everyone: &Option<String>| {
+            office.is_none() || office == everyone
+        };
+        if office.is_configured()
+            && same(&office.audience, &rules.audience)
+            && same(&office.issuer, &rules.issuer)
+        {
+            return Err(ConfigError(
+                "JWT_BACKOFFICE_AUDIENCE / JWT_BACKOFFICE_ISSUER must differ from JWT_AUDIENCE / \
+                 JWT_ISSUER: every customer's token would be the back office's"
+                    .into(),
+            ));
+        }
+        Ok(rules)
     }
 
     /// Validates the whole serving configuration; where provider calls go.

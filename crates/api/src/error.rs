@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use payments_domain::charge::InvalidRequest;
 use payments_domain::envelope::ErrorEnvelope;
 use payments_domain::provider::Doubt;
+use payments_domain::scope::{Denied, Scope};
 use payments_domain::service::{ChargeError, RETRY_AFTER_SECS};
 use payments_domain::store::StoreError;
 
@@ -29,6 +30,11 @@ pub enum ApiError {
     /// error code (RFC 6750 section 3.1).
     #[error("a bearer token is required")]
     NoCredentials,
+    /// A valid token without the scope the request needs: 403 with
+    /// `WWW-Authenticate: Bearer error="insufficient_scope", scope="..."`
+    /// (RFC 6750 section 3.1). Nothing was read or stored.
+    #[error("this token lacks the scope {0} this request needs")]
+    InsufficientScope(Scope),
     /// Carries the client guide's URL for the message.
     #[error(
         "the Idempotency-Key header is required: generate one key per payment and reuse it on every retry; see {0}"
@@ -91,6 +97,7 @@ impl ApiError {
             Self::Unauthorized | Self::InvalidSubject | Self::NoCredentials => {
                 (StatusCode::UNAUTHORIZED, "unauthorized")
             }
+            Self::InsufficientScope(_) => (StatusCode::FORBIDDEN, "insufficient_scope"),
             Self::KeyMissing(_) => (StatusCode::BAD_REQUEST, "idempotency_key_missing"),
             Self::KeyInvalid(_) => (StatusCode::BAD_REQUEST, "idempotency_key_invalid"),
             Self::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid_request"),
@@ -135,10 +142,17 @@ impl From<ChargeError> for ApiError {
                 ..
             } => Self::ProviderMisconfigured,
             ChargeError::ProviderUnavailable { doubt, .. } => Self::GatewayUnavailable(doubt),
+            ChargeError::Denied(denied) => denied.into(),
             ChargeError::ChargeNotFound => Self::NotFound,
             ChargeError::NotRefundable(status) => Self::NotRefundable(status.as_str()),
             ChargeError::Store(e) => e.into(),
         }
+    }
+}
+
+impl From<Denied> for ApiError {
+    fn from(Denied(scope): Denied) -> Self {
+        Self::InsufficientScope(scope)
     }
 }
 
@@ -209,6 +223,12 @@ impl IntoResponse for ApiError {
             }
             Self::NoCredentials => {
                 headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            Self::InsufficientScope(scope) => {
+                let challenge = format!(r#"Bearer error="insufficient_scope", scope="{scope}""#);
+                if let Ok(v) = HeaderValue::from_str(&challenge) {
+                    headers.insert(header::WWW_AUTHENTICATE, v);
+                }
             }
             _ => {}
         }

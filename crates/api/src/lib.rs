@@ -55,6 +55,8 @@ pub struct AppState {
     pub client_guide_url: Arc<str>,
     /// Header, body and idle timeouts of the server.
     pub http: server::HttpTimeouts,
+    /// `REFUNDS_BY_CUSTOMER`: customers refund their own charges.
+    pub refunds_by_customer: bool,
 }
 
 impl AppState {
@@ -64,13 +66,24 @@ impl AppState {
         settings: &config::Settings,
         service: Arc<ChargeService>,
     ) -> Result<Self, config::ConfigError> {
-        let auth = Authenticator::with_rules(&settings.jwt_key()?, settings.jwt_rules()?)?;
+        let rules = settings.jwt_rules()?;
+        if !rules.back_office.is_configured() {
+            tracing::info!(
+                "no JWT_BACKOFFICE_AUDIENCE or JWT_BACKOFFICE_ISSUER: no token is the back \
+                 office's, and back-office scopes (refunds:write, charges:read_all) count in none"
+            );
+        }
+        if settings.refunds_by_customer {
+            tracing::warn!("REFUNDS_BY_CUSTOMER: customers may refund their own charges");
+        }
+        let auth = Authenticator::with_rules(&settings.jwt_key()?, rules)?;
         Ok(Self {
             service,
             auth: Arc::new(auth),
             key_mode: settings.idempotency_key_mode,
             client_guide_url: settings.client_guide_url.as_str().into(),
             http: settings.http,
+            refunds_by_customer: settings.refunds_by_customer,
         })
     }
 }
@@ -104,6 +117,8 @@ pub fn router(state: AppState) -> Router {
                 request_id,
                 method = %request.method(),
                 path = %request.uri().path(),
+                subject = tracing::field::Empty,
+                role = tracing::field::Empty,
                 idempotency_key = tracing::field::Empty,
                 replayed = tracing::field::Empty,
                 error_code = tracing::field::Empty,

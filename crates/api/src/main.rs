@@ -40,12 +40,14 @@ async fn main() -> std::process::ExitCode {
             customer,
             subject,
             scopes,
+            audience,
             ttl,
             jwt_hs256_secret,
         }) => token(
             jwt_hs256_secret.as_ref(),
             customer.or(subject),
             &scopes,
+            audience.as_deref(),
             ttl,
         ),
     };
@@ -60,11 +62,12 @@ async fn main() -> std::process::ExitCode {
 
 /// Prints a development token for `subject` (a customer, or with
 /// `--subject` anyone else) carrying `scopes`, each of which must be one
-/// of this server's.
+/// of this server's, for `audience` when given.
 fn token(
     secret: Option<&SecretString>,
     subject: Option<String>,
     scopes: &[String],
+    audience: Option<&str>,
     ttl: std::time::Duration,
 ) -> anyhow::Result<()> {
     use payments_domain::scope::Scope;
@@ -81,7 +84,7 @@ fn token(
     }
     println!(
         "{}",
-        auth::mint_hs256_scoped(secret.expose_secret(), &subject, scopes, ttl)?
+        auth::mint_hs256_scoped(secret.expose_secret(), &subject, scopes, audience, ttl)?
     );
     Ok(())
 }

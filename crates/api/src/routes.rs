@@ -12,7 +12,7 @@ use serde_json::json;
 use tracing::Instrument;
 
 use crate::AppState;
-use crate::auth::Customer;
+use crate::auth::{Caller, Charging, Reading, Refunding};
 use crate::config::KeyMode;
 use crate::error::ApiError;
 use crate::extract::{IdPath, JsonBody, KeyHeader, QueryPairs};
@@ -20,7 +20,7 @@ use crate::extract::{IdPath, JsonBody, KeyHeader, QueryPairs};
 /// `POST /api/charges`.
 pub async fn create_charge(
     State(state): State<AppState>,
-    Customer(customer): Customer,
+    Caller(actor, _): Caller<Charging>,
     KeyHeader(key): KeyHeader,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
@@ -34,15 +34,15 @@ pub async fn create_charge(
             KeyMode::Optional => "optional",
         };
         metrics::counter!(crate::telemetry::KEYLESS_REQUESTS_TOTAL, "mode" => mode).increment(1);
-        tracing::warn!(customer = %customer, mode, "request without an Idempotency-Key");
+        tracing::warn!(customer = %actor.subject(), mode, "request without an Idempotency-Key");
         if state.key_mode == KeyMode::Required {
             return Err(ApiError::KeyMissing(state.client_guide_url.to_string()));
         }
     }
     let work = async move {
         match key {
-            Some(key) => service.create_charge(&customer, &key, &body).await,
-            None => service.create_unprotected_charge(&customer, &body).await,
+            Some(key) => service.create_charge(&actor, &key, &body).await,
+            None => service.create_unprotected_charge(&actor, &body).await,
         }
     };
     let mut response = spawned(work).await?;
@@ -66,7 +66,7 @@ pub async fn create_charge(
 /// `POST /api/charges/{id}/refunds`: the key is always required.
 pub async fn create_refund(
     State(state): State<AppState>,
-    Customer(customer): Customer,
+    Caller(actor, _): Caller<Refunding>,
     KeyHeader(key): KeyHeader,
     IdPath(charge_id): IdPath,
     JsonBody(body): JsonBody,
@@ -74,11 +74,7 @@ pub async fn create_refund(
     let key = key.ok_or_else(|| ApiError::KeyMissing(state.client_guide_url.to_string()))?;
     tracing::Span::current().record("idempotency_key", key.as_str());
     let service = state.service.clone();
-    let work = async move {
-        service
-            .create_refund(&customer, &key, &charge_id, &body)
-            .await
-    };
+    let work = async move { service.create_refund(&actor, &key, &charge_id, &body).await };
     spawned(work).await
 }
 
@@ -127,46 +123,47 @@ fn reply_response(reply: Reply) -> Response {
     response
 }
 
-/// `GET /api/charges/{id}`: the owner's charge, else 404.
+/// `GET /api/charges/{id}`: a charge within the caller's reach, else 404.
 pub async fn get_charge(
     State(state): State<AppState>,
-    Customer(customer): Customer,
+    Caller(actor, _): Caller<Reading>,
     IdPath(id): IdPath,
 ) -> Result<Response, ApiError> {
-    let charge = state.service.charge_for(&customer, &id).await?;
+    let charge = state.service.charge_for(&actor, &id).await?;
     Ok(json(charge.ok_or(ApiError::NotFound)?.to_json()))
 }
 
-/// `GET /api/refunds/{id}`: the owner's refund, else 404.
+/// `GET /api/refunds/{id}`: a refund within the caller's reach, else 404.
 pub async fn get_refund(
     State(state): State<AppState>,
-    Customer(customer): Customer,
+    Caller(actor, _): Caller<Reading>,
     IdPath(id): IdPath,
 ) -> Result<Response, ApiError> {
-    let refund = state.service.refund_for(&customer, &id).await?;
+    let refund = state.service.refund_for(&actor, &id).await?;
     Ok(json(refund.ok_or(ApiError::NotFound)?.to_json()))
 }
 
-/// `GET /api/charges`: a page of the caller's charges.
+/// `GET /api/charges`: a page of the caller's charges (with
+/// `charges:read_all`: of `customer=`, or of everyone).
 pub async fn list_charges(
     State(state): State<AppState>,
-    Customer(customer): Customer,
+    Caller(actor, _): Caller<Reading>,
     QueryPairs(query): QueryPairs,
 ) -> Result<Response, ApiError> {
-    let list = state.service.list_charges(&customer, &query).await?;
+    let list = state.service.list_charges(&actor, &query).await?;
     Ok(json(list.to_json(Charge::to_json)))
 }
 
-/// `GET /api/charges/{id}/refunds`: a page of the owner's charge's refunds.
+/// `GET /api/charges/{id}/refunds`: a page of a readable charge's refunds.
 pub async fn list_refunds(
     State(state): State<AppState>,
-    Customer(customer): Customer,
+    Caller(actor, _): Caller<Reading>,
     IdPath(charge_id): IdPath,
     QueryPairs(query): QueryPairs,
 ) -> Result<Response, ApiError> {
     let list = state
         .service
-        .list_refunds(&customer, &charge_id, &query)
+        .list_refunds(&actor, &charge_id, &query)
         .await?;
     Ok(json(list.to_json(Refund::to_json)))
 }

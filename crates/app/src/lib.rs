@@ -102,6 +102,10 @@ pub async fn assemble(
     if let Some((per_minute, burst)) = settings.charges.rate_limit() {
         service = service.with_rate_limit(Arc::new(limits::GovernorLimit::new(per_minute, burst)));
     }
+    if let Some((per_minute, burst)) = settings.charges.backoffice_rate_limit() {
+        let limit = limits::GovernorLimit::new(per_minute, burst);
+        service = service.with_back_office_rate_limit(Arc::new(limit));
+    }
     let service = Arc::new(service);
     Ok(Assembly {
         store,

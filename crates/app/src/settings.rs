@@ -96,12 +96,25 @@ impl Settings {
         if self.charges.max_amount_cents <= 0 {
             return Err("MAX_AMOUNT_CENTS must be greater than 0".into());
         }
-        if self.charges.rate_limit_per_minute > 0 && self.charges.rate_limit_burst == 0 {
-            return Err(
-                "RATE_LIMIT_BURST must be at least 1 while RATE_LIMIT_PER_MINUTE is set \
-                 (RATE_LIMIT_PER_MINUTE=0 turns the limit off)"
-                    .into(),
-            );
+        for (prefix, per_minute, burst) in [
+            (
+                "",
+                self.charges.rate_limit_per_minute,
+                self.charges.rate_limit_burst,
+            ),
+            (
+                "BACKOFFICE_",
+                self.charges.backoffice_rate_limit_per_minute,
+                self.charges.backoffice_rate_limit_burst,
+            ),
+        ] {
+            if per_minute > 0 && burst == 0 {
+                return Err(ConfigError(format!(
+                    "{prefix}RATE_LIMIT_BURST must be at least 1 while \
+                     {prefix}RATE_LIMIT_PER_MINUTE is set ({prefix}RATE_LIMIT_PER_MINUTE=0 turns \
+                     the limit off)"
+                )));
+            }
         }
         Ok(())
     }
@@ -135,6 +148,15 @@ pub struct ChargeArgs {
     /// per-minute rate applies.
     #[arg(long, env = "RATE_LIMIT_BURST", default_value_t = 10)]
     pub rate_limit_burst: u32,
+    /// New refunds (and charges) each back-office subject may start per
+    /// minute, per replica; 0 (the default): no limit. The back office is
+    /// the merchant's own staff and tools, authenticated by its own
+    /// audience or issuer; a limit here brakes a runaway script.
+    #[arg(long, env = "BACKOFFICE_RATE_LIMIT_PER_MINUTE", default_value_t = 0)]
+    pub backoffice_rate_limit_per_minute: u32,
+    /// How many of them a back-office subject may start at once.
+    #[arg(long, env = "BACKOFFICE_RATE_LIMIT_BURST", default_value_t = 10)]
+    pub backoffice_rate_limit_burst: u32,
 }
 
 impl ChargeArgs {
@@ -143,6 +165,14 @@ impl ChargeArgs {
         Some((
             NonZeroU32::new(self.rate_limit_per_minute)?,
             NonZeroU32::new(self.rate_limit_burst)?,
+        ))
+    }
+
+    /// The back office's (per minute, burst), or `None` when it is off.
+    pub fn backoffice_rate_limit(&self) -> Option<(NonZeroU32, NonZeroU32)> {
+        Some((
+            NonZeroU32::new(self.backoffice_rate_limit_per_minute)?,
+            NonZeroU32::new(self.backoffice_rate_limit_burst)?,
         ))
     }
 }

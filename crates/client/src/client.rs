@@ -189,6 +189,20 @@ impl Client {
         }
     }
 
+    /// The same client (its settings and connection pool) acting with
+    /// another token: one `Client` per role. An app's holds its customer's
+    /// token (charge, read its own); the back office's holds a back-office
+    /// token (refund any customer's charge, read and list across customers
+    /// with `charges:read_all`). A call the token lacks the scope for is
+    /// [`ClientError::Rejected`] with 403 `insufficient_scope`, never
+    /// retried.
+    pub fn with_token(&self, token: impl Into<String>) -> Self {
+        Self {
+            token: SecretString::from(token.into()),
+            ..self.clone()
+        }
+    }
+
     /// The base URL, without a trailing slash.
     pub fn base_url(&self) -> &str {
         &self.base_url

@@ -117,8 +117,18 @@ pub struct Refund {
     pub metadata: BTreeMap<String, String>,
     pub gateway_refund_id: Option<String>,
     pub failure_code: Option<String>,
+    /// Who asked for the refund.
+    pub requested_by: RequestedBy,
     /// RFC 3339 in UTC, as the server wrote it.
     pub created_at: String,
+}
+
+/// Who asked for a refund: the token's subject, and `customer` or
+/// `back_office`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestedBy {
+    pub subject: String,
+    pub role: String,
 }
 
 /// A page of a list, Stripe's shape: pass the last item's id as
@@ -143,6 +153,10 @@ pub struct ChargeQuery {
     pub metadata: Option<(String, String)>,
     /// The key of the request that made the charge.
     pub idempotency_key: Option<String>,
+    /// Whose charges: any customer's, for a token with `charges:read_all`
+    /// (the back office); others get 403 `insufficient_scope`. Unset, such
+    /// a token lists every customer's charges.
+    pub customer: Option<String>,
 }
 
 impl ChargeQuery {
@@ -161,6 +175,7 @@ impl ChargeQuery {
         add("created[gte]", self.created_gte.map(|t| t.to_string()));
         add("created[lt]", self.created_lt.map(|t| t.to_string()));
         add("idempotency_key", self.idempotency_key.clone());
+        add("customer", self.customer.clone());
         if let Some((key, value)) = &self.metadata {
             add(&format!("metadata[{key}]"), Some(value.clone()));
         }

@@ -7,7 +7,8 @@
 //! deep it is, and stays stable while new objects arrive.
 
 use crate::charge::{
-    ChargeStatus, InvalidRequest, MAX_METADATA_KEY, MAX_METADATA_VALUE, NUL_REFUSED, is_object_id,
+    ChargeStatus, CustomerId, InvalidRequest, MAX_METADATA_KEY, MAX_METADATA_VALUE, NUL_REFUSED,
+    is_object_id,
 };
 use crate::idempotency::IdempotencyKey;
 use chrono::{DateTime, Utc};
@@ -63,6 +64,9 @@ pub struct ChargeFilter {
 pub struct ChargeQuery {
     pub page: Page,
     pub filter: ChargeFilter,
+    /// `customer=`: whose charges, for a caller that reads any customer's
+    /// (`charges:read_all`; the service refuses it to others).
+    pub customer: Option<CustomerId>,
 }
 
 impl ChargeQuery {
@@ -71,11 +75,18 @@ impl ChargeQuery {
     pub fn parse(pairs: &[(String, String)]) -> Result<Self, InvalidRequest> {
         let mut filter = ChargeFilter::default();
         let mut page = PageParams::default();
+        let mut customer = None;
         for (name, value) in unique(pairs)? {
             if page.take(name, value)? {
                 continue;
             }
             match name {
+                "customer" => {
+                    customer = Some(
+                        CustomerId::parse(value)
+                            .map_err(|_| InvalidRequest::param(name, CustomerId::RULE))?,
+                    );
+                }
                 "status" => {
                     let status = ChargeStatus::parse(value).ok_or_else(|| {
                         InvalidRequest::param(
@@ -143,6 +154,7 @@ impl ChargeQuery {
         Ok(Self {
             page: page.finish()?,
             filter,
+            customer,
         })
     }
 }

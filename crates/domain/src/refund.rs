@@ -13,9 +13,10 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::charge::{AmountCents, Charge, ChargeStatus, CustomerId, InvalidRequest, metadata};
+use crate::charge::{AmountCents, Charge, ChargeStatus, InvalidRequest, metadata};
 use crate::envelope::ErrorEnvelope;
 use crate::idempotency::{JSON, StoredResponse};
+use crate::scope::{Actor, Role};
 use crate::time;
 
 /// A refund moves through the same four states as a charge.
@@ -102,12 +103,30 @@ impl RefundRequest {
     }
 }
 
+/// Who asked for a refund: the token's subject and its role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RequestedBy {
+    pub subject: String,
+    pub role: Role,
+}
+
+impl RequestedBy {
+    pub fn of(actor: &Actor) -> Self {
+        Self {
+            subject: actor.subject().as_str().to_owned(),
+            role: actor.role(),
+        }
+    }
+}
+
 /// A refund as recorded in the `refunds` table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refund {
     pub id: String,
     pub charge_id: String,
+    /// The charge's customer (who may read the refund), whoever asked.
     pub customer_id: String,
+    pub requested_by: RequestedBy,
     /// What is refunded; 0 in a claim that asked for "what is left", until
     /// the store reserves it and returns the refund as stored.
     pub amount_cents: i64,
@@ -128,13 +147,14 @@ pub struct Refund {
 impl Refund {
     /// A new `pending` refund of `charge`, not stored yet (its times are the
     /// epoch until the store stamps them with the database's clock).
-    pub fn pending(customer: &CustomerId, charge: &Charge, request: &RefundRequest) -> Self {
+    pub fn pending(actor: &Actor, charge: &Charge, request: &RefundRequest) -> Self {
         let id = format!("re_{}", uuid::Uuid::now_v7().simple());
         Self {
             provider_key: Self::provider_key_for(&id),
             id,
             charge_id: charge.id.clone(),
-            customer_id: customer.as_str().to_owned(),
+            customer_id: charge.customer_id.clone(),
+            requested_by: RequestedBy::of(actor),
             amount_cents: request.amount.map_or(0, AmountCents::get),
             currency: charge.currency.clone(),
             reason: request.reason,
@@ -173,6 +193,7 @@ impl Refund {
             metadata: &'a BTreeMap<String, String>,
             gateway_refund_id: Option<&'a str>,
             failure_code: Option<&'a str>,
+            requested_by: &'a RequestedBy,
             created_at: String,
         }
         let view = View {
@@ -186,6 +207,7 @@ impl Refund {
             metadata: &self.metadata,
             gateway_refund_id: self.gateway_refund_id.as_deref(),
             failure_code: self.failure_code.as_deref(),
+            requested_by: &self.requested_by,
             created_at: time::rfc3339(self.created_at),
         };
         serde_json::to_string(&view).expect("a refund view always serialises")

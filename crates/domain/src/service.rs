@@ -37,6 +37,7 @@ use crate::provider::{
     ProviderOutcome, ProviderRefundRequest,
 };
 use crate::refund::{Refund, RefundRequest};
+use crate::scope::{Actor, Denied, Role, Scope};
 use crate::store::{
     ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Operation,
     Outcome, RefundOutcome, Store, StoreError, Unsettled,
@@ -122,7 +123,11 @@ pub enum ChargeError {
     /// `retry_after` is when the next would be admitted. Not stored.
     #[error("too many new operations from this customer")]
     RateLimited { retry_after: Duration },
-    /// The charge to refund does not exist or is another customer's.
+    /// The token lacks the scope the operation needs: 403
+    /// `insufficient_scope`, checked before anything is read or stored.
+    #[error(transparent)]
+    Denied(#[from] Denied),
+    /// The charge to refund does not exist or is out of the caller's reach.
     #[error("no such charge")]
     ChargeNotFound,
     /// The charge to refund has not succeeded (yet): it may, by
@@ -223,6 +228,7 @@ pub struct ChargeService {
     policy: Policy,
     answers: Option<Arc<dyn AnswerCache>>,
     rate_limit: Option<Arc<dyn RateLimit>>,
+    back_office_rate_limit: Option<Arc<dyn RateLimit>>,
 }
 
 impl ChargeService {
@@ -233,6 +239,7 @@ impl ChargeService {
             policy,
             answers: None,
             rate_limit: None,
+            back_office_rate_limit: None,
         }
     }
 
@@ -243,6 +250,14 @@ impl ChargeService {
             rate_limit: Some(limit),
             ..self
         }
+    }
+
+    /// The same service, admitting each back-office subject's new
+    /// operations at `limit`'s rate (`BACK_OFFICE_RATE_LIMIT_PER_MINUTE`);
+    /// without it the back office is not limited.
+    pub fn with_back_office_rate_limit(mut self, limit: Arc<dyn RateLimit>) -> Self {
+        self.back_office_rate_limit = Some(limit);
+        self
     }
 
     /// The same service, answering replays from `answers` when it holds
@@ -265,38 +280,43 @@ impl ChargeService {
     /// `POST /api/charges` with an idempotency key.
     // The key is on the caller's span (the API's request span); repeating it
     // here would print it twice on every line.
-    #[tracing::instrument(skip_all, fields(customer = %customer))]
+    #[tracing::instrument(skip_all, fields(customer = %actor.subject()))]
     pub async fn create_charge(
         &self,
-        customer: &CustomerId,
+        actor: &Actor,
         key: &IdempotencyKey,
         body: &Value,
     ) -> Result<Reply, ChargeError> {
+        actor.may_charge()?;
         let request = ChargeRequest::from_json(body, self.policy.max_amount_cents)?;
         let fingerprinted = request.fingerprinted(body);
-        let mut charge = Charge::pending(customer, &request);
+        let mut charge = Charge::pending(actor.subject(), &request);
         charge.idempotency_key = Some(key.as_str().to_owned());
         let operation = Operation::Charge(charge);
-        self.start(customer, key, CHARGES_ROUTE, &fingerprinted, operation)
+        self.start(actor, key, CHARGES_ROUTE, &fingerprinted, operation)
             .await
     }
 
-    /// `POST /api/charges/{id}/refunds` with an idempotency key. Another
-    /// customer's charge is not found, and one that has not succeeded
-    /// cannot be refunded: neither answer is stored (reconciliation can
-    /// still settle the charge).
-    #[tracing::instrument(skip_all, fields(customer = %customer, charge_id = %charge_id))]
+    /// `POST /api/charges/{id}/refunds` with an idempotency key, by the
+    /// back office (any customer's charge) or, with `REFUNDS_BY_CUSTOMER`,
+    /// by the charge's customer. A token without `refunds:write` is denied
+    /// before anything is read; a charge out of reach is not found, and
+    /// one that has not succeeded cannot be refunded: no answer of these
+    /// is stored (reconciliation can still settle the charge).
+    #[tracing::instrument(skip_all, fields(requested_by = %actor.subject(), role = %actor.role(), charge_id = %charge_id))]
     pub async fn create_refund(
         &self,
-        customer: &CustomerId,
+        actor: &Actor,
         key: &IdempotencyKey,
         charge_id: &str,
         body: &Value,
     ) -> Result<Reply, ChargeError> {
+        actor.may_refund()?;
         let request = RefundRequest::from_json(body, self.policy.max_amount_cents)?;
         let charge = self
-            .charge_for(customer, charge_id)
+            .charge(charge_id)
             .await?
+            .filter(|c| actor.refunds(&c.customer_id))
             .ok_or(ChargeError::ChargeNotFound)?;
         if charge.status != ChargeStatus::Succeeded {
             return Err(ChargeError::NotRefundable(charge.status));
@@ -304,12 +324,21 @@ impl ChargeService {
         // The fingerprint covers the path's charge as well as the body: the
         // same key sent to refund another charge is a 422, never a replay.
         // A valid body has no field of that name.
+        // So does the role: a back-office subject and a customer that share
+        // a name never share a record (a customer's refunds keep the
+        // fingerprint they had before roles).
         let mut fingerprinted = body.clone();
         if let Value::Object(fields) = &mut fingerprinted {
             fields.insert("charge_id".to_owned(), Value::from(charge_id));
+            if actor.role() == Role::BackOffice {
+                fields.insert(
+                    "requested_by_role".to_owned(),
+                    Value::from(Role::BackOffice.as_str()),
+                );
+            }
         }
-        let operation = Operation::Refund(Refund::pending(customer, &charge, &request));
-        self.start(customer, key, REFUNDS_ROUTE, &fingerprinted, operation)
+        let operation = Operation::Refund(Refund::pending(actor, &charge, &request));
+        self.start(actor, key, REFUNDS_ROUTE, &fingerprinted, operation)
             .await
     }
 
@@ -319,12 +348,13 @@ impl ChargeService {
     /// body in its canonical form, with the path's charge for a refund.
     async fn start(
         &self,
-        customer: &CustomerId,
+        actor: &Actor,
         key: &IdempotencyKey,
         route: &'static str,
         fingerprinted: &Value,
         operation: Operation,
     ) -> Result<Reply, ChargeError> {
+        let customer = actor.subject();
         let fingerprint = RequestFingerprint::of(fingerprinted);
         let mut claim = Claim {
             key: key.clone(),
@@ -358,7 +388,7 @@ impl ChargeService {
                     operation,
                 } => {
                     tracing::debug!(%record_id, operation = operation.id(), "claimed");
-                    self.admit(customer, route, record_id, &claim.lease.token, &operation)
+                    self.admit(actor, route, record_id, &claim.lease.token, &operation)
                         .await?;
                     return self
                         .drive(
@@ -493,20 +523,29 @@ impl ChargeService {
     /// never come (the provider was not called), and answered 429.
     async fn admit(
         &self,
-        customer: &CustomerId,
+        actor: &Actor,
         route: &'static str,
         record_id: RecordId,
         lease_token: &LeaseToken,
         operation: &Operation,
     ) -> Result<(), ChargeError> {
-        let Some(limit) = &self.rate_limit else {
+        let Some(limit) = self.rate_limit_of(actor) else {
             return Ok(());
         };
-        let Err(retry_after) = limit.admit(customer) else {
+        let Err(retry_after) = limit.admit(actor.subject()) else {
             return Ok(());
         };
         self.store.forget(record_id, lease_token, operation).await?;
         Err(self.limited(route, retry_after))
+    }
+
+    /// The rate `actor`'s new operations are admitted at: customers' or
+    /// the back office's.
+    fn rate_limit_of(&self, actor: &Actor) -> Option<&Arc<dyn RateLimit>> {
+        match actor.role() {
+            Role::Customer => self.rate_limit.as_ref(),
+            Role::BackOffice => self.back_office_rate_limit.as_ref(),
+        }
     }
 
     /// The refusal of a request over its customer's rate, counted.
@@ -538,37 +577,54 @@ impl ChargeService {
         }
     }
 
-    /// The owner's charge, or `None` (also for another customer's charge).
-    pub async fn charge_for(
-        &self,
-        customer: &CustomerId,
-        charge_id: &str,
-    ) -> Result<Option<Charge>, StoreError> {
+    /// The charge `charge_id`, whoever's it is.
+    async fn charge(&self, charge_id: &str) -> Result<Option<Charge>, StoreError> {
         // An id no charge can have is not looked up.
         if !crate::charge::is_charge_id(charge_id) {
             return Ok(None);
         }
-        Ok(self
-            .store
-            .charge(charge_id)
-            .await?
-            .filter(|c| c.customer_id == customer.as_str()))
+        self.store.charge(charge_id).await
     }
 
-    /// `GET /api/charges`: a page of the customer's charges. A cursor must
-    /// name one of the customer's own charges.
+    /// The charge, if `actor` may read it: its own, or any with
+    /// `charges:read_all`; `None` also for a charge out of reach.
+    pub async fn charge_for(
+        &self,
+        actor: &Actor,
+        charge_id: &str,
+    ) -> Result<Option<Charge>, ChargeError> {
+        actor.may_read()?;
+        Ok(self
+            .charge(charge_id)
+            .await?
+            .filter(|c| actor.reads(&c.customer_id)))
+    }
+
+    /// `GET /api/charges`: a page of the caller's charges; with
+    /// `charges:read_all`, of the customer `customer=` names, or without
+    /// it of every customer. A cursor must name a charge of that list.
     pub async fn list_charges(
         &self,
-        customer: &CustomerId,
+        actor: &Actor,
         query: &[(String, String)],
     ) -> Result<List<Charge>, ChargeError> {
+        actor.may_read()?;
         let query = ChargeQuery::parse(query)?;
+        let owner = match (&query.customer, actor.reads_all()) {
+            (Some(customer), true) => Some(customer),
+            (Some(_), false) => return Err(Denied(Scope::ChargesReadAll).into()),
+            (None, true) => None,
+            (None, false) => Some(actor.subject()),
+        };
         if let Some(cursor) = &query.page.cursor
-            && self.charge_for(customer, cursor.id()).await?.is_none()
+            && self
+                .charge(cursor.id())
+                .await?
+                .is_none_or(|c| owner.is_some_and(|o| c.customer_id != o.as_str()))
         {
             return Err(no_such(cursor, "charge").into());
         }
-        let rows = self.store.list_charges(customer, &query).await?;
+        let rows = self.store.list_charges(owner, &query).await?;
         Ok(List::from_rows(
             rows,
             &query.page,
@@ -576,17 +632,17 @@ impl ChargeService {
         ))
     }
 
-    /// `GET /api/charges/{id}/refunds`: a page of the owner's charge's
-    /// refunds; another customer's charge is not found.
+    /// `GET /api/charges/{id}/refunds`: a page of a readable charge's
+    /// refunds; a charge out of reach is not found.
     pub async fn list_refunds(
         &self,
-        customer: &CustomerId,
+        actor: &Actor,
         charge_id: &str,
         query: &[(String, String)],
     ) -> Result<List<Refund>, ChargeError> {
         let page = list::parse_page(query)?;
         let charge = self
-            .charge_for(customer, charge_id)
+            .charge_for(actor, charge_id)
             .await?
             .ok_or(ChargeError::ChargeNotFound)?;
         if let Some(cursor) = &page.cursor {
@@ -600,12 +656,14 @@ impl ChargeService {
         Ok(List::from_rows(rows, &page, url))
     }
 
-    /// The owner's refund, or `None` (also for another customer's refund).
+    /// The refund, if `actor` may read it (as its charge); `None` also
+    /// for a refund out of reach.
     pub async fn refund_for(
         &self,
-        customer: &CustomerId,
+        actor: &Actor,
         refund_id: &str,
-    ) -> Result<Option<Refund>, StoreError> {
+    ) -> Result<Option<Refund>, ChargeError> {
+        actor.may_read()?;
         if !crate::charge::is_refund_id(refund_id) {
             return Ok(None);
         }
@@ -613,7 +671,7 @@ impl ChargeService {
             .store
             .refund(refund_id)
             .await?
-            .filter(|r| r.customer_id == customer.as_str()))
+            .filter(|r| actor.reads(&r.customer_id)))
     }
 
     /// Step 2: someone already has this key.
@@ -1087,20 +1145,21 @@ impl ChargeService {
     /// (rollout): served with no protection at all. A retry of this request
     /// is a second charge; an unknown outcome leaves the charge `unknown`
     /// for reconciliation, since no retry can resolve it.
-    #[tracing::instrument(skip_all, fields(customer = %customer))]
+    #[tracing::instrument(skip_all, fields(customer = %actor.subject()))]
     pub async fn create_unprotected_charge(
         &self,
-        customer: &CustomerId,
+        actor: &Actor,
         body: &Value,
     ) -> Result<Reply, ChargeError> {
+        actor.may_charge()?;
         let request = ChargeRequest::from_json(body, self.policy.max_amount_cents)?;
         // Always a new operation: there is no key to have a record.
-        if let Some(limit) = &self.rate_limit {
+        if let Some(limit) = self.rate_limit_of(actor) {
             limit
-                .admit(customer)
+                .admit(actor.subject())
                 .map_err(|retry_after| self.limited(CHARGES_ROUTE, retry_after))?;
         }
-        let charge = Charge::pending(customer, &request);
+        let charge = Charge::pending(actor.subject(), &request);
         tracing::warn!(charge_id = %charge.id, "charge without an Idempotency-Key: a retry would charge again");
         let charge = self.store.insert_charge(&charge).await?;
         let outcome = self

@@ -462,10 +462,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// A page of a customer's charges matching the query's filters: at most
     /// `limit + 1` (the extra one says there are more), newest first, or
     /// oldest first after an `ending_before` cursor. The cursor's charge
-    /// must exist (the caller checks it is the customer's).
+    /// must exist (the caller checks it is the customer's). `customer`
+    /// `None`: every customer's charges (the back office's list).
     async fn list_charges(
         &self,
-        customer: &CustomerId,
+        customer: Option<&CustomerId>,
         query: &ChargeQuery,
     ) -> Result<Vec<Charge>, StoreError>;
 

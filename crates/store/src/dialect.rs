@@ -84,7 +84,7 @@ pub trait Dialect: Send + Sync + Sized + std::fmt::Debug + 'static {
 /// - `{record}`: a record's columns and what the clock says of it
 ///   (`lease_live`, `expired`, `age_ms`, `ttl_left_ms`);
 /// - `{new_record}`, `{charge}`, `{refund}`: the nine values of a new
-///   record, the twelve of a new charge and the nine of a new refund, in the
+///   record, the twelve of a new charge and the eleven of a new refund, in the
 ///   order the store binds them;
 /// - `{returning cols}`, `{skip_locked}`, `{for_update}`, `{metadata col}`,
 ///   `{customer_id col}`: where the backend has them.
@@ -155,9 +155,11 @@ fn expand<D: Dialect>(template: &str, out: &mut String, next: &mut usize) {
                 out,
                 next,
             ),
-            ("refund", _) => {
-                expand::<D>("{p}, {p}, {p}, {p}, {p}, {p}, {json}, {p}, {p}", out, next)
-            }
+            ("refund", _) => expand::<D>(
+                "{p}, {p}, {p}, {p}, {p}, {p}, {json}, {p}, {p}, {p}, {p}",
+                out,
+                next,
+            ),
             _ => panic!("unknown piece {{{token}}} in {template}"),
         }
     }

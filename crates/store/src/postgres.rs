@@ -84,12 +84,12 @@ impl PostgresStore {
     /// test, sees that a page is one index range scan.
     pub async fn explain_list_charges(
         &self,
-        customer: &CustomerId,
+        customer: Option<&CustomerId>,
         query: &ChargeQuery,
     ) -> Result<Vec<String>, StoreError> {
         let sql = format!(
             "EXPLAIN (ANALYZE, BUFFERS) {}",
-            self.list_charges_sql(query)
+            self.list_charges_sql(customer, query)
         );
         let rows = Self::list_charges_query(&sql, customer, query)
             .fetch_all(self.pool())

@@ -8,7 +8,8 @@ use payments_domain::charge::{CardToken, Charge, ChargeStatus};
 use payments_domain::idempotency::{
     IdempotencyRecord, JSON, Lease, LeaseToken, RecordId, RecordState, StoredResponse,
 };
-use payments_domain::refund::{Refund, RefundReason};
+use payments_domain::refund::{Refund, RefundReason, RequestedBy};
+use payments_domain::scope::Role;
 
 use crate::Error;
 
@@ -171,6 +172,10 @@ pub(crate) struct RefundRow<T> {
     gateway_charge_id: Option<String>,
     gateway_refund_id: Option<String>,
     failure_code: Option<String>,
+    /// NULL in a refund made before roles (or by a server from before
+    /// them, during a rollout): only a charge's customer refunded then.
+    requested_by: Option<String>,
+    requested_by_role: Option<String>,
     created_at: T,
     updated_at: T,
 }
@@ -187,6 +192,13 @@ impl<T: Timestamp> TryFrom<RefundRow<T>> for Refund {
                 .map(|reason| reason.ok_or_else(|| bad("reason")))
                 .transpose()?,
             metadata: serde_json::from_str(&r.metadata).map_err(|_| bad("metadata"))?,
+            requested_by: RequestedBy {
+                role: match r.requested_by_role.as_deref() {
+                    None => Role::Customer,
+                    Some(role) => Role::parse(role).ok_or_else(|| bad("requested_by_role"))?,
+                },
+                subject: r.requested_by.unwrap_or_else(|| r.customer_id.clone()),
+            },
             created_at: decode(r.created_at)?,
             updated_at: decode(r.updated_at)?,
             id: r.id,

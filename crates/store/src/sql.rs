@@ -49,7 +49,8 @@ const CHARGE_ROW: &str = "id, {customer_id customer_id}, amount_cents, currency,
 /// provider id.
 const REFUND_ROW: &str = "r.id, r.charge_id, {customer_id r.customer_id}, r.amount_cents, \
      r.currency, r.reason, {metadata r.metadata}, r.status, r.provider_key, c.gateway_charge_id, \
-     r.gateway_refund_id, r.failure_code, r.created_at, r.updated_at";
+     r.gateway_refund_id, r.failure_code, r.requested_by, r.requested_by_role, r.created_at, \
+     r.updated_at";
 
 /// Which charges or refunds a settlement may change, by their status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,7 +108,8 @@ fn keyset(alias: &str, table: &str) -> [(String, &'static str); 3] {
 /// The columns of a new `refunds` row, in the order `refund_values` binds
 /// them, then its three times.
 const REFUND_COLUMNS: &str = "id, charge_id, customer_id, amount_cents, currency, reason, \
-     metadata, status, provider_key, created_at, updated_at, provider_called_at";
+     metadata, status, provider_key, requested_by, requested_by_role, created_at, updated_at, \
+     provider_called_at";
 
 /// A refund the provider answered `pending` (with its id), which
 /// reconciliation polls until it is final.
@@ -161,7 +163,8 @@ pub(crate) struct Statements {
     count_prunable: String,
     charge: String,
     refund: String,
-    list_charges: [String; 3],
+    /// One customer's pages, then every customer's.
+    list_charges: [[String; 3]; 2],
     list_refunds: [String; 3],
     applied_migrations: String,
     now: String,
@@ -236,7 +239,7 @@ impl Statements {
             )),
             insert_claimed_refund: r(&format!(
                 "INSERT INTO refunds ({REFUND_COLUMNS}) SELECT {{refund}}, created_at, \
-                 created_at, created_at FROM idempotent_requests WHERE id = $10"
+                 created_at, created_at FROM idempotent_requests WHERE id = $12"
             )),
             // What is left to refund, the row locked for the reservation.
             refundable: r("SELECT amount_cents - amount_reserved FROM charges \
@@ -337,17 +340,26 @@ impl Statements {
                  WHERE r.id = $1"
             )),
             // Every filter is bound, NULL when not given; the index on
-            // (customer_id, created_at, id) gives the order.
-            list_charges: keyset("c", "charges").map(|(after, order)| {
-                r(&format!(
-                    "SELECT {CHARGE_ROW} FROM charges c WHERE customer_id = {{p}}{after} \
-                     AND ({{p}} IS NULL OR status = {{p}}) \
-                     AND ({{p}} IS NULL OR created_at >= {{at_ms}}) \
-                     AND ({{p}} IS NULL OR created_at < {{at_ms}}) \
-                     AND ({{p}} IS NULL OR {{json_text metadata}} = {{p}}) \
-                     AND ({{p}} IS NULL OR idempotency_key = {{p}}) \
-                     ORDER BY created_at {order}, id {order} LIMIT {{p}}"
-                ))
+            // (customer_id, created_at, id) gives the order of one
+            // customer's list, the one on (created_at, id) of everyone's
+            // (the back office's, with no `customer_id = ` condition).
+            list_charges: [true, false].map(|one_customer| {
+                let owner = if one_customer {
+                    "customer_id = {p}"
+                } else {
+                    "TRUE"
+                };
+                keyset("c", "charges").map(|(after, order)| {
+                    r(&format!(
+                        "SELECT {CHARGE_ROW} FROM charges c WHERE {owner}{after} \
+                         AND ({{p}} IS NULL OR status = {{p}}) \
+                         AND ({{p}} IS NULL OR created_at >= {{at_ms}}) \
+                         AND ({{p}} IS NULL OR created_at < {{at_ms}}) \
+                         AND ({{p}} IS NULL OR {{json_text metadata}} = {{p}}) \
+                         AND ({{p}} IS NULL OR idempotency_key = {{p}}) \
+                         ORDER BY created_at {order}, id {order} LIMIT {{p}}"
+                    ))
+                })
             }),
             list_refunds: keyset("r", "refunds").map(|(after, order)| {
                 r(&format!(
@@ -661,6 +673,8 @@ sql_impl! {{
             .bind(metadata)
             .bind(r.status.as_str())
             .bind(r.provider_key.as_str())
+            .bind(r.requested_by.subject.as_str())
+            .bind(r.requested_by.role.as_str())
     }
 
     /// A final answer and the record's new state, for `finish_record` and
@@ -986,21 +1000,24 @@ sql_impl! {{
     }
 
     /// The statement that reads a page of charges for `query`.
-    pub fn list_charges_sql(&self, query: &ChargeQuery) -> &str {
-        &self.sql.list_charges[page_index(&query.page)]
+    pub fn list_charges_sql(&self, customer: Option<&CustomerId>, query: &ChargeQuery) -> &str {
+        &self.sql.list_charges[usize::from(customer.is_none())][page_index(&query.page)]
     }
 
     /// `sql` (the list statement, or an `EXPLAIN` of it) with a page's
     /// values bound: the customer, the cursor, each filter (NULL when not
     /// given) and `limit + 1`.
-    pub(crate) fn list_charges_query<'q>(sql: &'q str, customer: &'q CustomerId, query: &'q ChargeQuery) -> Q<'q, D> {
+    pub(crate) fn list_charges_query<'q>(sql: &'q str, customer: Option<&'q CustomerId>, query: &'q ChargeQuery) -> Q<'q, D> {
         let (page, f) = (&query.page, &query.filter);
         let status = f.status.map(|s| s.as_str());
         let ms = |t: Option<DateTime<Utc>>| t.map(|t| t.timestamp_millis());
         let (gte, lt) = (ms(f.created_gte), ms(f.created_lt));
         let (key, value) = f.metadata.as_ref().map(|(k, v)| (k.as_str(), v.as_str())).unzip();
         let idempotency_key = f.idempotency_key.as_deref();
-        let mut q = Self::q(sql).bind(customer.as_str());
+        let mut q = Self::q(sql);
+        if let Some(customer) = customer {
+            q = q.bind(customer.as_str());
+        }
         if let Some(cursor) = &page.cursor {
             q = q.bind(cursor.id());
         }
@@ -1377,10 +1394,10 @@ sql_impl! {#[async_trait] Store for {
 
     async fn list_charges(
         &self,
-        customer: &CustomerId,
+        customer: Option<&CustomerId>,
         query: &ChargeQuery,
     ) -> Result<Vec<Charge>, StoreError> {
-        let sql = self.list_charges_sql(query);
+        let sql = self.list_charges_sql(customer, query);
         run(|| async {
             let rows = Self::list_charges_query(sql, customer, query).fetch_all(&self.pool).await?;
             rows.iter().map(|row| Charge::try_from(ChargeRow::<D::Ts>::from_row(row)?)).collect()

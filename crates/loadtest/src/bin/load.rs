@@ -24,6 +24,16 @@ struct Args {
     /// A bearer token for a test customer (`payments-api token --customer cus_load`).
     #[arg(long, env = "LOAD_TOKEN", hide_env_values = true)]
     token: String,
+    /// A back-office token with refunds:write, for `refund`'s refunds.
+    /// Without it the customer's token refunds, which only a server with
+    /// REFUNDS_BY_CUSTOMER allows.
+    #[arg(
+        long,
+        env = "LOAD_BACK_OFFICE_TOKEN",
+        hide_env_values = true,
+        global = true
+    )]
+    back_office_token: Option<String>,
     /// The sandbox provider behind the API (loopback only), to count its
     /// charges; `slow` needs it to set the provider's latency.
     #[arg(long, env = "LOAD_SANDBOX_URL", global = true)]
@@ -57,6 +67,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let json = args.json;
     let mut config = Config::new(args.base_url, args.token, args.scenario);
+    config.back_office_token = args.back_office_token.map(Into::into);
     config.sandbox_url = args.sandbox_url;
     config.database_url = args.database_url.map(Into::into);
     config.duration = args.duration;

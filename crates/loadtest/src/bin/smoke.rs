@@ -22,6 +22,12 @@ struct Args {
     /// A bearer token for a test customer (`payments-api token --customer cus_smoke`).
     #[arg(long, env = "SMOKE_TOKEN", hide_env_values = true)]
     token: String,
+    /// A back-office token with refunds:write, for the refund check
+    /// (`payments-api token --subject ops_smoke --scope refunds:write
+    /// --audience <JWT_BACKOFFICE_AUDIENCE>`). Without it the customer's
+    /// token refunds, which only a server with REFUNDS_BY_CUSTOMER allows.
+    #[arg(long, env = "SMOKE_BACK_OFFICE_TOKEN", hide_env_values = true)]
+    back_office_token: Option<String>,
     /// The server's database (sqlite:, postgres://, mysql://), to check
     /// that each key made exactly one `charges` row.
     #[arg(long, env = "SMOKE_DATABASE_URL", hide_env_values = true)]
@@ -54,6 +60,7 @@ fn main() -> ExitCode {
     let config = Config {
         base_url: args.base_url,
         token: args.token.into(),
+        back_office_token: args.back_office_token.map(Into::into),
         database_url: args.database_url.map(Into::into),
         require_key: args.require_key,
         timeout: args.timeout,

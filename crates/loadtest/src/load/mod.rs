@@ -317,6 +317,9 @@ pub struct Config {
     pub base_url: String,
     /// A bearer token for a test customer.
     pub token: SecretString,
+    /// A back-office token with `refunds:write`, for `refund`'s refunds;
+    /// `None`: the customer's token refunds (`REFUNDS_BY_CUSTOMER`).
+    pub back_office_token: Option<SecretString>,
     /// The sandbox provider behind the API, to count its charges and (for
     /// `slow`) set its latency; loopback only.
     pub sandbox_url: Option<String>,
@@ -377,6 +380,7 @@ impl Config {
         Self {
             base_url: base_url.into(),
             token: SecretString::from(token.into()),
+            back_office_token: None,
             sandbox_url: None,
             database_url: None,
             scenario,
@@ -452,6 +456,14 @@ pub async fn run(config: &Config) -> Result<Report, LoadError> {
 
     // Everything is reachable before anything is charged.
     tool::preflight(&client, "ch_load_preflight").await?;
+    let back_office = match &config.back_office_token {
+        Some(token) => {
+            let back_office = client.with_token(token.expose_secret());
+            tool::preflight(&back_office, "ch_load_preflight").await?;
+            back_office
+        }
+        None => client.clone(),
+    };
     let mut database = match &config.database_url {
         Some(url) => {
             let mut db = database::connect(url.expose_secret()).await?;
@@ -475,6 +487,7 @@ pub async fn run(config: &Config) -> Result<Report, LoadError> {
     let run = Arc::new(Run {
         id: run_id.clone(),
         client,
+        back_office,
         deadline: started + config.duration,
         drain: config.drain,
         timeout: config.timeout,
@@ -540,7 +553,7 @@ pub async fn run(config: &Config) -> Result<Report, LoadError> {
                 starting_after: starting_after.clone(),
                 ..ChargeQuery::default()
             };
-            scenarios::reads(&run, Read::Page(query), requests, concurrency).await?
+            scenarios::reads(&run, Read::Page(Box::new(query)), requests, concurrency).await?
         }
         Scenario::Health {
             requests,

@@ -27,7 +27,7 @@ use super::{Mark, Marker};
 #[derive(Debug, Clone)]
 pub(crate) enum Read {
     /// A page of `GET /api/charges`.
-    Page(ChargeQuery),
+    Page(Box<ChargeQuery>),
     /// `GET /healthz`: the server's answer with no work behind it.
     Health,
 }
@@ -40,7 +40,10 @@ const KEPT_VIOLATIONS: usize = 20;
 pub(crate) struct Run {
     /// `metadata.load_run` on every charge of this run.
     pub id: String,
+    /// The customer's: charges and reads.
     pub client: Client,
+    /// The back office's: refunds (or the customer's again).
+    pub back_office: Client,
     /// No operation, attempt, retry or probe starts after this.
     pub deadline: Instant,
     /// How long attempts in flight at the deadline may still finish.
@@ -239,7 +242,9 @@ impl Run {
         let (key, body) = (Some(&op.key), op.body.clone());
         let request = match &op.refund_of {
             None => self.client.post_charge(key, body, self.timeout),
-            Some(charge) => self.client.post_refund(charge, key, body, self.timeout),
+            Some(charge) => self
+                .back_office
+                .post_refund(charge, key, body, self.timeout),
         };
         self.timed(stream, exchange(request)).await
     }

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use payments_client::client::{Answer, Client, Exchange, exchange};
-use payments_client::error::error_chain;
+use payments_client::error::{ClientError, error_chain};
 use payments_client::key::IdempotencyKey;
 use payments_client::model::{ApiError, ChargeQuery, ChargeRequest, RefundRequest};
 
@@ -20,7 +20,10 @@ const MOST_RATE_WAIT: Duration = Duration::from_secs(120);
 #[derive(Debug)]
 pub(crate) struct Run {
     pub id: String,
+    /// The customer's.
     pub client: Client,
+    /// The back office's (refunds), or the customer's again.
+    pub back_office: Client,
     pub config: Config,
     /// How long each check waited out 429 `rate_limited` answers.
     pub waited: Mutex<BTreeMap<Check, Duration>>,
@@ -492,8 +495,10 @@ pub(crate) async fn refund_once_and_find(
     };
     let refund_key = IdempotencyKey::generate();
     let (a, b) = tokio::join!(
-        run.client.refund_with_key(&refund_key, &charge.id, &half),
-        run.client.refund_with_key(&refund_key, &charge.id, &half)
+        run.back_office
+            .refund_with_key(&refund_key, &charge.id, &half),
+        run.back_office
+            .refund_with_key(&refund_key, &charge.id, &half)
     );
     let refunded = match (a, b) {
         (Ok(a), Ok(b)) => match (a.done(), b.done()) {
@@ -520,6 +525,13 @@ pub(crate) async fn refund_once_and_find(
                 format!("two refunds or none under one key: {x:?} / {y:?}"),
             ),
         },
+        (Err(ClientError::Rejected { status: 403, .. }), _)
+        | (_, Err(ClientError::Rejected { status: 403, .. })) => CheckResult::fail(
+            refund,
+            "the token cannot refund (403 insufficient_scope): refunds are the back office's; \
+             pass --back-office-token with a token that has refunds:write"
+                .to_owned(),
+        ),
         (Err(e), _) | (_, Err(e)) => CheckResult::fail(refund, format!("a refund failed: {e}")),
     };
     let query = ChargeQuery {

@@ -51,6 +51,10 @@ pub struct Config {
     pub base_url: String,
     /// A bearer token for a test customer.
     pub token: SecretString,
+    /// A back-office token with `refunds:write`, for the refund check;
+    /// `None`: the customer's token refunds (a server with
+    /// `REFUNDS_BY_CUSTOMER`; any other answers 403).
+    pub back_office_token: Option<SecretString>,
     /// The server's database (`sqlite:`, `postgres://`, `mysql://`), for
     /// `one_row_per_key`; `None` skips that check.
     pub database_url: Option<SecretString>,
@@ -69,6 +73,7 @@ impl Config {
         Self {
             base_url: base_url.into(),
             token: SecretString::from(token.into()),
+            back_office_token: None,
             database_url: None,
             require_key: false,
             timeout: Duration::from_secs(30),
@@ -117,10 +122,19 @@ pub async fn run(config: &Config) -> Result<Report, SmokeError> {
         None => None,
     };
     tool::preflight(&client, "ch_smoke_preflight").await?;
+    let back_office = match &config.back_office_token {
+        Some(token) => {
+            let back_office = client.with_token(token.expose_secret());
+            tool::preflight(&back_office, "ch_smoke_preflight").await?;
+            back_office
+        }
+        None => client.clone(),
+    };
 
     let run = checks::Run {
         id: run_id.clone(),
         client,
+        back_office,
         config: config.clone(),
         waited: Default::default(),
     };
