@@ -3,8 +3,10 @@
 CARGO ?= cargo
 SHELL := bash
 # `make run` is development: SQLite in ./data, the in-process sandbox, and a
-# development JWT secret that the server refuses next to a real provider.
+# development JWT secret that the server refuses next to a real provider;
+# tokens minted for the audience `payments-backoffice` are the back office's.
 DEV_JWT_SECRET := dev-only-secret-do-not-use-in-production
+DEV_BACKOFFICE_AUDIENCE := payments-backoffice
 
 .PHONY: run test bench lint fmt build clean-data contract
 
@@ -16,6 +18,7 @@ DEV_JWT_SECRET := dev-only-secret-do-not-use-in-production
 run:
 	$(CARGO) build --workspace --bins
 	JWT_HS256_SECRET="$${JWT_HS256_SECRET:-$(DEV_JWT_SECRET)}" \
+	JWT_BACKOFFICE_AUDIENCE="$${JWT_BACKOFFICE_AUDIENCE:-$(DEV_BACKOFFICE_AUDIENCE)}" \
 	"$${CARGO_TARGET_DIR:-target}/debug/payments-api"
 
 ## Every test on every backend: SQLite; PostgreSQL and MariaDB from

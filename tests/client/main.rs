@@ -489,3 +489,58 @@ async fn a_request_the_provider_rejects_is_final() {
     assert_eq!(error.provider_code.as_deref(), Some("resource_missing"));
     assert!(app.sandbox_charges().await.is_empty());
 }
+
+/// One client per role (issue 26): the app's client cannot refund (403
+/// `insufficient_scope`, final at once: one attempt, nothing refunded); the
+/// back office's, made from it with `with_token`, refunds the customer's
+/// charge and lists that customer's charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_client_per_role_refunds_from_the_back_office_only() {
+    use payments_client::model::{ChargeQuery, RefundRequest};
+    let app = app(AppOptions::default()).await;
+    let customer = Client::new(&app.base_url, app.token("cus_fay")).unwrap();
+    let charged = customer.charge(&visa()).await.unwrap();
+    let charge = charged.charge().unwrap().clone();
+    let half = RefundRequest {
+        amount_cents: Some(charge.amount_cents / 2),
+        ..RefundRequest::default()
+    };
+    let key = IdempotencyKey::generate();
+    let err = customer
+        .refund_with_key(&key, &charge.id, &half)
+        .await
+        .unwrap_err();
+    let (error, _) = final_rejection(&err, 403);
+    assert_eq!(error.code, "insufficient_scope");
+    assert!(app.sandbox_refunds().await.is_empty());
+
+    let office =
+        customer.with_token(app.back_office_token("ops_fay", "refunds:write charges:read_all"));
+    let refunded = office
+        .refund_with_key(&key, &charge.id, &half)
+        .await
+        .unwrap();
+    let refund = refunded.done().unwrap();
+    assert_eq!(
+        (
+            refund.requested_by.subject.as_str(),
+            refund.requested_by.role.as_str()
+        ),
+        ("ops_fay", "back_office")
+    );
+    let listed = office
+        .list_charges(&ChargeQuery {
+            customer: Some("cus_fay".to_owned()),
+            ..ChargeQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.data.len(), 1);
+    assert_eq!(listed.data[0].amount_refunded, charge.amount_cents / 2);
+    // The customer reads the refund the back office made.
+    assert_eq!(
+        customer.get_refund(&refund.id).await.unwrap().as_ref(),
+        Some(refund)
+    );
+    assert_eq!(app.sandbox_refunds().await.len(), 1);
+}

@@ -643,6 +643,43 @@ mod tests {
         assert!(refused(&[SECRET, "--jwt-max-lifetime=0s"]).contains("JWT_MAX_LIFETIME"));
         assert!(refused(&[SECRET, "--jwt-leeway=1h"]).contains("JWT_LEEWAY"));
         assert!(refused(&[SECRET, "--jwt-audience= "]).contains("JWT_AUDIENCE"));
+        // A back office every customer's token would pass for.
+        let office = "--jwt-backoffice-audience=payments-backoffice";
+        for args in [
+            &[
+                SECRET,
+                "--jwt-audience=payments",
+                "--jwt-backoffice-audience=payments",
+            ][..],
+            &[
+                SECRET,
+                "--jwt-issuer=https://idp",
+                "--jwt-backoffice-issuer=https://idp",
+            ],
+        ] {
+            assert!(refused(args).contains("must differ"), "{args:?}");
+        }
+        let rules = settings(&[SECRET, "--jwt-audience=payments", office])
+            .jwt_rules()
+            .expect("valid");
+        assert_eq!(
+            rules.back_office.audience.as_deref(),
+            Some("payments-backoffice")
+        );
+        assert!(
+            settings(&[
+                SECRET,
+                "--jwt-issuer=https://idp",
+                "--jwt-backoffice-issuer=https://idp",
+                office
+            ])
+            .jwt_rules()
+            .is_ok(),
+            "the same issuer with an audience of its own"
+        );
+        assert!(
+            refused(&[SECRET, "--jwt-backoffice-audience= "]).contains("JWT_BACKOFFICE_AUDIENCE")
+        );
     }
 
     #[test]
