@@ -83,7 +83,9 @@ async fn mint_back_office(subject: &str) -> String {
 }
 
 /// The README's session: sandbox and API as separate processes; mint a
-/// token, charge, retry (replay), reuse the key with another amount (422).
+/// token, charge, retry (replay), reuse the key with another amount (422);
+/// the customer's refund refused (403), the back office's made under the
+/// same key (201, replayed), and the back office's list of that customer.
 async fn readme_session_against_the_real_binaries(backend: Backend) {
     let Some(db) = TestDb::new(backend, 1).await else {
         return;
@@ -123,6 +125,7 @@ async fn readme_session_against_the_real_binaries(backend: Backend) {
     let charges: Value = sandbox_json(&sandbox, "/_sandbox/charges").await;
     assert_eq!(charges["data"].as_array().unwrap().len(), 1);
     assert_eq!(db.charges_with_status("succeeded").await, 1);
+
     let ready = reqwest::get(format!("{}/readyz", api.url)).await.unwrap();
     assert_eq!(ready.status(), 200);
     let log = api.log();
@@ -139,6 +142,49 @@ async fn readme_session_against_the_real_binaries(backend: Backend) {
         replayed[0]
     );
     assert!(!log.contains('\u{1b}'), "no colour codes in a log file");
+
+    let charge_id = serde_json::from_str::<Value>(&first_body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let staff = mint_back_office("ops_readme").await;
+    let refund_key = uuid::Uuid::new_v4().to_string();
+    let refund = |token: &str| {
+        reqwest::Client::new()
+            .post(format!("{}/api/charges/{charge_id}/refunds", api.url))
+            .bearer_auth(token)
+            .header("idempotency-key", &refund_key)
+            .json(&serde_json::json!({"amount_cents": 1500, "reason": "requested_by_customer"}))
+            .send()
+    };
+    let own = refund(&token).await.unwrap();
+    assert_eq!(own.status(), 403);
+    assert_eq!(
+        own.headers()["www-authenticate"],
+        r#"Bearer error="insufficient_scope", scope="refunds:write""#
+    );
+    let made = refund(&staff).await.unwrap();
+    assert_eq!(made.status(), 201);
+    let made: Value = made.json().await.unwrap();
+    assert_eq!(
+        made["requested_by"],
+        serde_json::json!({"subject": "ops_readme", "role": "back_office"})
+    );
+    let again = refund(&staff).await.unwrap();
+    assert_eq!(again.headers()["idempotent-replay"], "true");
+    assert_eq!(again.json::<Value>().await.unwrap(), made);
+    let listed: Value = reqwest::Client::new()
+        .get(format!("{}/api/charges?customer=cus_readme", api.url))
+        .bearer_auth(&staff)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["data"][0]["amount_refunded"], 1500, "{listed}");
+    let refunds: Value = sandbox_json(&sandbox, "/_sandbox/refunds").await;
+    assert_eq!(refunds["data"].as_array().unwrap().len(), 1);
 }
 
 backend_tests!(readme_session_against_the_real_binaries);

@@ -609,6 +609,11 @@ impl ChargeService {
         query: &[(String, String)],
     ) -> Result<List<Charge>, ChargeError> {
         actor.may_read()?;
+        // Authorisation first: a token that may not name a customer is
+        // told so before anything about its query.
+        if !actor.reads_all() && query.iter().any(|(name, _)| name == "customer") {
+            return Err(Denied(Scope::ChargesReadAll).into());
+        }
         let query = ChargeQuery::parse(query)?;
         let owner = match (&query.customer, actor.reads_all()) {
             (Some(customer), true) => Some(customer),
