@@ -946,15 +946,7 @@ async fn scoped_jwks_tokens_act_by_role() {
         body["requested_by"],
         json!({"subject": "ops_bob", "role": "back_office"})
     );
-    let listed: Value = http
-        .get(url("/api/charges?customer=cus_alice"))
-        .bearer_auth(&office)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = payments_tests::get_json(&url("/api/charges?customer=cus_alice"), &office).await;
     assert_eq!(listed["data"][0]["amount_refunded"], 500, "{listed}");
 
     let mut elsewhere = claims("ops_eve");

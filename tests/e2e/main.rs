@@ -173,15 +173,8 @@ async fn readme_session_against_the_real_binaries(backend: Backend) {
     let again = refund(&staff).await.unwrap();
     assert_eq!(again.headers()["idempotent-replay"], "true");
     assert_eq!(again.json::<Value>().await.unwrap(), made);
-    let listed: Value = reqwest::Client::new()
-        .get(format!("{}/api/charges?customer=cus_readme", api.url))
-        .bearer_auth(&staff)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let url = format!("{}/api/charges?customer=cus_readme", api.url);
+    let listed = payments_tests::get_json(&url, &staff).await;
     assert_eq!(listed["data"][0]["amount_refunded"], 1500, "{listed}");
     let refunds: Value = sandbox_json(&sandbox, "/_sandbox/refunds").await;
     assert_eq!(refunds["data"].as_array().unwrap().len(), 1);
@@ -297,6 +290,22 @@ async fn bad_configuration_is_refused_at_start() {
                 ("RATE_LIMIT_BURST", "0"),
             ],
             "RATE_LIMIT_BURST must be at least 1",
+        ),
+        (
+            &[
+                ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+                ("BACKOFFICE_RATE_LIMIT_PER_MINUTE", "30"),
+                ("BACKOFFICE_RATE_LIMIT_BURST", "0"),
+            ],
+            "BACKOFFICE_RATE_LIMIT_BURST must be at least 1",
+        ),
+        (
+            &[
+                ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+                ("JWT_AUDIENCE", "payments"),
+                ("JWT_BACKOFFICE_AUDIENCE", "payments"),
+            ],
+            "must differ from JWT_AUDIENCE",
         ),
     ];
     for (env, needle) in cases {

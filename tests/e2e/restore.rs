@@ -133,15 +133,7 @@ async fn a_restored_database_makes_every_operation_once(backend: Backend) {
 
     db.restore(copy).await;
     let restored = api(&db, &sandbox).await;
-    let listed: Value = reqwest::Client::new()
-        .get(format!("{}/api/charges", restored.url))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = payments_tests::get_json(&format!("{}/api/charges", restored.url), &token).await;
     let listed = listed["data"].as_array().unwrap();
     assert_eq!(
         listed.len(),

@@ -118,6 +118,19 @@ async fn a_burst_from_one_customer_is_cut_at_its_limit(backend: Backend) {
     assert!(limited >= 9.0, "counted: {limited}");
 }
 
+/// An app with `options` and one charge of 5,000 made for `cus_r`: its id.
+async fn app_with_a_charge(
+    backend: Backend,
+    options: AppOptions,
+) -> Option<(payments_tests::TestApp, String)> {
+    let app = spawn_app(backend, options).await?;
+    let charge = app
+        .charge_json("cus_r", &charge_body(5000, "tok_visa"))
+        .await;
+    let id = charge["id"].as_str().unwrap().to_owned();
+    Some((app, id))
+}
+
 /// A customer's refunds (`REFUNDS_BY_CUSTOMER`) count against its own
 /// rate, as its charges do. The back office has a rate of its own
 /// (`BACKOFFICE_RATE_LIMIT_*`): a customer over its rate does not stop the
@@ -130,13 +143,10 @@ async fn refunds_count_against_their_callers_rate(backend: Backend) {
         refunds_by_customer: true,
         ..AppOptions::default()
     };
-    let Some(app) = spawn_app(backend, options).await else {
+    let Some((app, id)) = app_with_a_charge(backend, options).await else {
         return;
     };
-    let charge = app
-        .charge_json("cus_r", &charge_body(5000, "tok_visa"))
-        .await;
-    let id = charge["id"].as_str().unwrap();
+    let id = id.as_str();
     let part = json!({"amount_cents": 1000});
     let customer = app.token("cus_r");
     // The charge took one of the burst of 2, the first refund the other.
@@ -161,15 +171,11 @@ async fn refunds_count_against_their_callers_rate(backend: Backend) {
         rate_limit: Some((1, 1)),
         ..AppOptions::default()
     };
-    let Some(app) = spawn_app(backend, options).await else {
+    let Some((app, id)) = app_with_a_charge(backend, options).await else {
         return;
     };
-    let charge = app
-        .charge_json("cus_r", &charge_body(5000, "tok_visa"))
-        .await;
-    let id = charge["id"].as_str().unwrap();
     for _ in 0..4 {
-        let refund = app.post_refund("ops_r", id, &new_key(), &part).await;
+        let refund = app.post_refund("ops_r", &id, &new_key(), &part).await;
         assert_eq!(refund.status, 201, "{}", refund.body);
     }
 }

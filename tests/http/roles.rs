@@ -378,7 +378,32 @@ async fn refunds_by_customer_lets_customers_refund_their_own(backend: Backend) {
     assert_eq!(theirs.status, 404, "{}", theirs.body);
     let office = app.post_refund("ops_bob", id, &new_key(), &body).await;
     assert_eq!(office.status, 201, "{}", office.body);
-    assert_eq!(app.sandbox_refunds().await.len(), 2);
+    // A customer and a back-office subject of one name never share a
+    // record: the same key and body in the other role is a 422, not the
+    // customer's refund replayed.
+    let key = new_key();
+    let as_customer = app
+        .post_refund_with(&app.token("ops_bob"), id, &key, &body)
+        .await;
+    assert_eq!(
+        as_customer.status, 404,
+        "not ops_bob's charge as a customer"
+    );
+    let theirs = app
+        .post_refund_with(&app.token("cus_alice"), id, &key, &body)
+        .await;
+    assert_eq!(theirs.status, 201, "{}", theirs.body);
+    let office_alice = app.post_refund("cus_alice", id, &key, &body).await;
+    assert_eq!(
+        (
+            office_alice.status,
+            office_alice.body["error"]["code"].as_str()
+        ),
+        (422, Some("idempotency_key_reused")),
+        "{}",
+        office_alice.body
+    );
+    assert_eq!(app.sandbox_refunds().await.len(), 3);
 }
 
 backend_tests!(

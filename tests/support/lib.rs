@@ -993,6 +993,19 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
     })
 }
 
+/// `GET url` with `token` as its bearer: the answer's JSON body.
+pub async fn get_json(url: &str, token: &str) -> Value {
+    reqwest::Client::new()
+        .get(url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("a JSON body")
+}
+
 /// A valid charge body.
 pub fn charge_body(amount_cents: i64, card_token: &str) -> String {
     format!(r#"{{"amount_cents":{amount_cents},"currency":"GBP","card_token":"{card_token}"}}"#)

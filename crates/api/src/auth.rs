@@ -101,20 +101,17 @@ struct Claims {
 impl Claims {
     /// The scopes of `scope` and `scp` that this server knows.
     fn scopes(&self) -> Scopes {
-        let mut scopes = self
+        let scope = self
             .scope
             .as_deref()
             .map(Scopes::from_claim)
             .unwrap_or_default();
-        let listed = match &self.scp {
+        let scp = match &self.scp {
             Some(ScpClaim::Names(names)) => Scopes::from_names(names.iter().map(String::as_str)),
             Some(ScpClaim::Words(words)) => Scopes::from_claim(words),
             None => Scopes::default(),
         };
-        for scope in listed.iter() {
-            scopes = scopes.with(scope);
-        }
-        scopes
+        scope.union(scp)
     }
 }
 

@@ -112,6 +112,12 @@ impl Scopes {
     /// The empty set.
     pub const NONE: Scopes = Scopes(0);
 
+    /// This set and `other`'s.
+    #[must_use]
+    pub const fn union(self, other: Scopes) -> Self {
+        Self(self.0 | other.0)
+    }
+
     /// This set without those of `other`.
     #[must_use]
     pub const fn without(self, other: Scopes) -> Self {
