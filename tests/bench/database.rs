@@ -280,6 +280,7 @@ pub async fn sqlite_ceiling(charges: u64) -> Result<Ceiling> {
             ttl: Duration::from_secs(86_400),
             operation: Operation::Charge(charge.clone()),
             read_first: true,
+            hold_margin: Duration::ZERO,
         };
         let store: &dyn payments_domain::store::Store = &store;
         let ClaimOutcome::Claimed { record_id, .. } = store.claim(&claim).await? else {
@@ -294,6 +295,7 @@ pub async fn sqlite_ceiling(charges: u64) -> Result<Ceiling> {
                 status: ChargeStatus::Succeeded,
                 gateway_charge_id: Some("ch_ceiling".into()),
                 decline_code: None,
+                capture_before: None,
             }),
             // A stored 201 of the size the API stores.
             response: StoredResponse {

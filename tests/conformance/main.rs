@@ -47,6 +47,7 @@ fn claim(key: &str, customer: &str, body: &Value) -> Claim {
         ttl: TTL,
         operation: Operation::Charge(Charge::pending(&customer_id, &request)),
         read_first: true,
+        hold_margin: Duration::ZERO,
     }
 }
 
@@ -54,7 +55,7 @@ fn claim(key: &str, customer: &str, body: &Value) -> Claim {
 fn charge_of(c: &Claim) -> &Charge {
     match &c.operation {
         Operation::Charge(charge) => charge,
-        Operation::Refund(refund) => panic!("a refund claim: {refund:?}"),
+        other => panic!("not a charge's claim: {other:?}"),
     }
 }
 
@@ -62,7 +63,7 @@ fn charge_of(c: &Claim) -> &Charge {
 fn charge_outcome(o: &Outcome) -> &ChargeOutcome {
     match o {
         Outcome::Charge(o) => o,
-        Outcome::Refund(o) => panic!("a refund outcome: {o:?}"),
+        other => panic!("not a charge's outcome: {other:?}"),
     }
 }
 
@@ -76,6 +77,7 @@ fn finish(c: &Claim, record_id: RecordId, token: &LeaseToken, marker: &str) -> F
             status: ChargeStatus::Succeeded,
             gateway_charge_id: Some(marker.to_owned()),
             decline_code: None,
+            capture_before: None,
         }),
         response: StoredResponse {
             status: 201,
@@ -740,6 +742,7 @@ async fn charges_round_trip(backend: Backend) {
         status: ChargeStatus::Failed,
         gateway_charge_id: Some("ch_gw".to_owned()),
         decline_code: Some("generic_decline".to_owned()),
+        capture_before: None,
     };
     assert!(
         store
@@ -864,6 +867,7 @@ fn refund_claim(key: &str, charge: &Charge, amount: Option<i64>) -> Claim {
             &request,
         )),
         read_first: true,
+        hold_margin: Duration::ZERO,
     }
 }
 
@@ -1042,6 +1046,7 @@ async fn unsettled_ids(store: &Arc<dyn Store>, limit: u32) -> (Vec<String>, Vec<
         match u.operation {
             Operation::Charge(c) => charges.push(c.id),
             Operation::Refund(r) => refunds.push(r.id),
+            Operation::Capture(c) => panic!("a capture unsettled: {c:?}"),
         }
     }
     (charges, refunds)

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod hardening;
+mod holds;
 mod idempotency;
 mod incident;
 mod index;

@@ -367,6 +367,7 @@ async fn the_charge_list_lookup_finds_in_its_window_and_a_failed_read_concludes_
     let expected = Expected {
         amount_cents: 100,
         currency: "GBP".to_owned(),
+        hold: false,
     };
     assert_eq!(
         gateway.find_charge("ch_ours", &expected).await,

@@ -8,6 +8,7 @@ use payments_jobs::reaper::{Reaper, ReaperSettings};
 use payments_jobs::reconciler::{ReconcileReport, Reconciler, ReconcilerSettings};
 use payments_tests::{AppOptions, TestApp};
 
+mod holds;
 mod lag;
 mod orphans;
 mod pending_refunds;

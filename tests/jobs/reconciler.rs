@@ -435,6 +435,7 @@ async fn refund_lookups_page_to_the_end_and_a_bound_is_never_not_found() {
     let expected = Expected {
         amount_cents: 100,
         currency: "GBP".to_owned(),
+        hold: false,
     };
     let gateway = |pages| {
         HttpGateway::new(&sandbox.url(), "sk_test_sandbox", Duration::from_secs(5))

@@ -501,6 +501,7 @@ impl TestDb {
             ttl: Duration::from_secs(24 * 3600),
             operation: Operation::Charge(charge),
             read_first: true,
+            hold_margin: Duration::ZERO,
         };
         let stuck = match self.store.claim(&claim).await.expect("claim") {
             ClaimOutcome::Claimed {
@@ -693,7 +694,7 @@ impl TestDb {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
-        // A charge's record, or a refund's (not the refunded charge).
+        // A charge's record, or a refund's or capture's (not its charge).
         let sql = |minus: String| {
             [
                 format!(
@@ -703,6 +704,13 @@ impl TestDb {
                 ),
                 format!(
                     "UPDATE refunds SET {} WHERE id IN \
+                     (SELECT refund_id FROM idempotent_requests WHERE {scope})",
+                    shift(&operations, &minus)
+                ),
+                // A capture's or cancel's record names it where a refund's
+                // names the refund.
+                format!(
+                    "UPDATE captures SET {} WHERE id IN \
                      (SELECT refund_id FROM idempotent_requests WHERE {scope})",
                     shift(&operations, &minus)
                 ),
@@ -716,7 +724,7 @@ impl TestDb {
         let pg = sql(format!("interval '{ms} milliseconds'"));
         let my = sql(format!("INTERVAL {} MICROSECOND", ms * 1000));
         let mut records_aged = 0;
-        for i in 0..3 {
+        for i in 0..sqlite.len() {
             records_aged = self.execute(&sqlite[i], &pg[i], &my[i]).await;
         }
         records_aged
@@ -862,6 +870,8 @@ pub struct AppOptions {
     /// `BACKOFFICE_RATE_LIMIT_PER_MINUTE` and `_BURST`; `None`: off, as
     /// by default.
     pub backoffice_rate_limit: Option<(u32, u32)>,
+    /// `HOLD_CAPTURE_MARGIN`; `None`: its default (1 h).
+    pub hold_capture_margin: Option<Duration>,
 }
 
 impl Default for AppOptions {
@@ -880,6 +890,7 @@ impl Default for AppOptions {
             sqlite_write_batch: payments_store::DEFAULT_WRITE_BATCH,
             refunds_by_customer: false,
             backoffice_rate_limit: None,
+            hold_capture_margin: None,
         }
     }
 }
@@ -964,6 +975,9 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
             settings.core.charges.backoffice_rate_limit_per_minute,
             settings.core.charges.backoffice_rate_limit_burst,
         ) = limit;
+    }
+    if let Some(margin) = options.hold_capture_margin {
+        settings.core.charges.hold_capture_margin = margin;
     }
     let provider = Provider::Remote {
         url: sandbox.url(),

@@ -465,6 +465,15 @@ pub struct Reading;
 /// `POST /api/charges/{id}/refunds`: `refunds:write`.
 #[derive(Debug)]
 pub struct Refunding;
+/// `POST /api/charges/{id}/capture` and `/cancel`: `charges:capture`.
+#[derive(Debug)]
+pub struct Capturing;
+
+impl Access for Capturing {
+    fn check(actor: &Actor) -> Result<(), Denied> {
+        actor.may_capture()
+    }
+}
 
 impl Access for Charging {
     fn check(actor: &Actor) -> Result<(), Denied> {

@@ -56,6 +56,15 @@ pub enum ApiError {
     /// A refund of a charge that has not succeeded; not stored.
     #[error("a charge that is {0} cannot be refunded")]
     NotRefundable(&'static str),
+    /// A capture or cancel of a charge that is no hold that can be (yet);
+    /// not stored.
+    #[error("a charge that is {0} is not a hold that can be captured or canceled")]
+    NotCapturable(&'static str),
+    /// Another capture or cancel of the hold is pending; not stored.
+    #[error(
+        "another capture or cancel of this hold is in progress; retry later (it may fail and give the hold back)"
+    )]
+    HoldBusy,
     #[error("method not allowed")]
     MethodNotAllowed,
     #[error("this idempotency key was already used with a different request")]
@@ -107,6 +116,8 @@ impl ApiError {
             Self::PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
             Self::NotFound => (StatusCode::NOT_FOUND, "not_found"),
             Self::NotRefundable(_) => (StatusCode::BAD_REQUEST, "charge_not_refundable"),
+            Self::NotCapturable(_) => (StatusCode::BAD_REQUEST, "charge_not_capturable"),
+            Self::HoldBusy => (StatusCode::CONFLICT, "hold_in_use"),
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed"),
             Self::KeyReused => (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused"),
             Self::InProgress => (StatusCode::CONFLICT, "request_in_progress"),
@@ -145,6 +156,8 @@ impl From<ChargeError> for ApiError {
             ChargeError::Denied(denied) => denied.into(),
             ChargeError::ChargeNotFound => Self::NotFound,
             ChargeError::NotRefundable(status) => Self::NotRefundable(status.as_str()),
+            ChargeError::NotCapturable(status) => Self::NotCapturable(status.as_str()),
+            ChargeError::HoldBusy => Self::HoldBusy,
             ChargeError::Store(e) => e.into(),
         }
     }
@@ -207,7 +220,10 @@ impl IntoResponse for ApiError {
         );
         if matches!(
             self,
-            Self::InProgress | Self::GatewayUnavailable(_) | Self::DatabaseUnavailable(_)
+            Self::InProgress
+                | Self::HoldBusy
+                | Self::GatewayUnavailable(_)
+                | Self::DatabaseUnavailable(_)
         ) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
         }

@@ -136,8 +136,16 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/api/charges/{id}/refunds",
             post(routes::create_refund)
-                .layer(key_ttl)
+                .layer(key_ttl.clone())
                 .get(routes::list_refunds),
+        )
+        .route(
+            "/api/charges/{id}/capture",
+            post(routes::capture_charge).layer(key_ttl.clone()),
+        )
+        .route(
+            "/api/charges/{id}/cancel",
+            post(routes::cancel_charge).layer(key_ttl),
         )
         .route("/api/refunds/{id}", get(routes::get_refund))
         .route("/", get(routes::index))

@@ -106,9 +106,17 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
             .reaper(app.service.clone(), settings.core.gateway.lease);
         let pruner = settings.jobs.pruner(app.store.clone());
         let reconciler = settings.jobs.reconciler(app.service.clone());
-        let jobs = Jobs::new(Some(reaper), Some(pruner), Some(reconciler), &settings.jobs);
+        let expirer = payments_jobs::expirer::Expirer::new(app.store.clone());
+        let jobs = Jobs::new(
+            Some(reaper),
+            Some(pruner),
+            Some(reconciler),
+            Some(expirer),
+            &settings.jobs,
+        );
         tracing::info!(
-            "running the reaper, the pruner and the reconciler in this process (--with-jobs)"
+            "running the reaper, the pruner, the reconciler and the expirer in this process \
+             (--with-jobs)"
         );
         tokio::spawn(jobs.run_until_stopped(async move {
             let _ = jobs_stopped.await;

@@ -6,13 +6,14 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use payments_domain::charge::Charge;
+use payments_domain::hold::HoldAction;
 use payments_domain::refund::Refund;
 use payments_domain::service::{ChargeError, Reply};
 use serde_json::json;
 use tracing::Instrument;
 
 use crate::AppState;
-use crate::auth::{Caller, Charging, Reading, Refunding};
+use crate::auth::{Caller, Capturing, Charging, Reading, Refunding};
 use crate::config::KeyMode;
 use crate::error::ApiError;
 use crate::extract::{IdPath, JsonBody, KeyHeader, QueryPairs};
@@ -75,6 +76,47 @@ pub async fn create_refund(
     tracing::Span::current().record("idempotency_key", key.as_str());
     let service = state.service.clone();
     let work = async move { service.create_refund(&actor, &key, &charge_id, &body).await };
+    spawned(work).await
+}
+
+/// `POST /api/charges/{id}/capture`: the key is always required.
+pub async fn capture_charge(
+    state: State<AppState>,
+    caller: Caller<Capturing>,
+    key: KeyHeader,
+    charge_id: IdPath,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    act_on_hold(HoldAction::Capture, state, caller, key, charge_id, body).await
+}
+
+/// `POST /api/charges/{id}/cancel`: the key is always required.
+pub async fn cancel_charge(
+    state: State<AppState>,
+    caller: Caller<Capturing>,
+    key: KeyHeader,
+    charge_id: IdPath,
+    body: JsonBody,
+) -> Result<Response, ApiError> {
+    act_on_hold(HoldAction::Cancel, state, caller, key, charge_id, body).await
+}
+
+async fn act_on_hold(
+    action: HoldAction,
+    State(state): State<AppState>,
+    Caller(actor, _): Caller<Capturing>,
+    KeyHeader(key): KeyHeader,
+    IdPath(charge_id): IdPath,
+    JsonBody(body): JsonBody,
+) -> Result<Response, ApiError> {
+    let key = key.ok_or_else(|| ApiError::KeyMissing(state.client_guide_url.to_string()))?;
+    tracing::Span::current().record("idempotency_key", key.as_str());
+    let service = state.service.clone();
+    let work = async move {
+        service
+            .act_on_hold(&actor, &key, &charge_id, action, &body)
+            .await
+    };
     spawned(work).await
 }
 

@@ -22,6 +22,9 @@
 //! | [`LEASE_TAKEOVERS_TOTAL`] | | payments-domain |
 //! | [`ABANDONED_TOTAL`] | reason | payments-domain, payments-jobs |
 //! | [`REFUNDS_TOTAL`] | outcome | payments-domain |
+//! | [`CAPTURES_TOTAL`] | action, outcome | payments-domain |
+//! | [`HOLDS`] (gauge) | status | payments-jobs |
+//! | [`EXPIRED_HOLDS_TOTAL`] | | payments-jobs |
 //! | [`RECONCILED_TOTAL`] | operation, outcome | payments-domain (run by payments-jobs) |
 //! | [`ORPHANS`] (gauge) | kind | payments-domain (set by payments-jobs) |
 //! | [`REPLAY_CACHE_TOTAL`] | result | payments-domain |
@@ -40,8 +43,8 @@ use axum::response::Response;
 use payments_app::telemetry::Binary;
 use payments_domain::limits::RATE_LIMITED_TOTAL;
 use payments_domain::service::{
-    ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, ORPHANS, RECONCILED_TOTAL, REFUNDS_TOTAL,
-    REPLAY_CACHE_TOTAL,
+    ABANDONED_TOTAL, CAPTURES_TOTAL, HOLDS, LEASE_TAKEOVERS_TOTAL, ORPHANS, RECONCILED_TOTAL,
+    REFUNDS_TOTAL, REPLAY_CACHE_TOTAL,
 };
 use payments_gateway::{
     PROVIDER_MISMATCH_TOTAL, PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS,
@@ -51,12 +54,13 @@ use payments_jobs::reaper::REAPER_RECORDS_TOTAL;
 use payments_store::WRITE_BATCH_SIZE;
 
 pub use payments_app::telemetry::{
-    BUILD_INFO, HTTP_REQUEST_DURATION_SECONDS, HTTP_REQUESTS_TOTAL, IDEMPOTENCY_CONFLICTS_TOTAL,
-    IDEMPOTENCY_KEY_REUSED_TOTAL, IDEMPOTENT_REPLAYS_TOTAL, KEYLESS_REQUESTS_TOTAL, handle,
+    BUILD_INFO, EXPIRED_HOLDS_TOTAL, HTTP_REQUEST_DURATION_SECONDS, HTTP_REQUESTS_TOTAL,
+    IDEMPOTENCY_CONFLICTS_TOTAL, IDEMPOTENCY_KEY_REUSED_TOTAL, IDEMPOTENT_REPLAYS_TOTAL,
+    KEYLESS_REQUESTS_TOTAL, handle,
 };
 
 /// Every counter the binaries export.
-pub const COUNTERS: [&str; 15] = [
+pub const COUNTERS: [&str; 17] = [
     HTTP_REQUESTS_TOTAL,
     IDEMPOTENT_REPLAYS_TOTAL,
     IDEMPOTENCY_CONFLICTS_TOTAL,
@@ -72,6 +76,8 @@ pub const COUNTERS: [&str; 15] = [
     RATE_LIMITED_TOTAL,
     REAPER_RECORDS_TOTAL,
     PRUNED_RECORDS_TOTAL,
+    CAPTURES_TOTAL,
+    EXPIRED_HOLDS_TOTAL,
 ];
 
 /// Every histogram (read as `_bucket`, `_sum` and `_count`).
@@ -82,7 +88,7 @@ pub const HISTOGRAMS: [&str; 3] = [
 ];
 
 /// Every gauge.
-pub const GAUGES: [&str; 2] = [BUILD_INFO, ORPHANS];
+pub const GAUGES: [&str; 3] = [BUILD_INFO, ORPHANS, HOLDS];
 
 /// Installs the recorder with the API's metrics registered
 /// ([`payments_app::telemetry::install`]).

@@ -124,6 +124,8 @@ impl Settings {
             redrive_limit: self.gateway.redrive_limit(),
             provider_acts_within: self.gateway.provider_acts_within(),
             derivation: self.gateway.derivation()?,
+            hold_expiry: self.charges.hold_expiry,
+            hold_capture_margin: self.charges.hold_capture_margin,
         })
     }
 }

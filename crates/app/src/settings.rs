@@ -93,6 +93,17 @@ impl Settings {
                 humantime::format_duration(ttl)
             )));
         }
+        if self.charges.hold_expiry.is_zero() {
+            return Err("HOLD_EXPIRY must be greater than 0".into());
+        }
+        if self.charges.hold_capture_margin >= self.charges.hold_expiry {
+            return Err(ConfigError(format!(
+                "HOLD_CAPTURE_MARGIN ({}) must be shorter than HOLD_EXPIRY ({}): no hold could \
+                 ever be captured",
+                humantime::format_duration(self.charges.hold_capture_margin),
+                humantime::format_duration(self.charges.hold_expiry)
+            )));
+        }
         if self.charges.max_amount_cents <= 0 {
             return Err("MAX_AMOUNT_CENTS must be greater than 0".into());
         }
@@ -157,6 +168,16 @@ pub struct ChargeArgs {
     /// How many of them a back-office subject may start at once.
     #[arg(long, env = "BACKOFFICE_RATE_LIMIT_BURST", default_value_t = 10)]
     pub backoffice_rate_limit_burst: u32,
+    /// How long a hold (`"capture": false`) lasts when the provider does
+    /// not say (its `capture_before`): from its authorization. Stripe's
+    /// online card holds last 7 days.
+    #[arg(long, env = "HOLD_EXPIRY", default_value = "7d", value_parser = humantime::parse_duration)]
+    pub hold_expiry: Duration,
+    /// A capture is refused (400 `hold_expired`) without calling the
+    /// provider once its hold lapses within this: time for the capture
+    /// and its retries to reach the provider before the hold is gone.
+    #[arg(long, env = "HOLD_CAPTURE_MARGIN", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub hold_capture_margin: Duration,
 }
 
 impl ChargeArgs {

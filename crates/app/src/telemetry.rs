@@ -19,8 +19,8 @@ use axum::response::IntoResponse;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use payments_domain::limits::RATE_LIMITED_TOTAL;
 use payments_domain::service::{
-    ABANDONED_TOTAL, LEASE_TAKEOVERS_TOTAL, ORPHANS, RECONCILED_TOTAL, REFUNDS_TOTAL,
-    REPLAY_CACHE_TOTAL,
+    ABANDONED_TOTAL, CAPTURES_TOTAL, HOLDS, LEASE_TAKEOVERS_TOTAL, ORPHANS, RECONCILED_TOTAL,
+    REFUNDS_TOTAL, REPLAY_CACHE_TOTAL,
 };
 use payments_gateway::{
     PROVIDER_MISMATCH_TOTAL, PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS,
@@ -43,6 +43,8 @@ pub const KEYLESS_REQUESTS_TOTAL: &str = "payments_keyless_requests_total";
 pub const REAPER_RECORDS_TOTAL: &str = "payments_reaper_records_total";
 /// Records the pruner deleted.
 pub const PRUNED_RECORDS_TOTAL: &str = "payments_pruned_records_total";
+/// Holds the jobs runner marked `expired`.
+pub const EXPIRED_HOLDS_TOTAL: &str = "payments_expired_holds_total";
 /// Always 1, labelled with the binary's `version` and git `commit`.
 pub const BUILD_INFO: &str = "payments_build_info";
 
@@ -223,12 +225,48 @@ pub const METRICS: &[Metric] = &[
         in_jobs: true,
     },
     Metric {
+        name: CAPTURES_TOTAL,
+        kind: Kind::Counter,
+        help: "Captures and cancels of holds by action (capture, cancel) and outcome \
+               (succeeded, failed, unknown; refused: a stored 400, the hold captured, canceled \
+               or lapsing; busy: a 409, another capture or cancel holds it).",
+        series: Series::Each(&[
+            ("action", &["capture", "cancel"]),
+            (
+                "outcome",
+                &["succeeded", "failed", "unknown", "refused", "busy"],
+            ),
+        ]),
+        in_jobs: true,
+    },
+    Metric {
+        name: HOLDS,
+        kind: Kind::Gauge,
+        help: "Charges made as holds by status (requires_capture, succeeded once captured, \
+               canceled, expired; pending, unknown and failed before authorization); set by \
+               each expire pass of payments-jobs.",
+        series: Series::Each(&[(
+            "status",
+            &["requires_capture", "succeeded", "canceled", "expired"],
+        )]),
+        in_jobs: true,
+    },
+    Metric {
+        name: EXPIRED_HOLDS_TOTAL,
+        kind: Kind::Counter,
+        help: "Holds the jobs runner marked expired: lapsed uncaptured (capture_before passed, \
+               by the database's clock).",
+        series: Series::One,
+        in_jobs: true,
+    },
+    Metric {
         name: RECONCILED_TOTAL,
         kind: Kind::Counter,
-        help: "Reconciliations by operation (charge, refund) and outcome (settled: succeeded, \
-               failed, not_made; left: lagging, needs_person, lookup_failed, pending).",
+        help: "Reconciliations by operation (charge, refund, capture, cancel) and outcome \
+               (settled: succeeded, failed, not_made; left: lagging, needs_person, \
+               lookup_failed, pending).",
         series: Series::Each(&[
-            ("operation", &["charge", "refund"]),
+            ("operation", &["charge", "refund", "capture", "cancel"]),
             (
                 "outcome",
                 &[
@@ -261,6 +299,8 @@ pub const METRICS: &[Metric] = &[
             &[
                 payments_domain::idempotency::CHARGES_ROUTE,
                 payments_domain::idempotency::REFUNDS_ROUTE,
+                payments_domain::idempotency::CAPTURES_ROUTE,
+                payments_domain::idempotency::CANCELS_ROUTE,
             ],
         )]),
         in_jobs: false,

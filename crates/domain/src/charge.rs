@@ -267,6 +267,9 @@ pub struct ChargeRequest {
     pub card_token: CardToken,
     pub description: Option<String>,
     pub metadata: BTreeMap<String, String>,
+    /// False for a hold (`"capture": false`): authorized now, captured or
+    /// released later.
+    pub capture: bool,
 }
 
 impl ChargeRequest {
@@ -276,12 +279,13 @@ impl ChargeRequest {
         let object = body
             .as_object()
             .ok_or_else(|| InvalidRequest::body("the request body must be a JSON object"))?;
-        const FIELDS: [&str; 5] = [
+        const FIELDS: [&str; 6] = [
             "amount_cents",
             "currency",
             "card_token",
             "description",
             "metadata",
+            "capture",
         ];
         if let Some(unknown) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
             return Err(InvalidRequest::param(
@@ -315,6 +319,16 @@ impl ChargeRequest {
                 ));
             }
         };
+        let capture = match object.get("capture") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(capture)) => *capture,
+            Some(_) => {
+                return Err(InvalidRequest::param(
+                    "capture",
+                    "capture must be true (charge now) or false (authorize a hold to capture later)",
+                ));
+            }
+        };
         // Checked last, so a request with another bad field is told about
         // that field first.
         if let Some(minimum) = currency.minimum_charge()
@@ -335,6 +349,7 @@ impl ChargeRequest {
             card_token,
             description,
             metadata,
+            capture,
         })
     }
 
@@ -417,7 +432,10 @@ pub(crate) fn metadata(m: &Map<String, Value>) -> Result<BTreeMap<String, String
 }
 
 /// Where a charge is in its life. `Unknown` is for reconciliation: the
-/// provider's outcome could not be learned in time.
+/// provider's outcome could not be learned in time. A hold (a charge made
+/// with `"capture": false`) is `RequiresCapture` once authorized, then
+/// `Succeeded` when captured, `Canceled` when released, or `Expired` when
+/// it lapsed uncaptured. Refunds and captures use the first four.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ChargeStatus {
@@ -425,26 +443,36 @@ pub enum ChargeStatus {
     Succeeded,
     Failed,
     Unknown,
+    RequiresCapture,
+    Canceled,
+    Expired,
 }
 
 impl ChargeStatus {
+    pub const ALL: [Self; 7] = [
+        Self::Pending,
+        Self::Succeeded,
+        Self::Failed,
+        Self::Unknown,
+        Self::RequiresCapture,
+        Self::Canceled,
+        Self::Expired,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "pending",
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
             Self::Unknown => "unknown",
+            Self::RequiresCapture => "requires_capture",
+            Self::Canceled => "canceled",
+            Self::Expired => "expired",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "pending" => Self::Pending,
-            "succeeded" => Self::Succeeded,
-            "failed" => Self::Failed,
-            "unknown" => Self::Unknown,
-            _ => return None,
-        })
+        Self::ALL.into_iter().find(|status| status.as_str() == s)
     }
 }
 
@@ -467,6 +495,15 @@ pub struct Charge {
     pub amount_refunded: i64,
     /// The key of the operation that made it (`None` without one).
     pub idempotency_key: Option<String>,
+    /// False for a hold: authorized, to be captured or released later.
+    pub capture: bool,
+    /// What a hold's capture took (0 until then); `None` for a charge
+    /// captured when it was made (all of it, once it succeeded).
+    pub amount_captured: Option<i64>,
+    /// When a hold lapses uncaptured: the provider's `capture_before`, or
+    /// its authorization's time plus `HOLD_EXPIRY`. `None` for a charge
+    /// that is no hold, or a hold not authorized yet.
+    pub capture_before: Option<DateTime<Utc>>,
     /// When the row was written, by the database's clock.
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -495,8 +532,36 @@ impl Charge {
             decline_code: None,
             amount_refunded: 0,
             idempotency_key: None,
+            capture: request.capture,
+            amount_captured: (!request.capture).then_some(0),
+            capture_before: None,
             created_at: DateTime::UNIX_EPOCH,
             updated_at: DateTime::UNIX_EPOCH,
+        }
+    }
+
+    /// Whether it was made as a hold (`"capture": false`).
+    pub fn is_hold(&self) -> bool {
+        !self.capture
+    }
+
+    /// What was captured: a hold's captured amount, or all of a charge
+    /// captured when made once it succeeded (0 before).
+    pub fn captured_cents(&self) -> i64 {
+        match self.amount_captured {
+            Some(captured) => captured,
+            None if self.status == ChargeStatus::Succeeded => self.amount_cents,
+            None => 0,
+        }
+    }
+
+    /// What of a hold was released uncaptured: the rest after a partial
+    /// capture, all of it once canceled or expired, else 0.
+    pub fn released_cents(&self) -> i64 {
+        match self.status {
+            ChargeStatus::Canceled | ChargeStatus::Expired => self.amount_cents,
+            ChargeStatus::Succeeded if self.is_hold() => self.amount_cents - self.captured_cents(),
+            _ => 0,
         }
     }
 
@@ -522,6 +587,10 @@ impl Charge {
             customer_id: &'a str,
             amount_cents: i64,
             amount_refunded: i64,
+            captured: bool,
+            amount_captured: i64,
+            amount_released: i64,
+            capture_before: Option<String>,
             currency: &'a str,
             status: ChargeStatus,
             description: Option<&'a str>,
@@ -534,6 +603,10 @@ impl Charge {
             customer_id: &self.customer_id,
             amount_cents: self.amount_cents,
             amount_refunded: self.amount_refunded,
+            captured: self.status == ChargeStatus::Succeeded,
+            amount_captured: self.captured_cents(),
+            amount_released: self.released_cents(),
+            capture_before: self.capture_before.map(time::rfc3339),
             currency: &self.currency,
             status: self.status,
             description: self.description.as_deref(),

@@ -96,6 +96,23 @@ impl Derivation {
         self.derived("re_", "payments-refund-", "refund", &parts, generation)
     }
 
+    /// A capture or cancel of the hold `charge_id` made under `key` on
+    /// `route` by `subject`.
+    pub fn hold(
+        &self,
+        action: crate::hold::HoldAction,
+        charge_id: &str,
+        subject: &str,
+        route: &str,
+        key: &str,
+        generation: u32,
+    ) -> Derived {
+        let parts = [charge_id, subject, route, key];
+        let what = action.as_str();
+        let key_prefix = format!("payments-{what}-");
+        self.derived(action.id_prefix(), &key_prefix, what, &parts, generation)
+    }
+
     fn derived(
         &self,
         id_prefix: &str,

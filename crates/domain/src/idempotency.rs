@@ -15,6 +15,9 @@ pub const CHARGES_ROUTE: &str = "POST /api/charges";
 /// charge (the fingerprint covers the charge id, so one key sent to refund
 /// two charges is a 422, never the first refund's replay).
 pub const REFUNDS_ROUTE: &str = "POST /api/charges/{id}/refunds";
+/// The route scopes of a hold's capture and cancel, like a refund's.
+pub const CAPTURES_ROUTE: &str = "POST /api/charges/{id}/capture";
+pub const CANCELS_ROUTE: &str = "POST /api/charges/{id}/cancel";
 
 /// Why an `Idempotency-Key` header was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -253,7 +256,9 @@ pub struct IdempotencyRecord {
     /// The charge made, or (on a refund's record) refunded.
     pub charge_id: String,
     /// A refund's record: the refund it drives (`None` on a charge's, and
-    /// on a refund refused as not fitting, which made none).
+    /// on a refund refused as not fitting, which made none); a capture's
+    /// or cancel's record: the capture (`cp_`) or cancel (`cn_`) it
+    /// drives, in the same column (`None` when refused).
     pub refund_id: Option<String>,
     pub response: Option<StoredResponse>,
     pub created_at: DateTime<Utc>,

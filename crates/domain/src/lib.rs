@@ -32,6 +32,7 @@ pub mod answers;
 pub mod charge;
 pub mod derive;
 pub mod envelope;
+pub mod hold;
 pub mod idempotency;
 pub mod limits;
 pub mod list;

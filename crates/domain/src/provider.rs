@@ -22,6 +22,9 @@ pub struct ProviderChargeRequest {
     pub card_token: String,
     pub description: Option<String>,
     pub metadata: BTreeMap<String, String>,
+    /// False for a hold: the provider authorizes the card and captures
+    /// later (`capture=false`), answering [`ProviderOutcome::Authorized`].
+    pub capture: bool,
 }
 
 impl From<&Charge> for ProviderChargeRequest {
@@ -34,8 +37,24 @@ impl From<&Charge> for ProviderChargeRequest {
             card_token: charge.card_token.as_str().to_owned(),
             description: charge.description.clone(),
             metadata: charge.metadata.clone(),
+            capture: charge.capture,
         }
     }
+}
+
+/// One capture of a hold (Stripe's `POST /v1/charges/{id}/capture` with
+/// `amount`), under the provider key derived from our capture. The
+/// provider captures `amount_cents` and releases the rest of the hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderCaptureRequest {
+    pub idempotency_key: String,
+    /// Our charge's id: the provider's charge names it in its metadata.
+    pub charge_id: String,
+    /// The provider's id of the charge held.
+    pub gateway_charge_id: String,
+    pub amount_cents: i64,
+    /// The charge's currency (ISO 4217, upper case); not sent, checked.
+    pub currency: String,
 }
 
 /// One refund call (Stripe's `POST /v1/refunds`), under the provider key
@@ -78,6 +97,10 @@ pub struct Expected {
     pub amount_cents: i64,
     /// ISO 4217, upper case (the provider's lower case matches it).
     pub currency: String,
+    /// A charge asked not to be captured (a hold): its success shows
+    /// `paid` and `captured: false` ([`ProviderOutcome::Authorized`]).
+    /// False for every other charge and for refunds.
+    pub hold: bool,
 }
 
 impl Expected {
@@ -86,6 +109,7 @@ impl Expected {
         Self {
             amount_cents: charge.amount_cents,
             currency: charge.currency.clone(),
+            hold: !charge.capture,
         }
     }
 
@@ -94,6 +118,17 @@ impl Expected {
         Self {
             amount_cents: refund.amount_cents,
             currency: refund.currency.clone(),
+            hold: false,
+        }
+    }
+
+    /// What a capture of `amount_cents` of a charge in `currency` must
+    /// show: the charge captured, `amount_captured` that amount.
+    pub fn of_capture(amount_cents: i64, currency: &str) -> Self {
+        Self {
+            amount_cents,
+            currency: currency.to_owned(),
+            hold: false,
         }
     }
 }
@@ -107,6 +142,14 @@ pub enum ProviderOutcome {
     /// The provider's id of the charge or refund.
     Succeeded {
         provider_id: String,
+    },
+    /// A hold: the card was approved and the amount is held, not captured
+    /// (a charge made with `capture=false`). `capture_before` (Unix
+    /// seconds, the provider's clock) is when the provider releases it
+    /// uncaptured, when the provider says.
+    Authorized {
+        provider_id: String,
+        capture_before: Option<i64>,
     },
     /// The card was declined, or the refund failed.
     Declined {
@@ -340,6 +383,24 @@ pub trait Gateway: Send + Sync + std::fmt::Debug {
         refund_id: &str,
         expected: &Expected,
     ) -> Lookup;
+
+    /// Captures `amount_cents` of a held charge (or replays the capture
+    /// made under the same key). `Succeeded` (its id the provider's
+    /// charge) only when the answer shows the charge captured with
+    /// `amount_captured` equal to the amount; `Rejected` when the provider
+    /// refuses the capture (`charge_already_captured`,
+    /// `charge_expired_for_capture`, `charge_already_refunded`); never
+    /// fails, like `create_charge`.
+    async fn capture_charge(&self, request: &ProviderCaptureRequest) -> ProviderOutcome;
+
+    /// Whether the held charge `gateway_charge_id` was captured as
+    /// `expected` (Stripe's `GET /v1/charges/{id}`): `Found(Succeeded)`
+    /// when it shows `captured` with `amount_captured` the expected
+    /// amount; `Found(Rejected)` with code `charge_expired_for_capture`
+    /// when it was released uncaptured (`refunded`: it lapsed, or was
+    /// released); `NotFound` while it is still held uncaptured; `Unknown`
+    /// when it was captured with another amount or the read failed.
+    async fn find_capture(&self, gateway_charge_id: &str, expected: &Expected) -> Lookup;
 
     /// The provider's refund `gateway_refund_id` (Stripe's
     /// `GET /v1/refunds/{id}`): how reconciliation polls a refund the

@@ -291,6 +291,12 @@ impl Actor {
         self.require(Scope::RefundsWrite)
     }
 
+    /// Capture or cancel a hold: `charges:capture` (back-office tokens
+    /// only hold it), on any customer's charge.
+    pub fn may_capture(&self) -> Result<(), Denied> {
+        self.require(Scope::ChargesCapture)
+    }
+
     /// Whether it reads any customer's charges and refunds.
     pub fn reads_all(&self) -> bool {
         self.scopes.contains(Scope::ChargesReadAll)

@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 
 use crate::charge::{Charge, ChargeStatus, CustomerId};
 use crate::derive::Derivation;
+use crate::hold::{Capture, HoldAction};
 use crate::idempotency::{
     IdempotencyKey, IdempotencyRecord, LeaseToken, RecordId, RecordState, RequestFingerprint,
     StoredResponse,
@@ -79,26 +80,32 @@ pub enum ClaimAge {
     AtLeast(Duration),
 }
 
-/// What a keyed request drives: a charge, or a refund of one.
+/// What a keyed request drives: a charge, a refund of one, or a capture
+/// or cancel of a hold.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Operation {
     Charge(Charge),
     Refund(Refund),
+    Capture(Capture),
 }
 
 impl Operation {
-    /// The charge's or the refund's id.
+    /// The charge's, refund's or capture's id.
     pub fn id(&self) -> &str {
         match self {
             Self::Charge(c) => &c.id,
             Self::Refund(r) => &r.id,
+            Self::Capture(c) => &c.id,
         }
     }
 
-    pub fn kind(&self) -> OperationKind {
+    /// What it is, in logs and metrics: `charge`, `refund`, `capture` or
+    /// `cancel`.
+    pub fn label(&self) -> &'static str {
         match self {
-            Self::Charge(_) => OperationKind::Charge,
-            Self::Refund(_) => OperationKind::Refund,
+            Self::Charge(_) => OperationKind::Charge.as_str(),
+            Self::Refund(_) => OperationKind::Refund.as_str(),
+            Self::Capture(c) => c.action.as_str(),
         }
     }
 }
@@ -121,6 +128,10 @@ impl Claim {
                 let ids = derivation.refund(&r.charge_id, customer, route, key, generation);
                 (&mut r.id, &mut r.provider_key, ids)
             }
+            Operation::Capture(c) => {
+                let ids = derivation.hold(c.action, &c.charge_id, customer, route, key, generation);
+                (&mut c.id, &mut c.provider_key, ids)
+            }
         };
         *id = ids.id;
         *provider_key = ids.provider_key;
@@ -138,10 +149,15 @@ pub struct Claim {
     pub lease: NewLease,
     /// How long the key is remembered once claimed.
     pub ttl: Duration,
-    /// The pending charge, or refund (its amount 0 for "what is left"); the
-    /// store sets its timestamps. A refund's amount is reserved on its
-    /// charge in the same transaction.
+    /// The pending charge, or refund (its amount 0 for "what is left"), or
+    /// capture or cancel; the store sets its timestamps. A refund's amount
+    /// is reserved on its charge in the same transaction; a capture or
+    /// cancel takes its hold there ([`Claim::hold_margin`]).
     pub operation: Operation,
+    /// A capture's claim takes its hold only while the hold lapses more
+    /// than this from the database's now (`HOLD_CAPTURE_MARGIN`); a cancel
+    /// only before it lapses.
+    pub hold_margin: Duration,
     /// Whether the store looks for the key's record before writing, to
     /// answer a known key without a write. The service always does (true);
     /// false goes straight to the write, which the conformance suite uses to
@@ -177,10 +193,17 @@ pub enum ClaimOutcome {
     /// before, by an operation whose record has expired. Nothing was
     /// written; the caller claims again with the next free generation.
     GenerationTaken,
-    /// A refund that does not fit in what is left of its charge: no refund
-    /// was made, and the record was stored complete with this answer
-    /// ([`Refund::exceeds_charge`]), replayed to every retry.
+    /// A refund that does not fit in what is left of its charge, or a
+    /// capture or cancel of a hold already captured, canceled or lapsed:
+    /// nothing was made, and the record was stored complete with this
+    /// answer ([`Refund::exceeds_charge`], [`Capture::refusal`]), replayed
+    /// to every retry.
     Refused(StoredResponse),
+    /// A capture or cancel of a hold another capture or cancel holds while
+    /// its outcome is pending (it may yet fail and give the hold back):
+    /// nothing was written, the claim was undone, and the answer is a 409
+    /// that is not stored.
+    HoldBusy,
 }
 
 /// What the provider said about a charge, as the `charges` row records it.
@@ -190,6 +213,8 @@ pub struct ChargeOutcome {
     pub status: ChargeStatus,
     pub gateway_charge_id: Option<String>,
     pub decline_code: Option<String>,
+    /// An authorized hold's lapse ([`Charge::capture_before`]).
+    pub capture_before: Option<DateTime<Utc>>,
 }
 
 /// What the provider said about a refund. Its charge's reservation follows:
@@ -205,19 +230,39 @@ pub struct RefundOutcome {
     pub failure_code: Option<String>,
 }
 
+/// What the provider said about a capture or cancel of a hold. Its hold
+/// follows: a succeeded capture makes it `succeeded` with the amount
+/// captured, a succeeded cancel `canceled`; a failed one gives the hold
+/// back (`requires_capture`, or `expired` when `hold_lapsed`); a pending
+/// or unknown one keeps it taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureOutcome {
+    pub capture_id: String,
+    pub action: HoldAction,
+    pub charge_id: String,
+    pub amount_cents: i64,
+    pub status: ChargeStatus,
+    pub gateway_id: Option<String>,
+    pub failure_code: Option<String>,
+    /// A failure because the hold lapsed at the provider.
+    pub hold_lapsed: bool,
+}
+
 /// The outcome of an operation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Charge(ChargeOutcome),
     Refund(RefundOutcome),
+    Capture(CaptureOutcome),
 }
 
 impl Outcome {
-    /// The charge's or the refund's id.
+    /// The charge's, refund's or capture's id.
     pub fn id(&self) -> &str {
         match self {
             Self::Charge(c) => &c.charge_id,
             Self::Refund(r) => &r.refund_id,
+            Self::Capture(c) => &c.capture_id,
         }
     }
 
@@ -225,6 +270,7 @@ impl Outcome {
         match self {
             Self::Charge(c) => c.status,
             Self::Refund(r) => r.status,
+            Self::Capture(c) => c.status,
         }
     }
 
@@ -233,6 +279,7 @@ impl Outcome {
         let code = match self {
             Self::Charge(c) => c.decline_code.as_deref(),
             Self::Refund(r) => r.failure_code.as_deref(),
+            Self::Capture(c) => c.failure_code.as_deref(),
         };
         code.is_some_and(|code| crate::service::NOT_MADE.contains(&code))
     }
@@ -459,6 +506,18 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// A refund by id.
     async fn refund(&self, refund_id: &str) -> Result<Option<Refund>, StoreError>;
 
+    /// A capture or cancel by id, with its hold as it was when taken.
+    async fn capture(&self, capture_id: &str) -> Result<Option<Capture>, StoreError>;
+
+    /// Marks at most `batch` holds whose `capture_before` has passed by the
+    /// database's clock `expired`, in one short statement; how many. Never
+    /// a hold a capture or cancel has taken (its outcome decides).
+    async fn expire_holds(&self, batch: u32) -> Result<u64, StoreError>;
+
+    /// Holds by status (`requires_capture`, `succeeded` once captured,
+    /// `canceled`, `expired`), for the holds gauge.
+    async fn count_holds(&self) -> Result<Vec<(ChargeStatus, u64)>, StoreError>;
+
     /// A page of a customer's charges matching the query's filters: at most
     /// `limit + 1` (the extra one says there are more), newest first, or
     /// oldest first after an `ending_before` cursor. The cursor's charge
@@ -482,6 +541,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
             ))
         };
         Ok(match &record.refund_id {
+            Some(id) if HoldAction::of_id(id).is_some() => Operation::Capture(
+                self.capture(id)
+                    .await?
+                    .ok_or_else(|| missing("capture", id))?,
+            ),
             Some(id) => Operation::Refund(
                 self.refund(id)
                     .await?

@@ -26,8 +26,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use payments_domain::provider::{
-    CreatedWindow, Doubt, Expected, Gateway, Lookup, OperationKind, ProviderChargeRequest,
-    ProviderObject, ProviderOutcome, ProviderRefundRequest,
+    CreatedWindow, Doubt, Expected, Gateway, Lookup, OperationKind, ProviderCaptureRequest,
+    ProviderChargeRequest, ProviderObject, ProviderOutcome, ProviderRefundRequest,
 };
 use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
@@ -90,8 +90,40 @@ mod wire {
         /// adopted (the replay is the first answer, not the charge now).
         pub amount_refunded: Option<i64>,
         pub disputed: Option<bool>,
+        /// A charge's: what was captured (a hold: 0 until its capture), and
+        /// whether it was released uncaptured (`refunded`).
+        pub amount_captured: Option<i64>,
+        pub refunded: Option<bool>,
+        /// A held card charge's `payment_method_details.card.capture_before`.
+        #[serde(default)]
+        pub payment_method_details: Option<PaymentMethodDetails>,
         /// Unix seconds, the provider's clock.
         pub created: Option<i64>,
+    }
+
+    /// Stripe's `payment_method_details`: only a card's `capture_before`
+    /// (Unix seconds) is read.
+    #[derive(Debug, Default, Deserialize)]
+    pub struct PaymentMethodDetails {
+        #[serde(default)]
+        pub card: Option<Card>,
+    }
+
+    #[derive(Debug, Default, Deserialize)]
+    pub struct Card {
+        #[serde(default)]
+        pub capture_before: Option<i64>,
+    }
+
+    impl Object {
+        /// When a held charge lapses, if the provider says.
+        pub fn capture_before(&self) -> Option<i64> {
+            self.payment_method_details
+                .as_ref()?
+                .card
+                .as_ref()?
+                .capture_before
+        }
     }
 
     /// A search result or a list. Its objects are read one by one
@@ -294,6 +326,9 @@ fn charge_form(request: &ProviderChargeRequest) -> Vec<(String, String)> {
     if let Some(d) = &request.description {
         form.push(("description".to_owned(), d.clone()));
     }
+    if !request.capture {
+        form.push(("capture".to_owned(), "false".to_owned()));
+    }
     with_metadata(form, &request.metadata, ("charge", &request.charge_id))
 }
 
@@ -329,6 +364,7 @@ impl Gateway for HttpGateway {
         let expected = Expected {
             amount_cents: request.amount_cents,
             currency: request.currency.clone(),
+            hold: !request.capture,
         };
         let ours = (Kind::Charge, request.charge_id.as_str());
         self.post(ours, &request.idempotency_key, &form, &expected)
@@ -340,6 +376,7 @@ impl Gateway for HttpGateway {
         let expected = Expected {
             amount_cents: request.amount_cents,
             currency: request.currency.clone(),
+            hold: false,
         };
         let ours = (Kind::Refund, request.refund_id.as_str());
         self.post(ours, &request.idempotency_key, &form, &expected)
@@ -396,6 +433,78 @@ impl Gateway for HttpGateway {
         let paging = (REFUND_PAGE_SIZE, MAX_LIST_PAGES);
         self.paged(&url, &query, paging, ours, expected, &what)
             .await
+    }
+
+    /// `POST /v1/charges/{id}/capture` with `amount`, under the capture's
+    /// key. A replayed 200 is the capture made by an earlier call under
+    /// our key: a captured charge stays captured, so it is taken as it is.
+    async fn capture_charge(&self, request: &ProviderCaptureRequest) -> ProviderOutcome {
+        const CALL: &str = "capture";
+        let started = std::time::Instant::now();
+        let id = &request.gateway_charge_id;
+        let key = &request.idempotency_key;
+        let outcome = if !is_plain_id(id) {
+            ProviderOutcome::Unknown {
+                doubt: Doubt::Mismatch,
+                reason: format!("not a provider charge id: {id:?}"),
+            }
+        } else {
+            let url = format!("{}/v1/charges/{id}/capture", self.base_url);
+            let form = [("amount".to_owned(), request.amount_cents.to_string())];
+            match self.send(&url, key, &form).await {
+                Ok((status, replayed, body)) => {
+                    replayed_error(captured(status, &body, request), status, replayed)
+                }
+                Err(unknown) => unknown,
+            }
+        };
+        self.observed(CALL, key, started, outcome)
+    }
+
+    async fn find_capture(&self, gateway_charge_id: &str, expected: &Expected) -> Lookup {
+        let body = match self.get_object(Kind::Charge, gateway_charge_id).await {
+            Ok(Some(body)) => body,
+            Ok(None) => {
+                return Lookup::Unknown {
+                    reason: format!(
+                        "the provider does not know the charge {gateway_charge_id} held"
+                    ),
+                };
+            }
+            Err(reason) => return Lookup::Unknown { reason },
+        };
+        let object = match decode::<wire::Object>(&body) {
+            Ok(object) => object,
+            Err(e) => {
+                return Lookup::Unknown {
+                    reason: format!("unreadable charge {e}"),
+                };
+            }
+        };
+        match (object.captured, object.refunded) {
+            (Some(true), _) => match capture_mismatch(&object, expected) {
+                None => Lookup::Found(ProviderOutcome::Succeeded {
+                    provider_id: object.id,
+                }),
+                Some(reason) => Lookup::Unknown {
+                    reason: mismatched("find_capture", reason),
+                },
+            },
+            (Some(false), Some(true)) => Lookup::Found(ProviderOutcome::Rejected {
+                code: HOLD_LAPSED.to_owned(),
+                message: format!(
+                    "the provider's charge {} was released uncaptured",
+                    object.id
+                ),
+            }),
+            (Some(false), _) => Lookup::NotFound,
+            (None, _) => Lookup::Unknown {
+                reason: format!(
+                    "the provider's charge {} does not say whether it is captured",
+                    object.id
+                ),
+            },
+        }
     }
 
     async fn retrieve_refund(&self, gateway_refund_id: &str, expected: &Expected) -> Lookup {
@@ -488,43 +597,10 @@ impl HttpGateway {
         expected: &Expected,
         ours: Option<&str>,
     ) -> Lookup {
-        // The provider's id goes into the path: only a plain one.
-        let plain = |c: char| c.is_ascii_alphanumeric() || c == '_';
-        if id.is_empty() || !id.chars().all(plain) {
-            return Lookup::Unknown {
-                reason: format!("not a provider {} id: {id:?}", kind.name()),
-            };
-        }
-        let url = format!("{}/v1/{}s/{id}", self.base_url, kind.name());
-        let sent = self
-            .client
-            .get(url)
-            .bearer_auth(self.secret_key.expose_secret())
-            .send()
-            .await;
-        let response = match sent {
-            Ok(response) => response,
-            Err(e) => {
-                return Lookup::Unknown {
-                    reason: format!("provider lookup failed: {e}"),
-                };
-            }
-        };
-        let status = response.status();
-        if status == reqwest::StatusCode::NOT_FOUND {
-            return Lookup::NotFound;
-        }
-        if !status.is_success() {
-            let reason = format!("provider lookup answered {status}");
-            return Lookup::Unknown { reason };
-        }
-        let body = match response.bytes().await {
-            Ok(body) => body,
-            Err(e) => {
-                return Lookup::Unknown {
-                    reason: format!("reading the provider's {} failed: {e}", kind.name()),
-                };
-            }
+        let body = match self.get_object(kind, id).await {
+            Ok(Some(body)) => body,
+            Ok(None) => return Lookup::NotFound,
+            Err(reason) => return Lookup::Unknown { reason },
         };
         match checked(200, &body, (kind, kind.lookup()), expected, ours) {
             ProviderOutcome::Unknown { reason, .. } => Lookup::Unknown { reason },
@@ -545,6 +621,33 @@ impl HttpGateway {
                 Lookup::Found(found)
             }
         }
+    }
+
+    /// The provider's charge or refund `id` as it is now (`GET`), unread;
+    /// `None` when the provider does not know it.
+    async fn get_object(&self, kind: Kind, id: &str) -> Result<Option<Vec<u8>>, String> {
+        // The provider's id goes into the path: only a plain one.
+        if !is_plain_id(id) {
+            return Err(format!("not a provider {} id: {id:?}", kind.name()));
+        }
+        let url = format!("{}/v1/{}s/{id}", self.base_url, kind.name());
+        let sent = self
+            .client
+            .get(url)
+            .bearer_auth(self.secret_key.expose_secret())
+            .send()
+            .await;
+        let response = sent.map_err(|e| format!("provider lookup failed: {e}"))?;
+        let status = response.status();
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(format!("provider lookup answered {status}"));
+        }
+        let body = response.bytes().await;
+        body.map(|body| Some(body.to_vec()))
+            .map_err(|e| format!("reading the provider's {} failed: {e}", kind.name()))
     }
 
     /// Every page of a list (`query` plus `limit` and `starting_after`),
@@ -713,6 +816,7 @@ impl HttpGateway {
     ) -> ProviderOutcome {
         let provider_id = match &replayed {
             ProviderOutcome::Succeeded { provider_id }
+            | ProviderOutcome::Authorized { provider_id, .. }
             | ProviderOutcome::Pending { provider_id } => provider_id.clone(),
             ProviderOutcome::Declined {
                 provider_id: Some(provider_id),
@@ -757,15 +861,40 @@ impl HttpGateway {
     ) -> ProviderOutcome {
         let what = kind.call();
         let started = std::time::Instant::now();
+        let url = format!("{}/v1/{what}", self.base_url);
+        let outcome = match self.send(&url, key, form).await {
+            Ok((status, replayed, body)) => {
+                let outcome = checked(status, &body, (kind, what), expected, Some(ours));
+                match replayed_error(outcome, status, replayed) {
+                    outcome if replayed && status == 200 => {
+                        self.adopt(kind, outcome, expected, ours).await
+                    }
+                    outcome => outcome,
+                }
+            }
+            Err(unknown) => unknown,
+        };
+        self.observed(what, key, started, outcome)
+    }
+
+    /// One POST of `form` to `url` under the provider key: the status,
+    /// whether the provider replayed it, and the body; `Err` with the
+    /// unknown outcome when no whole answer arrived.
+    async fn send(
+        &self,
+        url: &str,
+        key: &str,
+        form: &[(String, String)],
+    ) -> Result<(u16, bool, Vec<u8>), ProviderOutcome> {
         let sent = self
             .client
-            .post(format!("{}/v1/{what}", self.base_url))
+            .post(url)
             .bearer_auth(self.secret_key.expose_secret())
             .header("Idempotency-Key", key)
             .form(form)
             .send()
             .await;
-        let outcome = match sent {
+        match sent {
             Ok(response) => {
                 let status = response.status().as_u16();
                 let replayed = response
@@ -773,30 +902,34 @@ impl HttpGateway {
                     .get("idempotent-replayed")
                     .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
                 match response.bytes().await {
-                    Ok(body) => {
-                        let outcome = checked(status, &body, (kind, what), expected, Some(ours));
-                        match replayed_error(outcome, status, replayed) {
-                            outcome if replayed && status == 200 => {
-                                self.adopt(kind, outcome, expected, ours).await
-                            }
-                            outcome => outcome,
-                        }
-                    }
-                    Err(e) => ProviderOutcome::Unknown {
+                    Ok(body) => Ok((status, replayed, body.to_vec())),
+                    Err(e) => Err(ProviderOutcome::Unknown {
                         doubt: doubt_of(&e),
                         reason: format!("reading the provider's {status} answer failed: {e}"),
-                    },
+                    }),
                 }
             }
-            Err(e) => ProviderOutcome::Unknown {
+            Err(e) => Err(ProviderOutcome::Unknown {
                 doubt: doubt_of(&e),
                 // reqwest's Display says only "error sending request"; its
                 // Debug carries the kind and the cause (refused, reset, ...).
                 reason: format!("provider call failed: {e:?}"),
-            },
-        };
+            }),
+        }
+    }
+
+    /// A provider call's outcome, timed, counted and logged (`what`: the
+    /// call's label).
+    fn observed(
+        &self,
+        what: &'static str,
+        key: &str,
+        started: std::time::Instant,
+        outcome: ProviderOutcome,
+    ) -> ProviderOutcome {
         let label = match &outcome {
             ProviderOutcome::Succeeded { .. } => "succeeded",
+            ProviderOutcome::Authorized { .. } => "authorized",
             ProviderOutcome::Declined { .. } => "declined",
             ProviderOutcome::Rejected { .. } => "rejected",
             ProviderOutcome::Pending { .. } => "pending",
@@ -924,7 +1057,8 @@ fn mismatch(
         if object.paid != Some(true) {
             wrong.push(format!("paid {}", shown(&object.paid)));
         }
-        if object.captured != Some(true) {
+        // A hold is approved uncaptured; any other charge is captured.
+        if object.captured != Some(!expected.hold) {
             wrong.push(format!("captured {}", shown(&object.captured)));
         }
     }
@@ -981,13 +1115,114 @@ fn checked(
         Err(e) => return unparseable(&e),
     };
     let wrong = mismatch(kind, &object, expected, ours);
-    match (of_object(object), wrong) {
+    match (held(of_object_held(object, expected)), wrong) {
         (outcome @ ProviderOutcome::Unknown { .. }, _) | (outcome, None) => outcome,
         (_, Some(reason)) => ProviderOutcome::Unknown {
             doubt: Doubt::Mismatch,
             reason: mismatched(call, reason),
         },
     }
+}
+
+/// An object read with whether it is a hold asked for: `(outcome, Some(
+/// capture_before))` for a held charge's success.
+fn of_object_held(
+    object: wire::Object,
+    expected: &Expected,
+) -> (ProviderOutcome, Option<Option<i64>>) {
+    let held = expected.hold.then(|| object.capture_before());
+    (of_object(object), held)
+}
+
+/// A success of a charge asked to be held is its authorization.
+fn held((outcome, held): (ProviderOutcome, Option<Option<i64>>)) -> ProviderOutcome {
+    match (outcome, held) {
+        (ProviderOutcome::Succeeded { provider_id }, Some(capture_before)) => {
+            ProviderOutcome::Authorized {
+                provider_id,
+                capture_before,
+            }
+        }
+        (outcome, _) => outcome,
+    }
+}
+
+/// The provider's code for a capture of a hold that lapsed (also what
+/// `find_capture` says of a hold released uncaptured).
+const HOLD_LAPSED: &str = "charge_expired_for_capture";
+
+/// Whether `id` is plain enough to go into a path.
+fn is_plain_id(id: &str) -> bool {
+    !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The answer to a capture: a 200's charge must be the one held (its
+/// metadata names our charge), in its currency, captured with
+/// `amount_captured` the amount asked; other answers as [`classify`].
+fn captured(status: u16, body: &[u8], request: &ProviderCaptureRequest) -> ProviderOutcome {
+    if status != 200 {
+        return classify(status, body);
+    }
+    let object = match decode::<wire::Object>(body) {
+        Ok(object) => object,
+        Err(e) => return unparseable(&e),
+    };
+    let expected = Expected::of_capture(request.amount_cents, &request.currency);
+    let mut wrong = Vec::new();
+    let named = named_in(&object.metadata, "payments_charge_id");
+    if named.as_ref().ok().copied().flatten() != Some(request.charge_id.as_str()) {
+        wrong.push(format!(
+            "metadata[payments_charge_id] not ours ({})",
+            request.charge_id
+        ));
+    }
+    if object.id != request.gateway_charge_id {
+        wrong.push(format!(
+            "id {} (asked {})",
+            object.id, request.gateway_charge_id
+        ));
+    }
+    let wrong = wrong
+        .into_iter()
+        .chain(capture_mismatch(&object, &expected))
+        .collect::<Vec<_>>();
+    if wrong.is_empty() {
+        ProviderOutcome::Succeeded {
+            provider_id: object.id,
+        }
+    } else {
+        ProviderOutcome::Unknown {
+            doubt: Doubt::Mismatch,
+            reason: mismatched("capture", wrong.join(", ")),
+        }
+    }
+}
+
+/// Why a captured charge does not show the capture `expected` (its
+/// currency, `captured`, `amount_captured`), if it does not.
+fn capture_mismatch(object: &wire::Object, expected: &Expected) -> Option<String> {
+    let mut wrong = Vec::new();
+    let currency = object.currency.as_deref();
+    if !currency.is_some_and(|c| c.eq_ignore_ascii_case(&expected.currency)) {
+        wrong.push(format!("currency {}", shown(&currency)));
+    }
+    if object.captured != Some(true) {
+        wrong.push(format!("captured {}", shown(&object.captured)));
+    }
+    if object.amount_captured != Some(expected.amount_cents) {
+        wrong.push(format!(
+            "amount_captured {} (asked {})",
+            shown(&object.amount_captured),
+            expected.amount_cents
+        ));
+    }
+    (!wrong.is_empty()).then(|| {
+        format!(
+            "the provider's charge {} shows {}",
+            object.id,
+            wrong.join(", ")
+        )
+    })
 }
 
 /// A found object as a lookup's answer: unknown (loudly) unless it shows
@@ -998,7 +1233,12 @@ fn judge(kind: Kind, object: wire::Object, expected: &Expected) -> Lookup {
             reason: mismatched(kind.lookup(), reason),
         };
     }
+    let capture_before = object.capture_before();
     match object.status.as_str() {
+        "succeeded" if expected.hold => Lookup::Found(ProviderOutcome::Authorized {
+            provider_id: object.id,
+            capture_before,
+        }),
         "succeeded" => Lookup::Found(ProviderOutcome::Succeeded {
             provider_id: object.id,
         }),
@@ -1338,8 +1578,16 @@ mod tests {
             card_token: "tok_visa".to_owned(),
             description: Some("tea".to_owned()),
             metadata: [("order".to_owned(), "42".to_owned())].into(),
+            capture: true,
         };
+        // Only a hold says `capture`: false.
+        let held = charge_form(&ProviderChargeRequest {
+            capture: false,
+            ..request.clone()
+        });
+        assert!(held.contains(&("capture".to_owned(), "false".to_owned())));
         let form = charge_form(&request);
+        assert!(!form.iter().any(|(k, _)| k == "capture"));
         let has = |k: &str, v: &str| form.contains(&(k.to_owned(), v.to_owned()));
         assert!(has("currency", "gbp"));
         assert!(has("metadata[order]", "42"));
@@ -1419,6 +1667,7 @@ mod tests {
         Expected {
             amount_cents,
             currency: "GBP".to_owned(),
+            hold: false,
         }
     }
 

@@ -12,6 +12,8 @@
 //!   abandons for reconciliation only past `--abandon-after`.
 //! - [`pruner`]: deletes complete records past their expiry in bounded
 //!   batches.
+//! - [`expirer`]: marks holds that lapsed uncaptured `expired`, and
+//!   counts holds by status.
 //! - [`reconciler`]: settles charges and refunds left `unknown` from the
 //!   provider's records, and replaces their abandoned answers.
 //! - [`progress`]: a long pass's progress lines (and bar, at a terminal).
@@ -25,6 +27,7 @@
 //! PostgreSQL), and deletes take disjoint batches.
 #![forbid(unsafe_code)]
 
+pub mod expirer;
 pub mod progress;
 pub mod pruner;
 pub mod reaper;

@@ -55,7 +55,10 @@ enum Job {
     /// Settle unknown charges and refunds from the provider's records
     /// (every --reconcile-every).
     Reconcile,
-    /// All three, each on its timer.
+    /// Mark holds that lapsed uncaptured expired, and count holds by
+    /// status (every --expire-every).
+    Expire,
+    /// All four, each on its timer.
     Run,
 }
 
@@ -89,6 +92,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let reap = matches!(cli.job, Job::Reap | Job::Run);
     let prune = matches!(cli.job, Job::Prune | Job::Run);
     let reconcile = matches!(cli.job, Job::Reconcile | Job::Run);
+    let expire = matches!(cli.job, Job::Expire | Job::Run);
     cli.settings.validate()?;
     cli.jobs.validate(&cli.settings.gateway)?;
     // The reaper and the reconciler talk to the provider, so they need one;
@@ -145,6 +149,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .filter(|_| reconcile)
         .map(|service| cli.jobs.reconciler(service));
     let pruner = prune.then(|| cli.jobs.pruner(store.clone()));
+    let expirer = expire.then(|| payments_jobs::expirer::Expirer::new(store.clone()));
 
     if cli.dry_run {
         if reap {
@@ -158,9 +163,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         if let Some(reconciler) = &reconciler {
             reconciler.dry_run().await?;
         }
+        if let Some(expirer) = &expirer {
+            let holds = expirer.dry_run().await?;
+            tracing::info!(?holds, "expire dry run: holds by status");
+        }
         return Ok(());
     }
-    let jobs = Jobs::new(reaper, pruner, reconciler, &cli.jobs);
+    let jobs = Jobs::new(reaper, pruner, reconciler, expirer, &cli.jobs);
     if cli.once {
         let outcome = jobs.run_once().await.map_err(anyhow::Error::msg)?;
         tracing::info!(?outcome, "pass complete");
@@ -176,6 +185,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         reap,
         prune,
         reconcile,
+        expire,
         "payments-jobs running; SIGTERM or SIGINT stops it after the pass in hand"
     );
     jobs.run_until_stopped(shutdown_signal()).await;

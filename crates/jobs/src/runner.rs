@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::Outcome;
+use crate::expirer::Expirer;
 use crate::pruner::Pruner;
 use crate::reaper::Reaper;
 use crate::reconciler::Reconciler;
@@ -19,6 +20,7 @@ pub enum Job {
     Reap(Reaper),
     Prune(Pruner),
     Reconcile(Reconciler),
+    Expire(Expirer),
 }
 
 impl Job {
@@ -27,6 +29,7 @@ impl Job {
             Self::Reap(_) => "reaper",
             Self::Prune(_) => "pruner",
             Self::Reconcile(_) => "reconciler",
+            Self::Expire(_) => "expirer",
         }
     }
 
@@ -50,6 +53,11 @@ impl Job {
                 Ok(r) => Ok(r.settled()),
                 Err(e) => Err(e.to_string()),
             },
+            Self::Expire(expirer) => expirer
+                .try_run_once()
+                .await
+                .map(|r| r.expired)
+                .map_err(|e| e.to_string()),
         }
     }
 }
@@ -62,17 +70,19 @@ pub struct Jobs {
 
 impl Jobs {
     /// Runs whichever jobs are given, each every `--reap-every`,
-    /// `--prune-every` or `--reconcile-every` of `args`.
+    /// `--prune-every`, `--reconcile-every` or `--expire-every` of `args`.
     pub fn new(
         reaper: Option<Reaper>,
         pruner: Option<Pruner>,
         reconciler: Option<Reconciler>,
+        expirer: Option<Expirer>,
         args: &JobArgs,
     ) -> Self {
         let jobs = [
             reaper.map(|r| (Job::Reap(r), args.reap_every)),
             pruner.map(|p| (Job::Prune(p), args.prune_every)),
             reconciler.map(|r| (Job::Reconcile(r), args.reconcile_every)),
+            expirer.map(|e| (Job::Expire(e), args.expire_every)),
         ];
         Self {
             jobs: jobs.into_iter().flatten().collect(),

@@ -26,6 +26,9 @@ pub struct JobArgs {
     /// How often `run` reaps.
     #[arg(long, env = "REAP_EVERY", default_value = "1m", value_parser = humantime::parse_duration)]
     pub reap_every: Duration,
+    /// How often `run` marks lapsed holds expired.
+    #[arg(long, env = "EXPIRE_EVERY", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub expire_every: Duration,
     /// How often `run` prunes.
     #[arg(long, env = "PRUNE_EVERY", default_value = "1h", value_parser = humantime::parse_duration)]
     pub prune_every: Duration,
@@ -150,10 +153,15 @@ impl JobArgs {
                 humantime::format_duration(gateway.provider_max_processing)
             )));
         }
-        if self.reap_every.is_zero() || self.prune_every.is_zero() || self.reconcile_every.is_zero()
+        if self.reap_every.is_zero()
+            || self.prune_every.is_zero()
+            || self.reconcile_every.is_zero()
+            || self.expire_every.is_zero()
         {
             return Err(
-                "--reap-every, --prune-every and --reconcile-every must be greater than 0".into(),
+                "--reap-every, --prune-every, --reconcile-every and --expire-every must \
+                 be greater than 0"
+                    .into(),
             );
         }
         if self.reap_batch == 0

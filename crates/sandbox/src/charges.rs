@@ -1,10 +1,11 @@
-//! `POST /v1/charges`: the charge itself. Authentication, the idempotency
-//! decision and the faults are the shared path in `processing`.
+//! `POST /v1/charges`: the charge itself (captured at once, or a hold with
+//! `capture=false`, captured later through `captures`). Authentication, the
+//! idempotency decision and the faults are the shared path in `processing`.
 //! `GET /v1/charges`: Stripe's charge list, which (unlike its Search) shows
 //! a charge as soon as it is made.
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -13,10 +14,10 @@ use serde_json::{Value, json};
 
 use crate::config::SandboxConfig;
 use crate::error::ApiError;
-use crate::ledger::{Charge, Ledger, NoSuchCharge};
+use crate::ledger::{Charge, HoldTerms, Ledger, NoSuchCharge};
 use crate::network::{self, Authorization};
 use crate::params::FormParams;
-use crate::processing::{self, Operation};
+use crate::processing::{self, Call, Operation};
 use crate::response::StoredResponse;
 use crate::server::ConnectionControl;
 use crate::state::AppState;
@@ -34,7 +35,7 @@ pub(crate) async fn create_charge(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    processing::serve(state, connection, headers, body, CHARGES).await
+    processing::serve(state, connection, headers, body, CHARGES, None).await
 }
 
 /// `GET /v1/charges[?created[gte]=..&created[lte]=..][&limit=N]
@@ -64,31 +65,35 @@ pub(crate) async fn list_charges(
     })))
 }
 
-/// `GET /v1/charges/{id}`: the charge as it is now (refunds included), as
-/// Stripe's retrieve answers it. No faults.
+/// `GET /v1/charges/{id}`: the charge as it is now (refunds, capture and a
+/// hold's lapse included), as Stripe's retrieve answers it. No faults.
 pub(crate) async fn retrieve_charge(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Charge>, ApiError> {
     processing::api_key(&headers)?;
-    state.ledger.charge_by_id(&id).map(Json).ok_or_else(|| {
-        ApiError::not_found(format!("No such charge: '{id}'"))
-            .with_code("resource_missing")
-            .with_param("id")
-    })
+    let id = processing::path_id(path)?;
+    state
+        .ledger
+        .charge_by_id(&id)
+        .map(Json)
+        .ok_or_else(|| no_such_charge(&id))
+}
+
+/// 404 `resource_missing` for a charge id in the path that is no charge.
+pub(crate) fn no_such_charge(id: &str) -> ApiError {
+    ApiError::not_found(format!("No such charge: '{id}'"))
+        .with_code("resource_missing")
+        .with_param("id")
 }
 
 /// Validates, asks the network and records the charge (with the config's
-/// answer overrides). Returns the final answer and whether a charge was
-/// recorded.
-fn charge(
-    ledger: &Ledger,
-    config: &SandboxConfig,
-    params: &FormParams,
-    key: Option<&str>,
-) -> (StoredResponse, bool) {
-    let mut request = match params.charge_request() {
+/// answer overrides; a hold on the config's terms). Returns the final
+/// answer and whether a charge was recorded.
+fn charge(ledger: &Ledger, config: &SandboxConfig, call: &Call<'_>) -> (StoredResponse, bool) {
+    let key = call.key;
+    let mut request = match call.params.charge_request() {
         Ok(request) => request,
         Err(error) => return (error.to_stored(), false),
     };
@@ -108,7 +113,7 @@ fn charge(
         Authorization::Approved => None,
         Authorization::Declined(decline) => Some(decline),
     };
-    let charge = Charge::new(request, decline);
+    let charge = Charge::new(request, decline, HoldTerms::of(config));
     // Debug: at load one line per charge would cost more than the charge;
     // `GET /_sandbox/charges` lists them all.
     tracing::debug!(
@@ -116,6 +121,7 @@ fn charge(
         amount = charge.amount,
         currency = %charge.currency,
         status = ?charge.status,
+        captured = charge.captured,
         idempotency_key = key,
         "charge made"
     );

@@ -1,6 +1,7 @@
-//! Fault injection: what the sandbox does to every charge and refund request
-//! it processes, and how far its search index lags. Set at start (CLI flags)
-//! and replaced at run time through `POST /_sandbox/config`.
+//! Fault injection: what the sandbox does to every charge, refund and
+//! capture request it processes, how far its search index lags, and how
+//! long a hold lasts. Set at start (CLI flags) and replaced at run time
+//! through `POST /_sandbox/config`.
 
 use std::fmt;
 
@@ -10,16 +11,18 @@ use serde::{Deserialize, Serialize};
 ///
 /// Every field is optional on the wire (`{}` is the well-behaved provider) and
 /// unknown fields are rejected, so a typo in a test cannot silently turn a
-/// fault off. Faults apply, in field order, to charge and refund requests
-/// that are actually processed; idempotent replays and idempotency errors
-/// answer at once.
+/// fault off. Faults apply, in field order, to every money-moving request
+/// that is actually processed (`POST /v1/charges`, `POST /v1/refunds` and
+/// `POST /v1/charges/{id}/capture` alike: they are not per route; set them
+/// between the requests of a test to hit only one); idempotent replays and
+/// idempotency errors answer at once.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxConfig {
-    /// Milliseconds to sleep before processing a charge or refund.
+    /// Milliseconds to sleep before processing a charge, refund or capture.
     pub latency_ms: u64,
-    /// Probability (0.0 to 1.0) of answering 500 `api_error` without charging
-    /// or refunding. Like Stripe, the 500 is saved under the request's
+    /// Probability (0.0 to 1.0) of answering 500 `api_error` without charging,
+    /// refunding or capturing. Like Stripe, the 500 is saved under the request's
     /// idempotency key and replayed (`Idempotent-Replayed: true`) to every
     /// retry with that key for the key's retention: a retry never recovers.
     pub error_rate: f64,
@@ -28,10 +31,12 @@ pub struct SandboxConfig {
     /// nothing is done and nothing is saved, so a retry with the same key
     /// is processed anew. The fault a retry recovers from.
     pub rate_limit_rate: f64,
-    /// Never answer and never charge or refund; the client has to time out.
+    /// Never answer and never charge, refund or capture; the client has to
+    /// time out.
     pub hang: bool,
-    /// Make and store the charge (or refund), then close the connection
-    /// without writing a single byte of the response.
+    /// Make and store the charge (or refund, or capture), then close the
+    /// connection without writing a single byte of the response: the money
+    /// moved and the answer is lost. A retry with the same key replays it.
     pub drop_after_charge: bool,
     /// Seconds the provider remembers an idempotency key (Stripe: 24 h).
     /// A request whose key was first used longer ago is processed as new,
@@ -48,9 +53,10 @@ pub struct SandboxConfig {
     /// settled later through `POST /_sandbox/refunds/{id}`, as Stripe's test
     /// helpers do), `failed` or `canceled` (nothing refunded).
     pub refund_status: RefundStatus,
-    /// The amount (minor units) every charge and refund is made, recorded,
-    /// answered and listed with, instead of the one asked for: a provider
-    /// whose answer does not match the request.
+    /// The amount (minor units) every charge, refund and capture is made,
+    /// recorded, answered and listed with, instead of the one asked for: a
+    /// provider whose answer does not match the request. (A capture of more
+    /// than its charge's amount is refused, and a hold is released whole.)
     pub answer_amount_override: Option<u64>,
     /// The same for the currency (three letters, stored lower-case).
     pub answer_currency_override: Option<String>,
@@ -66,6 +72,20 @@ pub struct SandboxConfig {
     /// `/v1` endpoints: answered 403, as Stripe answers a restricted key
     /// lacking a permission. Only meaningful with `secret_key` set.
     pub restricted_key: Option<String>,
+    /// Seconds a hold (a charge made with `capture=false`) can be captured
+    /// for: its `capture_before` is its `created` plus this (Stripe: 7 days
+    /// for most cards). Once the sandbox's clock reaches `capture_before`
+    /// uncaptured, the hold is released: a capture is refused
+    /// `charge_expired_for_capture` and the charge reads `refunded`. Fixed
+    /// for a hold when it is made; 0 makes holds that lapse at once. At most
+    /// [`MAX_HOLD_EXPIRY_SECS`].
+    pub hold_expiry_seconds: u64,
+    /// Whether a hold's answers show its `capture_before` (in
+    /// `payment_method_details.card`, as Stripe does). `false` leaves it out
+    /// of a hold made while it is set, in every answer about that hold, so
+    /// a client's own fallback expiry can be tested; the hold still lapses
+    /// on time.
+    pub send_capture_before: bool,
 }
 
 /// A refund's status, as Stripe names it. `pending` and `requires_action`
@@ -97,6 +117,13 @@ impl RefundStatus {
 /// Stripe's key retention.
 pub const DEFAULT_KEY_RETENTION_SECS: u64 = 24 * 60 * 60;
 
+/// Stripe's hold on most cards: 7 days.
+pub const DEFAULT_HOLD_EXPIRY_SECS: u64 = 7 * 24 * 60 * 60;
+
+/// The longest hold the sandbox makes, 100 years, so that `capture_before`
+/// stays a Unix time any client can read.
+pub const MAX_HOLD_EXPIRY_SECS: u64 = 100 * 365 * 24 * 60 * 60;
+
 impl Default for SandboxConfig {
     fn default() -> Self {
         Self {
@@ -113,6 +140,8 @@ impl Default for SandboxConfig {
             nulls_in_refund_lists: false,
             secret_key: None,
             restricted_key: None,
+            hold_expiry_seconds: DEFAULT_HOLD_EXPIRY_SECS,
+            send_capture_before: true,
         }
     }
 }
@@ -146,6 +175,16 @@ impl SandboxConfig {
                     message: format!("{field} must not be empty (leave it out to accept any key)"),
                 });
             }
+        }
+        if self.hold_expiry_seconds > MAX_HOLD_EXPIRY_SECS {
+            return Err(InvalidConfig {
+                field: "hold_expiry_seconds",
+                message: format!(
+                    "hold_expiry_seconds must be at most {MAX_HOLD_EXPIRY_SECS} (100 years), \
+                     got {}",
+                    self.hold_expiry_seconds
+                ),
+            });
         }
         if let Some(currency) = &self.answer_currency_override
             && (currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_alphabetic()))
@@ -196,6 +235,29 @@ mod tests {
         assert!(!config.refund_status.is_final() && config.refund_status.holds_amount());
         assert!(RefundStatus::Canceled.is_final() && !RefundStatus::Canceled.holds_amount());
         assert!(serde_json::from_str::<SandboxConfig>(r#"{"refund_status":"done"}"#).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn holds_last_seven_days_unless_told() -> Result<(), serde_json::Error> {
+        let config: SandboxConfig = serde_json::from_str("{}")?;
+        assert_eq!(config.hold_expiry_seconds, 604_800);
+        assert!(config.send_capture_before);
+        let short: SandboxConfig =
+            serde_json::from_str(r#"{"hold_expiry_seconds":0,"send_capture_before":false}"#)?;
+        assert_eq!(short.validate(), Ok(()));
+        assert!(!short.send_capture_before);
+        for bad in [
+            r#"{"hold_expiry_seconds":-1}"#,
+            r#"{"hold_expiry_seconds":1.5}"#,
+        ] {
+            assert!(serde_json::from_str::<SandboxConfig>(bad).is_err(), "{bad}");
+        }
+        let too_long = SandboxConfig {
+            hold_expiry_seconds: MAX_HOLD_EXPIRY_SECS + 1,
+            ..SandboxConfig::default()
+        };
+        assert!(too_long.validate().is_err());
         Ok(())
     }
 

@@ -1,5 +1,5 @@
-//! The ledger file: the sandbox's charges, refunds and stored idempotent
-//! answers, kept across restarts (`--ledger PATH` / `SANDBOX_LEDGER`, and
+//! The ledger file: the sandbox's charges, refunds, captures and stored
+//! idempotent answers, kept across restarts (`--ledger PATH` / `SANDBOX_LEDGER`, and
 //! `make run`'s in-process sandbox). Without one the sandbox keeps them in
 //! memory only, as tests want.
 //!
@@ -7,13 +7,22 @@
 //!
 //! JSON Lines, one change a line, so a change costs one short append, not a
 //! rewrite of everything: the first line names the format and its version,
-//! `{"payments_sandbox_ledger":{"version":1}}`; then `charge` (Stripe's
-//! charge object, its creation in milliseconds and its idempotency key),
-//! `refund` (the refund object), `settled` (a pending refund's final
-//! status) and `key` (an idempotency key, scoped by the SHA-256 of its API
-//! key, its parameters' fingerprint, when it was first used, and the status
-//! and body of the answer stored under it). A charge's refunded amount is not
-//! stored: it is rebuilt from its refunds.
+//! `{"payments_sandbox_ledger":{"version":2}}`; then `charge` (Stripe's
+//! charge object, its creation in milliseconds, a hold's deadline
+//! `capture_deadline` in Unix seconds, shown to clients or not, and its
+//! idempotency key), `capture` (a hold captured: `charge`, `amount`,
+//! `idempotency_key`, `created`), `refund` (the refund object; of a hold
+//! not captured, its release), `settled` (a pending refund's final status)
+//! and `key` (an idempotency key, scoped by the SHA-256 of its API key, its
+//! parameters' fingerprint, when it was first used, and the status and body
+//! of the answer stored under it). A charge's captured and refunded amounts
+//! are not stored: they are rebuilt from its captures and refunds. A hold's
+//! lapse is not written either: it follows from its deadline.
+//!
+//! Version 1, written before holds, has no `capture` lines and no
+//! `capture_deadline`: it is read as it is (every charge captured when
+//! made) and rewritten as version 2, which an older sandbox refuses by its
+//! version.
 //!
 //! # When it is written
 //!
@@ -31,12 +40,13 @@
 //! # Crashes and damage
 //!
 //! At start the file is read whole and rewritten compacted (the current
-//! state, one line per charge, refund and answered key), through a temporary
-//! file that is fsynced and renamed over it, so the rewrite is all or
-//! nothing. A last line without its newline is what a process killed while
-//! appending leaves: it is dropped with a warning (its request was never
-//! answered). Anything else that does not read back (a damaged line, a
-//! refund of an unknown charge, another format or a newer version) refuses
+//! state, one line per charge, capture, refund and answered key), through a
+//! temporary file that is fsynced and renamed over it, so the rewrite is all
+//! or nothing. A last line without its newline is what a process killed
+//! while appending leaves: it is dropped with a warning (its request was
+//! never answered). Anything else that does not read back (a damaged line,
+//! a refund or capture of an unknown charge, a capture the charge could not
+//! have taken, another format or a newer version) refuses
 //! to start, naming the file and the line: move the file away or delete it
 //! to start with an empty ledger. The file is locked while a sandbox uses
 //! it; a second one on the same file refuses to start.
@@ -58,17 +68,20 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::RefundStatus;
 use crate::idempotency::{Entries, Entry, ScopedKey};
-use crate::ledger::{Books, Charge, Refund};
+use crate::ledger::{Books, Capture, Charge, Refund};
 use crate::params::Fingerprint;
 use crate::response::StoredResponse;
 
-/// The version of the format this sandbox writes and reads.
-const VERSION: u32 = 1;
+/// The version of the format this sandbox writes (2: holds and captures).
+const VERSION: u32 = 2;
+
+/// The oldest version it reads (1: before holds).
+const OLDEST_VERSION: u32 = 1;
 
 /// What to do about a file that does not read back.
 const RESET_HINT: &str = "move the file away or delete it to start with an empty ledger \
-                          (the sandbox then forgets every charge, refund and idempotency key \
-                          it held)";
+                          (the sandbox then forgets every charge, refund, capture and \
+                          idempotency key it held)";
 
 /// One line, as written.
 #[derive(Debug, Serialize)]
@@ -79,8 +92,13 @@ pub(crate) enum Line<'a> {
     Charge {
         charge: &'a Charge,
         created_ms: u64,
+        /// A hold's deadline (Unix seconds); absent for any other charge.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        capture_deadline: Option<u64>,
         idempotency_key: Option<&'a str>,
     },
+    /// A hold captured.
+    Capture(&'a Capture),
     Refund {
         refund: &'a Refund,
         idempotency_key: Option<&'a str>,
@@ -134,8 +152,12 @@ enum ReadLine {
     Charge {
         charge: Charge,
         created_ms: u64,
+        /// Absent: not a hold (and every charge of a version 1 file).
+        #[serde(default)]
+        capture_deadline: Option<u64>,
         idempotency_key: Option<String>,
     },
+    Capture(Capture),
     Refund {
         refund: Refund,
         idempotency_key: Option<String>,
@@ -165,11 +187,12 @@ pub struct LedgerFile {
 
 impl fmt::Debug for LedgerFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (charges, refunds) = self.books.counts();
+        let (charges, refunds, captures) = self.books.counts();
         f.debug_struct("LedgerFile")
             .field("path", &self.journal.path)
             .field("charges", &charges)
             .field("refunds", &refunds)
+            .field("captures", &captures)
             .field("keys", &self.keys.len())
             .finish()
     }
@@ -218,11 +241,12 @@ impl LedgerFile {
             rewrite(&path, lines).map_err(|error| fail(format!("cannot rewrite it: {error}")))?;
         // The rewritten file is locked; the old one can go.
         drop(file);
-        let (charges, refunds) = read.books.counts();
+        let (charges, refunds, captures) = read.books.counts();
         tracing::info!(
             path = %path.display(),
             charges,
             refunds,
+            captures,
             keys = read.keys.len(),
             "sandbox ledger loaded"
         );
@@ -302,10 +326,12 @@ fn parse(bytes: &[u8]) -> Result<Contents, String> {
         })?;
         let at = |problem: String| format!("line {number}: {problem}");
         match (number, line) {
-            (1, ReadLine::PaymentsSandboxLedger { version }) if version == VERSION => {}
+            (1, ReadLine::PaymentsSandboxLedger { version })
+                if (OLDEST_VERSION..=VERSION).contains(&version) => {}
             (1, ReadLine::PaymentsSandboxLedger { version }) => {
                 return Err(at(format!(
-                    "format version {version}, and this sandbox reads version {VERSION}"
+                    "format version {version}, and this sandbox reads versions \
+                     {OLDEST_VERSION} to {VERSION}"
                 )));
             }
             (1, _) => return Err(at("it does not start as a sandbox ledger".to_owned())),
@@ -317,11 +343,13 @@ fn parse(bytes: &[u8]) -> Result<Contents, String> {
                 ReadLine::Charge {
                     charge,
                     created_ms,
+                    capture_deadline,
                     idempotency_key,
                 },
             ) => read
                 .books
-                .replay_charge(charge, created_ms, idempotency_key),
+                .replay_charge(charge, created_ms, capture_deadline, idempotency_key),
+            (_, ReadLine::Capture(capture)) => read.books.replay_capture(capture).map_err(at)?,
             (
                 _,
                 ReadLine::Refund {
@@ -572,7 +600,34 @@ mod tests {
     #[test]
     fn an_empty_file_is_a_new_ledger() {
         let read = parse(b"");
-        assert!(read.is_ok_and(|read| read.books.counts() == (0, 0) && read.keys.is_empty()));
+        assert!(read.is_ok_and(|read| read.books.counts() == (0, 0, 0) && read.keys.is_empty()));
+    }
+
+    /// A charge line as a version 1 file has it (no hold, no
+    /// `amount_captured`, no `payment_method_details`).
+    const OLD_CHARGE: &str = r#"{"charge":{"charge":{"id":"ch_1","amount":1000,"amount_refunded":0,"currency":"gbp","status":"succeeded","paid":true,"captured":true,"refunded":false,"livemode":false,"source":"tok_visa","description":null,"metadata":{},"created":1700000000,"failure_code":null,"failure_message":null},"created_ms":1700000000000,"idempotency_key":"k"}}"#;
+
+    #[test]
+    fn version_1_files_still_read_and_captures_replay() {
+        let v1 = format!("{{\"payments_sandbox_ledger\":{{\"version\":1}}}}\n{OLD_CHARGE}\n");
+        assert!(parse(v1.as_bytes()).is_ok_and(|read| read.books.counts() == (1, 0, 0)));
+        // A charge captured when made takes no capture.
+        let capture =
+            r#"{"capture":{"charge":"ch_1","amount":1000,"idempotency_key":null,"created":1}}"#;
+        let refused = parse(format!("{v1}{capture}\n").as_bytes()).map(|read| read.books.counts());
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|error| error.contains("line 3: charge ch_1 cannot take a capture")),
+            "{refused:?}"
+        );
+        // A hold (its deadline beside it) takes one.
+        let hold = OLD_CHARGE.replace(
+            r#""created_ms""#,
+            r#""capture_deadline":1700604800,"created_ms""#,
+        );
+        let v2 = format!("{{\"payments_sandbox_ledger\":{{\"version\":2}}}}\n{hold}\n{capture}\n");
+        assert!(parse(v2.as_bytes()).is_ok_and(|read| read.books.counts() == (1, 0, 1)));
     }
 
     #[test]
@@ -585,8 +640,8 @@ mod tests {
             (&b"{\"payments_sandbox_ledger\""[..], "no complete line"),
             (b"{}\n", "line 1 is not a ledger line"),
             (
-                b"{\"payments_sandbox_ledger\":{\"version\":2}}\n",
-                "line 1: format version 2",
+                b"{\"payments_sandbox_ledger\":{\"version\":3}}\n",
+                "line 1: format version 3",
             ),
             (
                 &[&header[..], b"{\"charge\":{\"id\":1}}\n"].concat(),

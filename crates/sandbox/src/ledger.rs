@@ -1,7 +1,22 @@
 //! What happened at the "card network": every charge made or attempted,
-//! every refund, and request counters. Tests read them to count
-//! provider-side effects; `POST /v1/refunds`, `GET /v1/refunds` and
+//! every refund, every capture of a hold, and request counters. Tests read
+//! them to count provider-side effects; `POST /v1/refunds`,
+//! `POST /v1/charges/{id}/capture`, `GET /v1/refunds` and
 //! `GET /v1/charges/search` read and change them too.
+//!
+//! # Holds
+//!
+//! A charge made with `capture=false` and approved is a hold: `captured:
+//! false`, `amount_captured: 0`, and a deadline (its `capture_before`,
+//! `created` plus the config's `hold_expiry_seconds`). Until then it takes
+//! one capture ([`Ledger::capture`]) of at most its amount; what is not
+//! captured is released, shown as Stripe shows it, in `amount_refunded`
+//! (no refund object). A refund of a hold not captured releases it whole
+//! (a refund object, `refunded: true`, still `captured: false`). A hold
+//! that reaches its deadline uncaptured has lapsed: nothing is written,
+//! every read shows it released ([`Charge::as_of`]), a capture is refused
+//! as expired and a refund as already refunded. Being worked out from the
+//! deadline and the clock, a lapse reads the same across a restart.
 //!
 //! Charges are kept whole (metadata, refunded amount, creation time in
 //! milliseconds) because refunds and searches answer with Stripe's charge
@@ -26,10 +41,10 @@ use serde::de::Error as _;
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::config::RefundStatus;
+use crate::config::{RefundStatus, SandboxConfig};
 use crate::journal::{Journal, JournalError, Line};
 use crate::network::{self, Decline};
-use crate::params::{ChargeRequest, CreatedRange, REFUND_REASONS, RefundRequest};
+use crate::params::{CaptureRequest, ChargeRequest, CreatedRange, REFUND_REASONS, RefundRequest};
 
 /// A charge's final state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -119,6 +134,53 @@ fn refund_object() -> Known {
     "refund"
 }
 
+/// Stripe's `payment_method_details` of a card charge, `{"type": "card",
+/// "card": {..}}`: for a hold, the card's `capture_before` (the sandbox's
+/// subset). The type, always `card`, is written, not kept; read back, it
+/// is ignored.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct PaymentMethodDetails {
+    #[serde(default)]
+    card: CardDetails,
+}
+
+impl Serialize for PaymentMethodDetails {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("type", "card")?;
+        map.serialize_entry("card", &self.card)?;
+        map.end()
+    }
+}
+
+/// `payment_method_details.card`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct CardDetails {
+    /// A hold's deadline (Unix seconds): uncaptured by then, it is
+    /// released. Left out for a charge captured when made, a failed one,
+    /// and a hold made with `send_capture_before` off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    capture_before: Option<u64>,
+}
+
+/// How a hold is made, from the config of the request that makes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HoldTerms {
+    /// Seconds from its creation to its deadline (`hold_expiry_seconds`).
+    pub(crate) expiry_secs: u64,
+    /// Whether its answers show the deadline (`send_capture_before`).
+    pub(crate) show_deadline: bool,
+}
+
+impl HoldTerms {
+    pub(crate) fn of(config: &SandboxConfig) -> Self {
+        Self {
+            expiry_secs: config.hold_expiry_seconds,
+            show_deadline: config.send_capture_before,
+        }
+    }
+}
+
 /// Stripe's charge object (the subset the gateway reads, plus a few fields
 /// a Stripe client expects to see). Read back from the ledger file as it is
 /// written there: the wire object.
@@ -128,13 +190,21 @@ pub(crate) struct Charge {
     #[serde(skip_deserializing, default = "charge_object")]
     object: Known,
     pub(crate) amount: u64,
-    /// What the charge's refunds add up to; never more than `amount`.
+    /// What was captured: `amount` for a charge captured when made, what
+    /// its capture took for a hold (0 until then), 0 for a failed charge.
+    /// Rebuilt from the ledger file's lines, like `amount_refunded`.
+    #[serde(default)]
+    pub(crate) amount_captured: u64,
+    /// What the charge's refunds add up to, plus what a hold's capture
+    /// left uncaptured (released), or the whole amount of a hold released
+    /// or lapsed; never more than `amount`.
     pub(crate) amount_refunded: u64,
     pub(crate) currency: String,
     pub(crate) status: ChargeStatus,
     paid: bool,
-    captured: bool,
-    /// Fully refunded.
+    /// Captured when made, or a hold since captured.
+    pub(crate) captured: bool,
+    /// Fully refunded, or a hold released.
     pub(crate) refunded: bool,
     livemode: bool,
     /// The token, echoed (Stripe returns a card object here).
@@ -147,6 +217,15 @@ pub(crate) struct Charge {
     /// ledger file has it beside the charge).
     #[serde(skip)]
     pub(crate) created_ms: u64,
+    /// A card, with a hold's `capture_before` when shown. Absent from a
+    /// ledger file written before holds: the default, a card.
+    #[serde(default)]
+    payment_method_details: PaymentMethodDetails,
+    /// A hold's deadline (Unix seconds), whether its answers show it or
+    /// not; `None` for any other charge. Not on the wire (the ledger file
+    /// has it beside the charge).
+    #[serde(skip)]
+    pub(crate) capture_deadline: Option<u64>,
     #[serde(deserialize_with = "failure_code")]
     pub(crate) failure_code: Option<Known>,
     #[serde(deserialize_with = "failure_message")]
@@ -155,13 +234,20 @@ pub(crate) struct Charge {
 
 impl Charge {
     /// A new charge with a fresh `ch_` id; `decline` makes it a failed one.
-    pub(crate) fn new(request: ChargeRequest, decline: Option<Decline>) -> Self {
+    /// An approved charge asked not to be captured is a hold, made on
+    /// `terms`.
+    pub(crate) fn new(request: ChargeRequest, decline: Option<Decline>, terms: HoldTerms) -> Self {
         let succeeded = decline.is_none();
+        let captured = succeeded && request.capture;
         let created_ms = unix_now_ms();
+        let created = created_ms / 1000;
+        let capture_deadline =
+            (succeeded && !captured).then(|| created.saturating_add(terms.expiry_secs));
         Self {
             id: object_id("ch"),
             object: charge_object(),
             amount: request.amount,
+            amount_captured: if captured { request.amount } else { 0 },
             amount_refunded: 0,
             currency: request.currency,
             status: if succeeded {
@@ -170,17 +256,95 @@ impl Charge {
                 ChargeStatus::Failed
             },
             paid: succeeded,
-            captured: succeeded,
+            captured,
             refunded: false,
             livemode: false,
             source: request.source,
             description: request.description,
             metadata: request.metadata.into(),
-            created: created_ms / 1000,
+            created,
             created_ms,
+            payment_method_details: PaymentMethodDetails {
+                card: CardDetails {
+                    capture_before: capture_deadline.filter(|_| terms.show_deadline),
+                },
+            },
+            capture_deadline,
             failure_code: decline.map(|decline| decline.code),
             failure_message: decline.map(|decline| decline.message),
         }
+    }
+
+    /// Made as a hold (whatever happened to it since).
+    fn is_hold(&self) -> bool {
+        self.capture_deadline.is_some()
+    }
+
+    /// A hold neither captured nor released (by a refund): a refund of it
+    /// is a release.
+    fn held(&self) -> bool {
+        self.is_hold() && !self.captured && !self.refunded
+    }
+
+    /// A hold that reached its deadline at `now_ms` still held: released.
+    fn lapsed(&self, now_ms: u64) -> bool {
+        self.held()
+            && self
+                .capture_deadline
+                .is_some_and(|deadline| now_ms >= deadline.saturating_mul(1000))
+    }
+
+    /// The charge as it reads at `now_ms`: a lapsed hold shows released
+    /// (`refunded`, its whole amount in `amount_refunded`, still not
+    /// captured), as Stripe shows an uncaptured charge it refunded.
+    pub(crate) fn as_of(&self, now_ms: u64) -> Charge {
+        let mut charge = self.clone();
+        if charge.lapsed(now_ms) {
+            charge.amount_refunded = charge.amount;
+            charge.refunded = true;
+        }
+        charge
+    }
+
+    /// The amount a capture of `requested` (all of it when `None`) takes,
+    /// or why the charge cannot take it. The deadline is checked against
+    /// `now_ms` when given (a capture read back from the ledger file was
+    /// checked when it was made).
+    fn capturable(
+        &self,
+        requested: Option<u64>,
+        now_ms: Option<u64>,
+    ) -> Result<u64, CaptureRefusal> {
+        if self.status == ChargeStatus::Failed {
+            return Err(CaptureRefusal::ChargeFailed);
+        }
+        if self.captured {
+            return Err(CaptureRefusal::AlreadyCaptured);
+        }
+        if self.refunded {
+            return Err(CaptureRefusal::AlreadyRefunded);
+        }
+        if now_ms.is_some_and(|now_ms| self.lapsed(now_ms)) {
+            return Err(CaptureRefusal::Expired);
+        }
+        let amount = requested.unwrap_or(self.amount);
+        if amount > self.amount {
+            return Err(CaptureRefusal::TooLarge {
+                requested: amount,
+                held: self.amount,
+            });
+        }
+        Ok(amount)
+    }
+
+    /// Captures `amount` (checked) of the hold and releases the rest,
+    /// which Stripe counts in `amount_refunded`.
+    fn take_capture(&mut self, amount: u64) {
+        self.captured = true;
+        self.amount_captured = amount;
+        let released = self.amount.saturating_sub(amount);
+        self.amount_refunded = self.amount_refunded.saturating_add(released);
+        self.refunded = self.amount_refunded == self.amount;
     }
 
     /// Whether the search index has caught up with the charge at `now_ms`,
@@ -213,6 +377,41 @@ pub(crate) struct Refund {
     pub(crate) created: u64,
 }
 
+/// One capture of a hold: a line of `GET /_sandbox/captures` and of the
+/// ledger file. A capture replayed under its idempotency key is not
+/// another one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Capture {
+    /// The captured charge's id.
+    pub(crate) charge: String,
+    /// Minor units captured.
+    pub(crate) amount: u64,
+    pub(crate) idempotency_key: Option<String>,
+    /// Unix seconds.
+    pub(crate) created: u64,
+}
+
+/// Why the ledger refused a capture; `captures` turns it into Stripe's
+/// error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CaptureRefusal {
+    /// No charge has this id.
+    NoSuchCharge,
+    /// The charge failed: nothing is held.
+    ChargeFailed,
+    /// Captured already (when made, or by an earlier capture).
+    AlreadyCaptured,
+    /// The hold was released by a refund.
+    AlreadyRefunded,
+    /// The hold reached its deadline uncaptured.
+    Expired,
+    /// More than the charge's amount.
+    TooLarge { requested: u64, held: u64 },
+    /// The ledger file could not be written: nothing was captured.
+    NotRecorded(String),
+}
+
 /// Why the ledger refused a refund; `refunds` turns it into Stripe's error.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RefundRefusal {
@@ -220,10 +419,13 @@ pub(crate) enum RefundRefusal {
     NoSuchCharge,
     /// The charge failed: there is nothing to give back.
     ChargeFailed,
-    /// Every minor unit was refunded already.
+    /// Every minor unit was refunded already (or the hold was released, or
+    /// lapsed).
     AlreadyRefunded,
     /// More than is left to refund.
     TooLarge { requested: u64, unrefunded: u64 },
+    /// Part of a hold not captured: a hold is released whole.
+    PartialRelease { requested: u64, held: u64 },
     /// The ledger file could not be written: nothing was refunded.
     NotRecorded(String),
 }
@@ -294,13 +496,16 @@ pub(crate) fn unix_now_ms() -> u64 {
         .unwrap_or_default()
 }
 
-/// One line of `GET /_sandbox/charges`.
+/// One line of `GET /_sandbox/charges`, as the charge reads now.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct ChargeRecord {
     id: String,
     amount: u64,
     currency: String,
     status: ChargeStatus,
+    captured: bool,
+    amount_captured: u64,
+    amount_refunded: u64,
     failure_code: Option<&'static str>,
     idempotency_key: Option<String>,
     metadata: Metadata,
@@ -323,12 +528,15 @@ pub(crate) struct RefundRecord {
 /// `GET /_sandbox/stats`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub(crate) struct Stats {
-    /// Requests to `POST /v1/charges` and `POST /v1/refunds`.
+    /// Requests to `POST /v1/charges`, `POST /v1/refunds` and
+    /// `POST /v1/charges/{id}/capture`.
     pub(crate) requests: u64,
     pub(crate) in_flight: u64,
     pub(crate) max_in_flight: u64,
     pub(crate) charges: u64,
     pub(crate) refunds: u64,
+    /// Captures made (not their replays).
+    pub(crate) captures: u64,
 }
 
 #[derive(Debug)]
@@ -343,14 +551,17 @@ struct RefundEntry {
     idempotency_key: Option<String>,
 }
 
-/// Charges and refunds under one lock, so that a refund's check against its
-/// charge and its record are one critical section.
+/// Charges, refunds and captures under one lock, so that a refund's or a
+/// capture's check against its charge and its record are one critical
+/// section.
 #[derive(Debug, Default)]
 pub(crate) struct Books {
     /// Oldest first.
     charges: Vec<ChargeEntry>,
     /// Oldest first.
     refunds: Vec<RefundEntry>,
+    /// Oldest first.
+    captures: Vec<Capture>,
 }
 
 impl Books {
@@ -370,41 +581,76 @@ impl Books {
         self.charges.iter().rev().any(|entry| entry.charge.id == id)
     }
 
-    /// How many charges and refunds.
-    pub(crate) fn counts(&self) -> (usize, usize) {
-        (self.charges.len(), self.refunds.len())
+    /// How many charges, refunds and captures.
+    pub(crate) fn counts(&self) -> (usize, usize, usize) {
+        (self.charges.len(), self.refunds.len(), self.captures.len())
     }
 
-    /// Every charge, then every refund, as ledger file lines, oldest first:
-    /// what [`Self::replay_charge`] and [`Self::replay_refund`] read back.
+    /// Every charge, then every capture, then every refund, as ledger file
+    /// lines, oldest first: what [`Self::replay_charge`],
+    /// [`Self::replay_capture`] and [`Self::replay_refund`] read back. A
+    /// hold is either captured or released, never both, so captures before
+    /// refunds keeps each charge's story in order.
     pub(crate) fn lines(&self) -> impl Iterator<Item = Line<'_>> {
         let charges = self.charges.iter().map(|entry| Line::Charge {
             charge: &entry.charge,
             created_ms: entry.charge.created_ms,
+            capture_deadline: entry.charge.capture_deadline,
             idempotency_key: entry.idempotency_key.as_deref(),
         });
+        let captures = self.captures.iter().map(Line::Capture);
         let refunds = self.refunds.iter().map(|entry| Line::Refund {
             refund: &entry.refund,
             idempotency_key: entry.idempotency_key.as_deref(),
         });
-        charges.chain(refunds)
+        charges.chain(captures).chain(refunds)
     }
 
-    /// A charge read back from the ledger file. What it had refunded is
-    /// rebuilt from the refund lines that follow it.
+    /// A charge read back from the ledger file, as it was made (`None` as
+    /// `capture_deadline`: not a hold, as in every file written before
+    /// holds). What it had captured and refunded is rebuilt from the
+    /// capture and refund lines that follow it.
     pub(crate) fn replay_charge(
         &mut self,
         mut charge: Charge,
         created_ms: u64,
+        capture_deadline: Option<u64>,
         idempotency_key: Option<String>,
     ) {
         charge.created_ms = created_ms;
+        charge.capture_deadline = capture_deadline;
+        charge.captured = charge.status == ChargeStatus::Succeeded && capture_deadline.is_none();
+        charge.amount_captured = if charge.captured { charge.amount } else { 0 };
         charge.amount_refunded = 0;
         charge.refunded = false;
         self.charges.push(ChargeEntry {
             charge,
             idempotency_key,
         });
+    }
+
+    /// A capture read back from the ledger file, applied as a new one
+    /// would be (the deadline aside: it was checked when the capture was
+    /// made). Refused when its charge is unknown or could not have taken
+    /// it: the file is not one the sandbox wrote.
+    pub(crate) fn replay_capture(&mut self, capture: Capture) -> Result<(), String> {
+        let charge = self.charge_mut(&capture.charge).ok_or_else(|| {
+            format!(
+                "a capture of charge {}, which no earlier line made",
+                capture.charge
+            )
+        })?;
+        let amount = charge
+            .capturable(Some(capture.amount), None)
+            .map_err(|refusal| {
+                format!(
+                    "charge {} cannot take a capture of {}: {refusal:?}",
+                    capture.charge, capture.amount
+                )
+            })?;
+        charge.take_capture(amount);
+        self.captures.push(capture);
+        Ok(())
     }
 
     /// A refund read back from the ledger file, with its status as written;
@@ -424,7 +670,11 @@ impl Books {
         })?;
         if refund.status.holds_amount() {
             let unrefunded = charge.amount.saturating_sub(charge.amount_refunded);
-            if charge.status == ChargeStatus::Failed || refund.amount > unrefunded {
+            let partial_release = charge.held() && refund.amount != charge.amount;
+            if charge.status == ChargeStatus::Failed
+                || refund.amount > unrefunded
+                || partial_release
+            {
                 return Err(format!(
                     "refund {} takes {} from charge {}, which has {unrefunded} left",
                     refund.id, refund.amount, refund.charge
@@ -489,6 +739,45 @@ impl Books {
     }
 }
 
+/// What a refund of `requested` (`None`: all that is left) of `charge`
+/// takes at `now_ms`, and the status it is made with; or why the charge
+/// cannot take it. A hold not captured is released: whole, `succeeded`.
+fn refundable(
+    charge: &Charge,
+    requested: Option<u64>,
+    status: RefundStatus,
+    now_ms: u64,
+) -> Result<(u64, RefundStatus), RefundRefusal> {
+    if charge.status == ChargeStatus::Failed {
+        return Err(RefundRefusal::ChargeFailed);
+    }
+    if charge.lapsed(now_ms) {
+        return Err(RefundRefusal::AlreadyRefunded);
+    }
+    if charge.held() {
+        let amount = requested.unwrap_or(charge.amount);
+        if amount != charge.amount {
+            return Err(RefundRefusal::PartialRelease {
+                requested: amount,
+                held: charge.amount,
+            });
+        }
+        return Ok((amount, RefundStatus::Succeeded));
+    }
+    let unrefunded = charge.amount.saturating_sub(charge.amount_refunded);
+    if unrefunded == 0 {
+        return Err(RefundRefusal::AlreadyRefunded);
+    }
+    let amount = requested.unwrap_or(unrefunded);
+    if amount > unrefunded {
+        return Err(RefundRefusal::TooLarge {
+            requested: amount,
+            unrefunded,
+        });
+    }
+    Ok((amount, status))
+}
+
 /// Counts `amount` (checked against what is left) as refunded.
 fn hold(charge: &mut Charge, amount: u64) {
     charge.amount_refunded = charge.amount_refunded.saturating_add(amount);
@@ -550,6 +839,7 @@ impl Ledger {
         self.write(&Line::Charge {
             charge: &charge,
             created_ms: charge.created_ms,
+            capture_deadline: charge.capture_deadline,
             idempotency_key: idempotency_key.as_deref(),
         })?;
         books.charges.push(ChargeEntry {
@@ -565,6 +855,10 @@ impl Ledger {
     /// against the charge until it fails). The check and the record are
     /// one critical section, so concurrent refunds can never add up to more
     /// than the charge, whatever the caller checked before.
+    ///
+    /// A refund of a hold not captured releases it, whole and at once
+    /// (`succeeded`, whatever `status`); a lapsed hold is released already.
+    /// After a capture, what is left is what was captured.
     pub(crate) fn refund(
         &self,
         request: RefundRequest,
@@ -575,20 +869,7 @@ impl Ledger {
         let charge = books
             .charge_mut(&request.charge)
             .ok_or(RefundRefusal::NoSuchCharge)?;
-        if charge.status == ChargeStatus::Failed {
-            return Err(RefundRefusal::ChargeFailed);
-        }
-        let unrefunded = charge.amount.saturating_sub(charge.amount_refunded);
-        if unrefunded == 0 {
-            return Err(RefundRefusal::AlreadyRefunded);
-        }
-        let amount = request.amount.unwrap_or(unrefunded);
-        if amount > unrefunded {
-            return Err(RefundRefusal::TooLarge {
-                requested: amount,
-                unrefunded,
-            });
-        }
+        let (amount, status) = refundable(charge, request.amount, status, unix_now_ms())?;
         // Everything that could fail comes before the first change.
         let refund = Refund {
             id: object_id("re"),
@@ -618,14 +899,47 @@ impl Ledger {
         Ok(refund)
     }
 
+    /// Captures `request.amount` (or all) of the hold `charge_id` and
+    /// releases the rest, unless the charge cannot take it (failed, captured
+    /// already, released, lapsed, or less than asked). The check and the
+    /// record are one critical section, so of concurrent captures exactly
+    /// one is made, whatever their callers checked before. The charge as
+    /// it stands after.
+    pub(crate) fn capture(
+        &self,
+        charge_id: &str,
+        request: CaptureRequest,
+        idempotency_key: Option<String>,
+    ) -> Result<Charge, CaptureRefusal> {
+        let mut books = self.lock();
+        let now_ms = unix_now_ms();
+        let charge = books
+            .charge_mut(charge_id)
+            .ok_or(CaptureRefusal::NoSuchCharge)?;
+        let amount = charge.capturable(request.amount, Some(now_ms))?;
+        let capture = Capture {
+            charge: charge.id.clone(),
+            amount,
+            idempotency_key,
+            created: now_ms / 1000,
+        };
+        self.write(&Line::Capture(&capture))
+            .map_err(|error| CaptureRefusal::NotRecorded(error.to_string()))?;
+        charge.take_capture(amount);
+        let captured = charge.clone();
+        books.captures.push(capture);
+        Ok(captured)
+    }
+
     /// The charge `id`, as it stands now.
     pub(crate) fn charge_by_id(&self, id: &str) -> Option<Charge> {
+        let now_ms = unix_now_ms();
         self.lock()
             .charges
             .iter()
             .map(|entry| &entry.charge)
             .find(|charge| charge.id == id)
-            .cloned()
+            .map(|charge| charge.as_of(now_ms))
     }
 
     /// The refund `id`, as it stands now.
@@ -699,6 +1013,7 @@ impl Ledger {
         starting_after: Option<&str>,
         limit: usize,
     ) -> Result<Page<Charge>, NoSuchCharge> {
+        let now_ms = unix_now_ms();
         let books = self.lock();
         let newest_first = books.charges.iter().rev().map(|entry| &entry.charge);
         let skip = match starting_after {
@@ -714,7 +1029,7 @@ impl Ledger {
         let matches = newest_first
             .skip(skip)
             .filter(|charge| created.contains(charge.created))
-            .cloned();
+            .map(|charge| charge.as_of(now_ms));
         Ok(Page::of(matches, limit))
     }
 
@@ -730,26 +1045,38 @@ impl Ledger {
             .map(|entry| &entry.charge)
             .filter(|charge| charge.metadata.get(key) == Some(value))
             .filter(|charge| charge.searchable(now_ms, lag_ms))
-            .cloned();
+            .map(|charge| charge.as_of(now_ms));
         Page::of(matches, limit)
     }
 
-    /// Every charge, oldest first.
+    /// Every charge, oldest first, as it reads now.
     pub(crate) fn charges(&self) -> Vec<ChargeRecord> {
+        let now_ms = unix_now_ms();
         self.lock()
             .charges
             .iter()
-            .map(|entry| ChargeRecord {
-                id: entry.charge.id.clone(),
-                amount: entry.charge.amount,
-                currency: entry.charge.currency.clone(),
-                status: entry.charge.status,
-                failure_code: entry.charge.failure_code,
-                idempotency_key: entry.idempotency_key.clone(),
-                metadata: entry.charge.metadata.clone(),
-                created: entry.charge.created,
+            .map(|entry| {
+                let charge = entry.charge.as_of(now_ms);
+                ChargeRecord {
+                    id: charge.id,
+                    amount: charge.amount,
+                    currency: charge.currency,
+                    status: charge.status,
+                    captured: charge.captured,
+                    amount_captured: charge.amount_captured,
+                    amount_refunded: charge.amount_refunded,
+                    failure_code: charge.failure_code,
+                    idempotency_key: entry.idempotency_key.clone(),
+                    metadata: charge.metadata,
+                    created: charge.created,
+                }
             })
             .collect()
+    }
+
+    /// Every capture made, oldest first.
+    pub(crate) fn captures(&self) -> Vec<Capture> {
+        self.lock().captures.clone()
     }
 
     /// Every refund, oldest first.
@@ -771,20 +1098,18 @@ impl Ledger {
     }
 
     pub(crate) fn stats(&self) -> Stats {
-        let (charges, refunds) = {
-            let books = self.lock();
-            (books.charges.len() as u64, books.refunds.len() as u64)
-        };
+        let (charges, refunds, captures) = self.lock().counts();
         Stats {
             requests: self.requests.load(Ordering::SeqCst),
             in_flight: self.in_flight.load(Ordering::SeqCst),
             max_in_flight: self.max_in_flight.load(Ordering::SeqCst),
-            charges,
-            refunds,
+            charges: charges as u64,
+            refunds: refunds as u64,
+            captures: captures as u64,
         }
     }
 
-    /// Forgets charges, refunds and counters. Requests still in flight stay
+    /// Forgets charges, refunds, captures and counters. Requests still in flight stay
     /// counted (their guards will decrement), so the high-water mark
     /// restarts there. With a ledger file, the file is replaced by an empty
     /// one first; if that fails, nothing is forgotten.
@@ -821,6 +1146,8 @@ impl Drop for InFlight {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]
@@ -850,7 +1177,12 @@ mod tests {
         }
     }
 
-    fn charge(amount: u64, decline: Option<Decline>) -> Charge {
+    const WEEK: HoldTerms = HoldTerms {
+        expiry_secs: 604_800,
+        show_deadline: true,
+    };
+
+    fn made(amount: u64, decline: Option<Decline>, capture: bool, terms: HoldTerms) -> Charge {
         Charge::new(
             ChargeRequest {
                 amount,
@@ -858,9 +1190,346 @@ mod tests {
                 source: "tok_visa".into(),
                 description: None,
                 metadata: BTreeMap::from([("order".into(), "42".into())]),
+                capture,
             },
             decline,
+            terms,
         )
+    }
+
+    fn charge(amount: u64, decline: Option<Decline>) -> Charge {
+        made(amount, decline, true, WEEK)
+    }
+
+    /// A hold of `amount` on `terms`, recorded; its id.
+    fn held_charge(ledger: &Ledger, amount: u64, terms: HoldTerms) -> String {
+        let hold = made(amount, None, false, terms);
+        let id = hold.id.clone();
+        assert!(ledger.record(hold, None).is_ok());
+        id
+    }
+
+    fn capture_of(amount: Option<u64>) -> CaptureRequest {
+        CaptureRequest { amount }
+    }
+
+    const DECLINE: Decline = Decline {
+        code: "card_declined",
+        decline_code: "generic_decline",
+        message: "Your card was declined.",
+    };
+
+    #[test]
+    fn a_hold_is_made_uncaptured_with_its_deadline() {
+        let hold = made(1000, None, false, WEEK);
+        assert!(hold.status == ChargeStatus::Succeeded && hold.paid && !hold.captured);
+        assert_eq!(hold.amount_captured, 0);
+        assert_eq!(hold.capture_deadline, Some(hold.created + 604_800));
+        assert_eq!(
+            hold.payment_method_details.card.capture_before,
+            hold.capture_deadline
+        );
+        let hidden = made(
+            1000,
+            None,
+            false,
+            HoldTerms {
+                show_deadline: false,
+                ..WEEK
+            },
+        );
+        assert!(hidden.capture_deadline.is_some());
+        assert_eq!(hidden.payment_method_details.card.capture_before, None);
+        let captured = charge(1000, None);
+        assert!(captured.captured && captured.amount_captured == 1000);
+        assert_eq!(captured.capture_deadline, None);
+        let declined = made(1000, Some(DECLINE), false, WEEK);
+        assert!(!declined.captured && declined.amount_captured == 0);
+        assert_eq!(declined.capture_deadline, None);
+    }
+
+    #[test]
+    fn a_hold_takes_one_capture_and_releases_the_rest() {
+        let ledger = Ledger::default();
+        let id = held_charge(&ledger, 1000, WEEK);
+        let captured = ledger.capture(&id, capture_of(Some(600)), Some("c1".into()));
+        assert!(captured.is_ok_and(|charge| charge.captured
+            && charge.amount_captured == 600
+            && charge.amount_refunded == 400
+            && !charge.refunded));
+        assert_eq!(
+            ledger.capture(&id, capture_of(None), None).err(),
+            Some(CaptureRefusal::AlreadyCaptured)
+        );
+        // What is left to refund is what was captured.
+        assert_eq!(
+            ledger
+                .refund(refund_of(&id, Some(601)), None, RefundStatus::Succeeded)
+                .err(),
+            Some(RefundRefusal::TooLarge {
+                requested: 601,
+                unrefunded: 600
+            })
+        );
+        let rest = ledger.refund(refund_of(&id, None), None, RefundStatus::Succeeded);
+        assert!(rest.is_ok_and(|refund| refund.amount == 600));
+        assert!(
+            ledger
+                .charge_by_id(&id)
+                .is_some_and(|charge| charge.refunded
+                    && charge.captured
+                    && charge.amount_refunded == 1000)
+        );
+        assert_eq!(
+            ledger.captures(),
+            [Capture {
+                charge: id,
+                amount: 600,
+                idempotency_key: Some("c1".into()),
+                created: ledger.captures().first().map_or(0, |c| c.created),
+            }]
+        );
+        assert_eq!(ledger.stats().captures, 1);
+    }
+
+    #[test]
+    fn concurrent_captures_make_exactly_one() {
+        let ledger = Ledger::default();
+        let id = held_charge(&ledger, 1000, WEEK);
+        let start = std::sync::Barrier::new(20);
+        let made = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..20)
+                .map(|_| {
+                    scope.spawn(|| {
+                        start.wait();
+                        ledger.capture(&id, capture_of(Some(100)), None).is_ok()
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|thread| thread.join())
+                .filter(|joined| matches!(joined, Ok(true)))
+                .count()
+        });
+        assert_eq!(made, 1);
+        assert_eq!(ledger.captures().len(), 1);
+    }
+
+    #[test]
+    fn a_refund_releases_a_hold_whole_and_it_is_never_captured() {
+        let ledger = Ledger::default();
+        let id = held_charge(&ledger, 1000, WEEK);
+        assert_eq!(
+            ledger
+                .refund(refund_of(&id, Some(500)), None, RefundStatus::Succeeded)
+                .err(),
+            Some(RefundRefusal::PartialRelease {
+                requested: 500,
+                held: 1000
+            })
+        );
+        // A release is at once, whatever the configured refund status.
+        let released = ledger.refund(refund_of(&id, Some(1000)), None, RefundStatus::Pending);
+        assert!(
+            released.is_ok_and(
+                |refund| refund.amount == 1000 && refund.status == RefundStatus::Succeeded
+            )
+        );
+        assert!(
+            ledger
+                .charge_by_id(&id)
+                .is_some_and(|charge| charge.refunded
+                    && !charge.captured
+                    && charge.amount_refunded == 1000
+                    && charge.amount_captured == 0)
+        );
+        assert_eq!(
+            ledger.capture(&id, capture_of(None), None).err(),
+            Some(CaptureRefusal::AlreadyRefunded)
+        );
+        assert_eq!(
+            ledger
+                .refund(refund_of(&id, None), None, RefundStatus::Succeeded)
+                .err(),
+            Some(RefundRefusal::AlreadyRefunded)
+        );
+        assert!(ledger.captures().is_empty());
+    }
+
+    #[test]
+    fn a_lapsed_hold_reads_released_and_takes_nothing() {
+        let ledger = Ledger::default();
+        let lapsed = held_charge(
+            &ledger,
+            1000,
+            HoldTerms {
+                expiry_secs: 0,
+                show_deadline: true,
+            },
+        );
+        for charge in [
+            ledger.charge_by_id(&lapsed),
+            ledger.search("order", "42", 0, 1).data.first().cloned(),
+        ] {
+            assert!(charge.is_some_and(|charge| charge.refunded
+                && !charge.captured
+                && charge.amount_refunded == 1000));
+        }
+        assert_eq!(
+            ledger.capture(&lapsed, capture_of(None), None).err(),
+            Some(CaptureRefusal::Expired)
+        );
+        assert_eq!(
+            ledger
+                .refund(refund_of(&lapsed, None), None, RefundStatus::Succeeded)
+                .err(),
+            Some(RefundRefusal::AlreadyRefunded)
+        );
+        // The other refusals.
+        let declined = made(1000, Some(DECLINE), false, WEEK);
+        let declined_id = declined.id.clone();
+        assert!(ledger.record(declined, None).is_ok());
+        let captured = charge(1000, None);
+        let captured_id = captured.id.clone();
+        assert!(ledger.record(captured, None).is_ok());
+        let held = held_charge(&ledger, 1000, WEEK);
+        for (id, amount, refusal) in [
+            (declined_id.as_str(), None, CaptureRefusal::ChargeFailed),
+            (&captured_id, None, CaptureRefusal::AlreadyCaptured),
+            ("ch_nope", None, CaptureRefusal::NoSuchCharge),
+            (
+                &held,
+                Some(1001),
+                CaptureRefusal::TooLarge {
+                    requested: 1001,
+                    held: 1000,
+                },
+            ),
+        ] {
+            assert_eq!(
+                ledger.capture(id, capture_of(amount), None).err(),
+                Some(refusal)
+            );
+        }
+        assert!(ledger.captures().is_empty());
+    }
+
+    /// `charge`, through its ledger file line and back.
+    fn reread(charge: &Charge) -> Result<Charge, serde_json::Error> {
+        serde_json::from_value(serde_json::to_value(charge)?)
+    }
+
+    #[test]
+    fn replayed_books_rebuild_captures_and_releases() -> Result<(), serde_json::Error> {
+        let ledger = Ledger::default();
+        let partly = held_charge(&ledger, 1000, WEEK);
+        let released = held_charge(&ledger, 700, WEEK);
+        let lapsed = held_charge(
+            &ledger,
+            500,
+            HoldTerms {
+                expiry_secs: 0,
+                show_deadline: false,
+            },
+        );
+        assert!(ledger.capture(&partly, capture_of(Some(600)), None).is_ok());
+        assert!(
+            ledger
+                .refund(refund_of(&partly, Some(100)), None, RefundStatus::Succeeded)
+                .is_ok()
+        );
+        assert!(
+            ledger
+                .refund(refund_of(&released, None), None, RefundStatus::Succeeded)
+                .is_ok()
+        );
+
+        // What `LedgerFile::open` does with the lines it reads.
+        let mut books = Books::default();
+        {
+            let live = ledger.lock();
+            for entry in &live.charges {
+                let charge = reread(&entry.charge)?;
+                books.replay_charge(
+                    charge,
+                    entry.charge.created_ms,
+                    entry.charge.capture_deadline,
+                    None,
+                );
+            }
+            for capture in &live.captures {
+                assert_eq!(books.replay_capture(capture.clone()), Ok(()));
+            }
+            for entry in &live.refunds {
+                assert_eq!(books.replay_refund(entry.refund.clone(), None), Ok(()));
+            }
+        }
+        let now_ms = unix_now_ms();
+        let state = |books: &mut Books, id: &str| {
+            books.charge_mut(id).map(|charge| {
+                let charge = charge.as_of(now_ms);
+                (
+                    charge.captured,
+                    charge.amount_captured,
+                    charge.amount_refunded,
+                    charge.refunded,
+                )
+            })
+        };
+        assert_eq!(state(&mut books, &partly), Some((true, 600, 500, false)));
+        assert_eq!(state(&mut books, &released), Some((false, 0, 700, true)));
+        assert_eq!(state(&mut books, &lapsed), Some((false, 0, 500, true)));
+        assert_eq!(books.counts(), (3, 2, 1));
+
+        // A capture the charge could not have taken: not a file the sandbox wrote.
+        let again = Capture {
+            charge: partly.clone(),
+            amount: 1,
+            idempotency_key: None,
+            created: 1,
+        };
+        assert!(
+            books
+                .replay_capture(again)
+                .is_err_and(|error| error.contains("AlreadyCaptured"))
+        );
+        let orphan = Capture {
+            charge: "ch_nope".into(),
+            amount: 1,
+            idempotency_key: None,
+            created: 1,
+        };
+        assert!(books.replay_capture(orphan).is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn a_charge_from_before_holds_reads_as_captured_when_made() -> Result<(), serde_json::Error> {
+        // A version 1 ledger file's charge: no amount_captured, no
+        // payment_method_details, no deadline beside it.
+        let old = json!({"id": "ch_old", "amount": 4900, "amount_refunded": 100,
+            "currency": "gbp", "status": "succeeded", "paid": true, "captured": true,
+            "refunded": false, "livemode": false, "source": "tok_visa", "description": null,
+            "metadata": {}, "created": 1_700_000_000, "failure_code": null,
+            "failure_message": null});
+        let mut books = Books::default();
+        books.replay_charge(serde_json::from_value(old)?, 1_700_000_000_000, None, None);
+        let charge = books.charge_mut("ch_old").map(|charge| charge.clone());
+        let wire = serde_json::to_value(charge.as_ref().map(|charge| charge.as_of(0)))?;
+        assert_eq!(
+            (
+                &wire["captured"],
+                &wire["amount_captured"],
+                &wire["amount_refunded"]
+            ),
+            (&json!(true), &json!(4900), &json!(0))
+        );
+        assert_eq!(
+            wire["payment_method_details"],
+            json!({"type": "card", "card": {}})
+        );
+        Ok(())
     }
 
     fn refund_of(charge: &str, amount: Option<u64>) -> RefundRequest {
@@ -946,14 +1615,7 @@ mod tests {
     #[test]
     fn unknown_and_failed_charges_are_not_refunded() {
         let ledger = Ledger::default();
-        let declined = charge(
-            1000,
-            Some(Decline {
-                code: "card_declined",
-                decline_code: "generic_decline",
-                message: "Your card was declined.",
-            }),
-        );
+        let declined = charge(1000, Some(DECLINE));
         let id = declined.id.clone();
         assert!(ledger.record(declined, None).is_ok());
         assert_eq!(

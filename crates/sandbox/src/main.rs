@@ -4,16 +4,16 @@
 //! `payments-sandbox listening on http://IP:PORT`, so a test that starts it
 //! with `--listen 127.0.0.1:0` can read the port. Logs go to stderr.
 //!
-//! With `--ledger PATH` (`SANDBOX_LEDGER`) its charges, refunds and answered
-//! idempotency keys are kept in that file across restarts (the crate's
-//! `journal` module); without, in memory only.
+//! With `--ledger PATH` (`SANDBOX_LEDGER`) its charges, refunds, captures
+//! and answered idempotency keys are kept in that file across restarts (the
+//! crate's `journal` module); without, in memory only.
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{ArgAction, Parser};
 // Boolean env vars accept 1/0, yes/no, on/off as well as true/false.
 use clap::builder::BoolishValueParser;
 use payments_sandbox::{LedgerFile, RefundStatus, SandboxConfig};
@@ -28,26 +28,30 @@ struct Args {
     /// Address to listen on; port 0 picks a free one.
     #[arg(long, env = "SANDBOX_LISTEN_ADDR", default_value = "127.0.0.1:12111")]
     listen: SocketAddr,
-    /// Keep the ledger (charges, refunds and the idempotency keys answered)
-    /// in this file across restarts; created if missing. Unset: in memory.
+    /// Keep the ledger (charges, refunds, captures and the idempotency keys
+    /// answered) in this file across restarts; created if missing. Unset: in
+    /// memory.
     #[arg(long, env = "SANDBOX_LEDGER")]
     ledger: Option<PathBuf>,
-    /// Milliseconds to wait before processing each charge or refund.
+    /// Milliseconds to wait before processing each charge, refund or
+    /// capture.
     #[arg(long, env = "SANDBOX_LATENCY_MS", default_value_t = 0)]
     latency_ms: u64,
-    /// Probability (0.0-1.0) of answering a charge or refund with 500 and
-    /// doing nothing; the 500 is saved under the idempotency key and
+    /// Probability (0.0-1.0) of answering a charge, refund or capture with
+    /// 500 and doing nothing; the 500 is saved under the idempotency key and
     /// replayed to every retry with it, as Stripe does.
     #[arg(long, env = "SANDBOX_ERROR_RATE", default_value_t = 0.0, value_parser = parse_rate)]
     error_rate: f64,
-    /// Probability (0.0-1.0) of answering a charge or refund with 429
-    /// before its idempotency key is looked at: nothing done, nothing saved.
+    /// Probability (0.0-1.0) of answering a charge, refund or capture with
+    /// 429 before its idempotency key is looked at: nothing done, nothing
+    /// saved.
     #[arg(long, env = "SANDBOX_RATE_LIMIT_RATE", default_value_t = 0.0, value_parser = parse_rate)]
     rate_limit_rate: f64,
-    /// Never answer charge or refund requests, and do nothing.
+    /// Never answer charge, refund or capture requests, and do nothing.
     #[arg(long, env = "SANDBOX_HANG", value_parser = BoolishValueParser::new())]
     hang: bool,
-    /// Charge (or refund), then close the connection without answering.
+    /// Charge (or refund, or capture), then close the connection without
+    /// answering.
     #[arg(long, env = "SANDBOX_DROP_AFTER_CHARGE", value_parser = BoolishValueParser::new())]
     drop_after_charge: bool,
     /// Seconds the sandbox remembers an idempotency key (Stripe: 24 h).
@@ -67,6 +71,14 @@ struct Args {
     /// A restricted key without permission on `/v1`: answered 403.
     #[arg(long, env = "SANDBOX_RESTRICTED_KEY", hide_env_values = true)]
     restricted_key: Option<String>,
+    /// Seconds a hold (a charge with `capture=false`) can be captured for:
+    /// its `capture_before` is its creation plus this; then it is released.
+    #[arg(long, env = "SANDBOX_HOLD_EXPIRY_SECONDS", default_value_t = payments_sandbox::DEFAULT_HOLD_EXPIRY_SECS)]
+    hold_expiry_seconds: u64,
+    /// Whether a hold's answers show its `capture_before` (`false`: left
+    /// out; the hold still lapses on time).
+    #[arg(long, env = "SANDBOX_SEND_CAPTURE_BEFORE", default_value_t = true, action = ArgAction::Set, value_parser = BoolishValueParser::new())]
+    send_capture_before: bool,
 }
 
 fn parse_refund_status(raw: &str) -> Result<RefundStatus, String> {
@@ -106,6 +118,8 @@ async fn main() -> anyhow::Result<()> {
         refund_status: args.refund_status,
         secret_key: args.secret_key,
         restricted_key: args.restricted_key,
+        hold_expiry_seconds: args.hold_expiry_seconds,
+        send_capture_before: args.send_capture_before,
         ..SandboxConfig::default()
     };
     config.validate().context("invalid sandbox configuration")?;

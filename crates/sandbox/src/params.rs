@@ -1,7 +1,8 @@
-//! Request parameters: the form-encoded bodies of `POST /v1/charges` and
-//! `POST /v1/refunds` (raw pairs, their fingerprint for idempotency, and
-//! validation into a [`ChargeRequest`] or a [`RefundRequest`]), and the query
-//! strings of the `GET` endpoints, which use the same encoding.
+//! Request parameters: the form-encoded bodies of `POST /v1/charges`,
+//! `POST /v1/refunds` and `POST /v1/charges/{id}/capture` (raw pairs, their
+//! fingerprint for idempotency, and validation into a [`ChargeRequest`], a
+//! [`RefundRequest`] or a [`CaptureRequest`]), and the query strings of the
+//! `GET` endpoints, which use the same encoding.
 //!
 //! The fingerprint is taken over the raw pairs, before validation, because
 //! Stripe stores validation errors under the idempotency key too: a retry with
@@ -45,6 +46,17 @@ pub(crate) struct ChargeRequest {
     pub(crate) source: String,
     pub(crate) description: Option<String>,
     pub(crate) metadata: BTreeMap<String, String>,
+    /// Stripe's `capture`: `false` makes a hold (the card authorised, the
+    /// amount captured later); `true` unless sent.
+    pub(crate) capture: bool,
+}
+
+/// A capture request that passed validation. Whether the charge is a hold
+/// that can still take it is the ledger's to decide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CaptureRequest {
+    /// Minor units; `None` captures the whole amount held.
+    pub(crate) amount: Option<u64>,
 }
 
 /// A refund request that passed validation. Whether the charge exists and
@@ -185,7 +197,10 @@ impl FormParams {
 
     /// Validates the parameters as Stripe's charge endpoint does.
     pub(crate) fn charge_request(&self) -> Result<ChargeRequest, ApiError> {
-        let known = self.sort(&["amount", "currency", "source", "description"], true)?;
+        let known = self.sort(
+            &["amount", "currency", "source", "description", "capture"],
+            true,
+        )?;
         Ok(ChargeRequest {
             amount: parse_amount(known.non_empty("amount"))?,
             currency: parse_currency(known.non_empty("currency"))?,
@@ -194,8 +209,20 @@ impl FormParams {
                 .map(str::to_owned)
                 .ok_or_else(|| missing("source"))?,
             description: known.get("description").map(str::to_owned),
+            capture: parse_bool("capture", known.non_empty("capture"), true)?,
             metadata: known.metadata,
         })
+    }
+
+    /// Validates the parameters as Stripe's capture endpoint does (the
+    /// subset the sandbox supports: `amount` only).
+    pub(crate) fn capture_request(&self) -> Result<CaptureRequest, ApiError> {
+        let known = self.sort(&["amount"], false)?;
+        let amount = match known.non_empty("amount") {
+            None => None,
+            amount => Some(parse_amount(amount)?),
+        };
+        Ok(CaptureRequest { amount })
     }
 
     /// Validates the parameters as Stripe's refund endpoint does (the subset
@@ -369,6 +396,20 @@ fn parse_amount(raw: Option<&str>) -> Result<u64, ApiError> {
     Ok(amount)
 }
 
+/// An optional boolean, `true` or `false` as Stripe spells them; `default`
+/// when absent (or empty, which Stripe reads as not set).
+fn parse_bool(param: &'static str, raw: Option<&str>, default: bool) -> Result<bool, ApiError> {
+    match raw {
+        None => Ok(default),
+        Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        Some(raw) => Err(ApiError::invalid_request(format!(
+            "Invalid boolean: {raw} (send true or false)"
+        ))
+        .with_param(param)),
+    }
+}
+
 fn parse_currency(raw: Option<&str>) -> Result<String, ApiError> {
     let raw = raw.ok_or_else(|| missing("currency"))?;
     if raw.len() != 3 || !raw.bytes().all(|byte| byte.is_ascii_alphabetic()) {
@@ -461,6 +502,45 @@ mod tests {
             Some("42")
         );
         assert_eq!(request.metadata.get("note").map(String::as_str), Some("hi"));
+        assert!(request.capture);
+        Ok(())
+    }
+
+    #[test]
+    fn capture_is_a_boolean_and_a_capture_takes_an_amount() -> Result<(), ApiError> {
+        let charge = "amount=1&currency=gbp&source=tok_visa";
+        for (extra, capture) in [("", true), ("&capture=", true), ("&capture=true", true)] {
+            assert_eq!(
+                params(&format!("{charge}{extra}"))?
+                    .charge_request()?
+                    .capture,
+                capture
+            );
+        }
+        assert!(
+            !params(&format!("{charge}&capture=false"))?
+                .charge_request()?
+                .capture
+        );
+        for bad in ["yes", "1", "False"] {
+            assert!(
+                params(&format!("{charge}&capture={bad}"))?
+                    .charge_request()
+                    .is_err(),
+                "accepted capture={bad}"
+            );
+        }
+        assert_eq!(params("")?.capture_request()?.amount, None);
+        assert_eq!(params("amount=600")?.capture_request()?.amount, Some(600));
+        for bad in [
+            "amount=0",
+            "amount=-5",
+            "amount=1.5",
+            "metadata[a]=b",
+            "currency=gbp",
+        ] {
+            assert!(params(bad)?.capture_request().is_err(), "accepted {bad}");
+        }
         Ok(())
     }
 

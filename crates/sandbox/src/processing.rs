@@ -1,20 +1,23 @@
-//! The path every `POST /v1/*` endpoint shares: authentication, the
-//! idempotency decision, and the processing with the configured faults.
-//! An endpoint supplies only its own work, an [`Operation`].
+//! The path every `POST /v1/*` endpoint shares (charges, refunds and
+//! captures): authentication, the idempotency decision, and the processing
+//! with the configured faults. An endpoint supplies only its own work, an
+//! [`Operation`], and, for a route on one object
+//! (`/v1/charges/{id}/capture`), that object's id.
 //!
 //! The processing (latency, faults, the operation, storing the answer) runs
 //! in a spawned task that the handler awaits. hyper drops a handler's future
 //! when the client disconnects; the spawned task is not dropped with it, so a
-//! slow charge or refund still completes and is stored after the caller gave
-//! up, as at a real provider. That is what makes a client-side timeout
-//! dangerous, and what the payments API must cope with.
+//! slow charge, refund or capture still completes and is stored after the
+//! caller gave up, as at a real provider. That is what makes a client-side
+//! timeout dangerous, and what the payments API must cope with.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Extension;
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::Path;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use rand::Rng;
@@ -32,18 +35,30 @@ use crate::state::AppState;
 /// What one endpoint does once a request got past the key and the faults.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Operation {
-    /// The route, hashed into the idempotency fingerprint: a key first used
-    /// on another endpoint is a parameter mismatch, as at Stripe.
+    /// The route, hashed into the idempotency fingerprint with the
+    /// object's id in place of `{id}`: a key first used on another endpoint,
+    /// or on another object's, is a parameter mismatch, as at Stripe.
     pub(crate) path: &'static str,
-    /// What it makes, for logs and messages: `charge`, `refund`.
+    /// What it makes, for logs and messages: `charge`, `refund`, `capture`.
     pub(crate) object: &'static str,
     /// Validates the parameters and applies them to the ledger, recording
     /// the idempotency key with what it made. Returns the final answer
     /// (stored under the key) and whether something was recorded: only then
     /// does `drop_after_charge` close the connection. The request's config
-    /// says how (a refund's `refund_status`, the answer overrides).
-    pub(crate) apply:
-        fn(&Ledger, &SandboxConfig, &FormParams, Option<&str>) -> (StoredResponse, bool),
+    /// says how (a refund's `refund_status`, a hold's expiry, the answer
+    /// overrides).
+    pub(crate) apply: fn(&Ledger, &SandboxConfig, &Call<'_>) -> (StoredResponse, bool),
+}
+
+/// What one request asks of its [`Operation`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Call<'a> {
+    /// The form parameters, not yet validated.
+    pub(crate) params: &'a FormParams,
+    /// The `{id}` of a route on one object; `None` on the others.
+    pub(crate) object_id: Option<&'a str>,
+    /// The idempotency key, recorded with what the request makes.
+    pub(crate) key: Option<&'a str>,
 }
 
 /// How a processed request ends.
@@ -60,18 +75,19 @@ enum Outcome {
     CloseConnection,
 }
 
-/// The body of every `POST /v1/*` handler. Counts the request as in flight
-/// for as long as it runs, including when it is cancelled because the client
-/// went away.
+/// The body of every `POST /v1/*` handler; `object_id` is the `{id}` of a
+/// route on one object. Counts the request as in flight for as long as it
+/// runs, including when it is cancelled because the client went away.
 pub(crate) async fn serve(
     state: AppState,
     connection: Option<Extension<ConnectionControl>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
     operation: Operation,
+    object_id: Option<String>,
 ) -> Response {
     let _in_flight = state.ledger.begin_request();
-    match handle(&state, &headers, body, operation).await {
+    match handle(&state, &headers, body, operation, object_id).await {
         Ok(Outcome::Respond(response)) => response.into_response(),
         Ok(Outcome::Replay(response)) => response.replayed(),
         Ok(Outcome::Hang) => std::future::pending().await,
@@ -96,6 +112,7 @@ async fn handle(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     operation: Operation,
+    object_id: Option<String>,
 ) -> Result<Outcome, ApiError> {
     let api_key = api_key(headers)?;
     let key = idempotency_key(headers)?;
@@ -118,7 +135,7 @@ async fn handle(
         None => None,
         Some(key) => match state.keys.begin(
             ScopedKey::new(&api_key, key),
-            params.fingerprint(operation.path),
+            params.fingerprint(&endpoint(operation.path, object_id.as_deref())),
             config.key_retention(),
         ) {
             Decision::Process(claim) => Some(claim),
@@ -132,6 +149,7 @@ async fn handle(
         state.ledger.clone(),
         config,
         params,
+        object_id,
         claim,
         operation,
     ));
@@ -146,12 +164,22 @@ async fn handle(
     })
 }
 
+/// The route as the fingerprint hashes it: `path` with `object_id` in
+/// place of `{id}`.
+fn endpoint(path: &str, object_id: Option<&str>) -> String {
+    match object_id {
+        Some(id) => path.replace("{id}", id),
+        None => path.to_owned(),
+    }
+}
+
 /// Latency, then the faults in order, then the operation. Owns the claim:
 /// any way out that does not complete it releases the key.
 async fn process(
     ledger: Arc<Ledger>,
     config: SandboxConfig,
     params: FormParams,
+    object_id: Option<String>,
     claim: Option<Claim>,
     operation: Operation,
 ) -> Outcome {
@@ -178,8 +206,12 @@ async fn process(
         }
         return Outcome::Respond(response);
     }
-    let key = claim.as_ref().map(Claim::key);
-    let (response, recorded) = (operation.apply)(&ledger, &config, &params, key);
+    let call = Call {
+        params: &params,
+        object_id: object_id.as_deref(),
+        key: claim.as_ref().map(Claim::key),
+    };
+    let (response, recorded) = (operation.apply)(&ledger, &config, &call);
     if let Some(claim) = claim {
         claim.complete(response.clone());
     }
@@ -215,6 +247,15 @@ pub(crate) fn api_key(headers: &HeaderMap) -> Result<String, ApiError> {
         return Err(unauthorized());
     }
     Ok(key.to_owned())
+}
+
+/// The `{id}` of a route on one object, or Stripe's 400 envelope (not
+/// axum's plain-text rejection) when the path does not decode.
+pub(crate) fn path_id(path: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    path.map(|Path(id)| id).map_err(|rejection| {
+        ApiError::invalid_request(format!("Invalid URL: {}", rejection.body_text()))
+            .with_param("id")
+    })
 }
 
 /// The optional `Idempotency-Key` header: one line, 1-255 visible characters.

@@ -1,11 +1,13 @@
 //! `POST /v1/refunds`, `GET /v1/refunds` and `GET /v1/refunds/{id}`:
 //! Stripe's refunds of the sandbox's own charges. Creating one takes the
 //! shared path in `processing` (key, faults); the refund itself is one
-//! critical section in the ledger. `POST /_sandbox/refunds/{id}` settles a
-//! pending one, as Stripe's test helpers do.
+//! critical section in the ledger. A refund of a hold not captured
+//! releases it (whole, at once: a `succeeded` refund of its amount).
+//! `POST /_sandbox/refunds/{id}` settles a pending one, as Stripe's test
+//! helpers do.
 
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
@@ -16,7 +18,7 @@ use crate::config::{RefundStatus, SandboxConfig};
 use crate::error::ApiError;
 use crate::ledger::{Ledger, ListRefusal, Refund, RefundRefusal, SettleRefusal};
 use crate::params::FormParams;
-use crate::processing::{self, Operation};
+use crate::processing::{self, Call, Operation};
 use crate::response::StoredResponse;
 use crate::server::ConnectionControl;
 use crate::state::AppState;
@@ -34,20 +36,17 @@ pub(crate) async fn create_refund(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    processing::serve(state, connection, headers, body, REFUNDS).await
+    processing::serve(state, connection, headers, body, REFUNDS, None).await
 }
 
 /// Validates and refunds, with the configured `refund_status` and the
-/// config's answer overrides. Returns the
-/// final answer and whether a refund was recorded; a refusal records
-/// nothing, so it is answered even under `drop_after_charge`.
-fn refund(
-    ledger: &Ledger,
-    config: &SandboxConfig,
-    params: &FormParams,
-    key: Option<&str>,
-) -> (StoredResponse, bool) {
-    let mut request = match params.refund_request() {
+/// config's answer overrides (a hold not captured is released instead:
+/// whole, `succeeded`). Returns the final answer and whether a refund was
+/// recorded; a refusal records nothing, so it is answered even under
+/// `drop_after_charge`.
+fn refund(ledger: &Ledger, config: &SandboxConfig, call: &Call<'_>) -> (StoredResponse, bool) {
+    let key = call.key;
+    let mut request = match call.params.refund_request() {
         Ok(request) => request,
         Err(error) => return (error.to_stored(), false),
     };
@@ -98,6 +97,12 @@ fn refusal_error(charge: &str, refusal: RefundRefusal) -> ApiError {
              ({unrefunded})"
         ))
         .with_code("amount_too_large")
+        .with_param("amount"),
+        // Stripe releases an uncaptured charge whole; no code of its own.
+        RefundRefusal::PartialRelease { requested, held } => ApiError::invalid_request(format!(
+            "Charge {charge} is an uncaptured hold of {held}: a refund releases it whole, so \
+             leave out amount or send {held} (got {requested})."
+        ))
         .with_param("amount"),
         RefundRefusal::NotRecorded(error) => {
             tracing::error!(%error, "the refund was not recorded");
@@ -165,9 +170,10 @@ pub(crate) async fn list_refunds(
 pub(crate) async fn retrieve_refund(
     State(state): State<AppState>,
     headers: HeaderMap,
-    Path(id): Path<String>,
+    path: Result<Path<String>, PathRejection>,
 ) -> Result<Json<Refund>, ApiError> {
     processing::api_key(&headers)?;
+    let id = processing::path_id(path)?;
     state
         .ledger
         .refund_by_id(&id)

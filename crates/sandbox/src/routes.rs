@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use crate::config::SandboxConfig;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{access, charges, refunds, search};
+use crate::{access, captures, charges, refunds, search};
 
 /// Every route the sandbox serves.
 pub(crate) fn router(state: AppState) -> Router {
@@ -23,6 +23,7 @@ pub(crate) fn router(state: AppState) -> Router {
         )
         .route("/v1/charges/search", get(search::search_charges))
         .route("/v1/charges/{id}", get(charges::retrieve_charge))
+        .route("/v1/charges/{id}/capture", post(captures::capture_charge))
         .route(
             "/v1/refunds",
             post(refunds::create_refund).get(refunds::list_refunds),
@@ -37,6 +38,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .route("/_sandbox/charges", get(list_charges))
         .route("/_sandbox/refunds", get(list_refunds))
         .route("/_sandbox/refunds/{id}", post(refunds::settle_refund))
+        .route("/_sandbox/captures", get(captures::list_captures))
         .route("/_sandbox/stats", get(stats))
         .route("/_sandbox/requests", get(list_requests))
         .route("/_sandbox/reset", post(reset))
@@ -89,7 +91,7 @@ async fn reset(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     state
         .reset()
         .map_err(|error| ApiError::internal(format!("The sandbox was not reset: {error}")))?;
-    tracing::info!("sandbox reset: charges, refunds, keys and counters cleared");
+    tracing::info!("sandbox reset: charges, refunds, captures, keys and counters cleared");
     Ok(Json(json!({ "status": "ok" })))
 }
 

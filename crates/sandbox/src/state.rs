@@ -71,10 +71,10 @@ impl AppState {
         *self.config.write().unwrap_or_else(PoisonError::into_inner) = config;
     }
 
-    /// Forgets charges, refunds, keys, counters and the request log; keeps
-    /// the config. With a ledger file, it is replaced by an empty one
-    /// first (keys and books locked, so nothing is written in between); if
-    /// that fails, nothing is forgotten.
+    /// Forgets charges, refunds, captures, keys, counters and the request
+    /// log; keeps the config. With a ledger file, it is replaced by an empty
+    /// one first (keys and books locked, so nothing is written in between);
+    /// if that fails, nothing is forgotten.
     pub(crate) fn reset(&self) -> Result<(), JournalError> {
         self.keys.clear_after(|| self.ledger.reset())?;
         self.requests.clear();

@@ -1,13 +1,15 @@
 //! The ledger file over real HTTP on loopback: a sandbox stopped and started
 //! again on the same file (in process, and the binary killed with SIGKILL)
-//! still knows its charges, refunds and the answers stored under its
-//! idempotency keys; a damaged file refuses to start, naming itself. Each
-//! test has a directory of its own.
+//! still knows its charges, refunds, holds, captures and the answers stored
+//! under its idempotency keys; a damaged file refuses to start, naming
+//! itself; a file written before holds still reads. Each test has a
+//! directory of its own.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use payments_sandbox::{LedgerFile, SandboxConfig, SandboxHandle};
 use reqwest::StatusCode;
@@ -252,6 +254,213 @@ async fn a_restarted_sandbox_remembers_charges_refunds_and_keys() -> TestResult 
         .await?;
     assert_eq!(again.json["error"]["code"], "charge_already_refunded");
     third.handle.stop().await;
+    Ok(())
+}
+
+const HOLD: &[(&str, &str)] = &[
+    ("amount", "1000"),
+    ("currency", "gbp"),
+    ("source", "tok_visa"),
+    ("capture", "false"),
+];
+
+/// `captured`, `amount_captured`, `amount_refunded`, `refunded` of the
+/// charge `id` as `GET /v1/charges/{id}` reads it.
+async fn money(sandbox: &Sandbox, id: &str) -> Result<Value, reqwest::Error> {
+    let charge = sandbox.get(&format!("/v1/charges/{id}")).await?;
+    Ok(json!([
+        charge["captured"],
+        charge["amount_captured"],
+        charge["amount_refunded"],
+        charge["refunded"]
+    ]))
+}
+
+#[tokio::test]
+async fn a_restarted_sandbox_remembers_captures_releases_and_lapses() -> TestResult {
+    let dir = TempDir::new()?;
+    let path = dir.join("ledger.jsonl");
+
+    // First life: a hold partly captured, one released, one still held, and
+    // one that lapses while the sandbox is down (its deadline unsaid).
+    let first = Sandbox::start(&path).await?;
+    let partly = id(&first.post("/v1/charges", HOLD, "hold-1").await?)?;
+    let released = id(&first.post("/v1/charges", HOLD, "hold-2").await?)?;
+    let held = id(&first.post("/v1/charges", HOLD, "hold-3").await?)?;
+    first
+        .post_json(
+            "/_sandbox/config",
+            &json!({"hold_expiry_seconds": 1, "send_capture_before": false}),
+        )
+        .await?;
+    let lapsing = first.post("/v1/charges", HOLD, "hold-4").await?;
+    assert_eq!(lapsing.json["payment_method_details"]["card"], json!({}));
+    let lapsing_created = lapsing.json["created"].as_u64().ok_or("no created")?;
+    let lapsing = id(&lapsing)?;
+    let capture_path = format!("/v1/charges/{partly}/capture");
+    let captured = first
+        .post(&capture_path, &[("amount", "600")], "capture-1")
+        .await?;
+    assert_eq!(captured.status, StatusCode::OK, "{}", captured.json);
+    let release_form = [
+        ("charge", released.as_str()),
+        ("metadata[payments_refund_id]", "rf_1"),
+    ];
+    let release = first
+        .post("/v1/refunds", &release_form, "release-1")
+        .await?;
+    assert_eq!(release.status, StatusCode::OK, "{}", release.json);
+    first.handle.stop().await;
+    let written = std::fs::read_to_string(&path)?;
+    assert!(written.contains(r#"{"capture":{"charge":""#), "{written}");
+
+    // Second life, once the fourth hold's deadline passed.
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
+    let due = Duration::from_secs(lapsing_created + 1) + Duration::from_millis(50);
+    tokio::time::sleep(due.saturating_sub(now)).await;
+    let second = Sandbox::start(&path).await?;
+    let replayed = second
+        .post(&capture_path, &[("amount", "600")], "capture-1")
+        .await?;
+    assert_eq!(
+        (replayed.status, replayed.replayed, &replayed.bytes),
+        (StatusCode::OK, true, &captured.bytes)
+    );
+    let again = second.post(&capture_path, &[], "capture-2").await?;
+    assert_eq!(again.json["error"]["code"], "charge_already_captured");
+    let released_capture = second
+        .post(&format!("/v1/charges/{released}/capture"), &[], "capture-3")
+        .await?;
+    assert_eq!(
+        released_capture.json["error"]["code"],
+        "charge_already_refunded"
+    );
+    let lapsed_capture = second
+        .post(&format!("/v1/charges/{lapsing}/capture"), &[], "capture-4")
+        .await?;
+    assert_eq!(
+        lapsed_capture.json["error"]["code"],
+        "charge_expired_for_capture"
+    );
+    let now_captured = second
+        .post(&format!("/v1/charges/{held}/capture"), &[], "capture-5")
+        .await?;
+    assert_eq!(now_captured.status, StatusCode::OK, "{}", now_captured.json);
+    assert_eq!(
+        money(&second, &partly).await?,
+        json!([true, 600, 400, false])
+    );
+    assert_eq!(
+        money(&second, &released).await?,
+        json!([false, 0, 1000, true])
+    );
+    assert_eq!(
+        money(&second, &lapsing).await?,
+        json!([false, 0, 1000, true])
+    );
+    let refunds = second
+        .get(&format!("/v1/refunds?charge={released}"))
+        .await?;
+    assert_eq!(
+        refunds["data"][0]["metadata"],
+        json!({"payments_refund_id": "rf_1"})
+    );
+    // What is left to refund of the partial capture is what was captured.
+    let rest = second
+        .post("/v1/refunds", &[("charge", partly.as_str())], "refund-1")
+        .await?;
+    assert_eq!(rest.json["amount"], 600, "{}", rest.json);
+    let stats = second.get("/_sandbox/stats").await?;
+    assert_eq!(
+        (&stats["charges"], &stats["refunds"], &stats["captures"]),
+        (&json!(4), &json!(2), &json!(2))
+    );
+    second.handle.stop().await;
+
+    // Third life: the compacted file, as it stands.
+    let third = Sandbox::start(&path).await?;
+    assert_eq!(
+        money(&third, &partly).await?,
+        json!([true, 600, 1000, true])
+    );
+    assert_eq!(money(&third, &held).await?, json!([true, 1000, 0, false]));
+    assert_eq!(
+        money(&third, &lapsing).await?,
+        json!([false, 0, 1000, true])
+    );
+    let lapsed = third.get(&format!("/v1/charges/{lapsing}")).await?;
+    assert_eq!(lapsed["payment_method_details"]["card"], json!({}));
+    let captures = third.get("/_sandbox/captures").await?;
+    let lines: Vec<(Value, Value, Value)> = captures["data"]
+        .as_array()
+        .map(|data| {
+            data.iter()
+                .map(|c| {
+                    (
+                        c["charge"].clone(),
+                        c["amount"].clone(),
+                        c["idempotency_key"].clone(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(
+        lines,
+        [
+            (json!(partly), json!(600), json!("capture-1")),
+            (json!(held), json!(1000), json!("capture-5")),
+        ]
+    );
+    third.handle.stop().await;
+    let compacted = std::fs::read_to_string(&path)?;
+    assert!(compacted.starts_with("{\"payments_sandbox_ledger\":{\"version\":2}}\n"));
+    Ok(())
+}
+
+/// A ledger file as a sandbox wrote it before holds: version 1, charges
+/// without `amount_captured` or `payment_method_details`.
+#[tokio::test]
+async fn a_ledger_file_from_before_holds_still_reads() -> TestResult {
+    let dir = TempDir::new()?;
+    let path = dir.join("ledger.jsonl");
+    let charge = json!({"charge": {"charge": {"id": "ch_old", "amount": 4900,
+        "amount_refunded": 0, "currency": "gbp", "status": "succeeded", "paid": true,
+        "captured": true, "refunded": false, "livemode": false, "source": "tok_visa",
+        "description": null, "metadata": {"order_id": "42"}, "created": 1_700_000_000,
+        "failure_code": null, "failure_message": null},
+        "created_ms": 1_700_000_000_000_u64, "idempotency_key": "old-key"}});
+    let refund = json!({"refund": {"refund": {"id": "re_old", "amount": 900,
+        "charge": "ch_old", "currency": "gbp", "status": "succeeded", "failure_reason": null,
+        "reason": null, "metadata": {}, "created": 1_700_000_001},
+        "idempotency_key": null}});
+    std::fs::write(
+        &path,
+        format!("{{\"payments_sandbox_ledger\":{{\"version\":1}}}}\n{charge}\n{refund}\n"),
+    )?;
+    let sandbox = Sandbox::start(&path).await?;
+    let old = sandbox.get("/v1/charges/ch_old").await?;
+    assert_eq!(
+        json!([
+            old["captured"],
+            old["amount_captured"],
+            old["amount_refunded"]
+        ]),
+        json!([true, 4900, 900])
+    );
+    assert_eq!(
+        old["payment_method_details"],
+        json!({"type": "card", "card": {}})
+    );
+    let capture = sandbox
+        .post("/v1/charges/ch_old/capture", &[], "capture")
+        .await?;
+    assert_eq!(capture.json["error"]["code"], "charge_already_captured");
+    let rest = sandbox
+        .post("/v1/refunds", &[("charge", "ch_old")], "refund")
+        .await?;
+    assert_eq!(rest.json["amount"], 4000, "{}", rest.json);
+    sandbox.handle.stop().await;
     Ok(())
 }
 

@@ -235,6 +235,12 @@ async fn successful_charge_returns_a_charge_object_and_is_recorded() -> TestResu
     assert_eq!(charge["failure_code"], Value::Null);
     assert_eq!(charge["amount_refunded"], 0);
     assert_eq!(charge["refunded"], false);
+    assert_eq!(charge["captured"], true);
+    assert_eq!(charge["amount_captured"], 4900);
+    assert_eq!(
+        charge["payment_method_details"],
+        json!({"type": "card", "card": {}})
+    );
     assert!(
         charge["created"]
             .as_u64()
@@ -248,6 +254,9 @@ async fn successful_charge_returns_a_charge_object_and_is_recorded() -> TestResu
     assert_eq!(charges[0]["amount"], 4900);
     assert_eq!(charges[0]["currency"], "gbp");
     assert_eq!(charges[0]["idempotency_key"], Value::Null);
+    assert_eq!(charges[0]["captured"], true);
+    assert_eq!(charges[0]["amount_captured"], 4900);
+    assert_eq!(charges[0]["amount_refunded"], 0);
     Ok(())
 }
 
@@ -1947,7 +1956,8 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
                "drop_after_charge": false, "key_retention_secs": 86400, "search_lag_ms": 0,
                "refund_status": "succeeded", "answer_amount_override": null,
                "answer_currency_override": null, "nulls_in_refund_lists": false,
-               "secret_key": null, "restricted_key": null})
+               "secret_key": null, "restricted_key": null, "hold_expiry_seconds": 604800,
+               "send_capture_before": true})
     );
 
     for bad in [
@@ -1956,6 +1966,10 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
         json!({"rate_limit_rate": 1.5}),
         json!({"secret_key": " "}),
         json!({"latncy_ms": 1}),
+        json!({"hold_expiry_seconds": -1}),
+        json!({"hold_expiry_seconds": "soon"}),
+        json!({"hold_expiry_seconds": 4_000_000_000_u64}),
+        json!({"send_capture_before": "no"}),
     ] {
         let (status, body) = body_json(sandbox.set_config(bad.clone()).await?).await?;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
@@ -1976,7 +1990,8 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
                "hang": false, "drop_after_charge": false, "key_retention_secs": 86400,
                "search_lag_ms": 0, "refund_status": "succeeded", "answer_amount_override": null,
                "answer_currency_override": null, "nulls_in_refund_lists": false,
-               "secret_key": null, "restricted_key": null});
+               "secret_key": null, "restricted_key": null, "hold_expiry_seconds": 604800,
+               "send_capture_before": true});
     assert_eq!(body, expected);
     assert_eq!(sandbox.get_json("/_sandbox/config").await?, expected);
     Ok(())
@@ -2019,7 +2034,8 @@ async fn reset_forgets_charges_refunds_keys_and_counters_but_not_the_config() ->
     let stats = sandbox.stats().await?;
     assert_eq!(
         stats,
-        json!({"requests": 0, "in_flight": 0, "max_in_flight": 0, "charges": 0, "refunds": 0})
+        json!({"requests": 0, "in_flight": 0, "max_in_flight": 0, "charges": 0, "refunds": 0,
+               "captures": 0})
     );
     assert_eq!(sandbox.get_json("/_sandbox/config").await?["latency_ms"], 1);
 

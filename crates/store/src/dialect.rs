@@ -151,7 +151,12 @@ fn expand<D: Dialect>(template: &str, out: &mut String, next: &mut usize) {
                 next,
             ),
             ("charge", _) => expand::<D>(
-                "{p}, {p}, {p}, {p}, {p}, {p}, {json}, {p}, {p}, {p}, {p}, {p}",
+                "{p}, {p}, {p}, {p}, {p}, {p}, {json}, {p}, {p}, {p}, {p}, {p}, {p}",
+                out,
+                next,
+            ),
+            ("capture", _) => expand::<D>(
+                "{p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}, {p}",
                 out,
                 next,
             ),

@@ -5,6 +5,7 @@
 use chrono::{DateTime, Utc};
 
 use payments_domain::charge::{CardToken, Charge, ChargeStatus};
+use payments_domain::hold::{Capture, HoldAction};
 use payments_domain::idempotency::{
     IdempotencyRecord, JSON, Lease, LeaseToken, RecordId, RecordState, StoredResponse,
 };
@@ -129,8 +130,46 @@ pub(crate) struct ChargeRow<T> {
     decline_code: Option<String>,
     amount_refunded: i64,
     idempotency_key: Option<String>,
+    hold: Option<String>,
+    amount_captured: Option<i64>,
+    capture_before: Option<T>,
     created_at: T,
     updated_at: T,
+}
+
+/// A charge's `hold` column: where a hold is.
+pub(crate) mod hold {
+    pub(crate) const REQUIRES_CAPTURE: &str = "requires_capture";
+    pub(crate) const CAPTURED: &str = "captured";
+    pub(crate) const CANCELED: &str = "canceled";
+    pub(crate) const EXPIRED: &str = "expired";
+}
+
+/// The status a charge shows: its `status`, except a hold's once it was
+/// authorized (`succeeded`), which shows where the hold is unless
+/// captured.
+pub(crate) fn shown_status(status: &str, hold: Option<&str>) -> Option<ChargeStatus> {
+    let status = ChargeStatus::parse(status)?;
+    Some(match (status, hold) {
+        (ChargeStatus::Succeeded, Some(hold::REQUIRES_CAPTURE)) => ChargeStatus::RequiresCapture,
+        (ChargeStatus::Succeeded, Some(hold::CANCELED)) => ChargeStatus::Canceled,
+        (ChargeStatus::Succeeded, Some(hold::EXPIRED)) => ChargeStatus::Expired,
+        (ChargeStatus::Succeeded, Some(hold::CAPTURED) | None) => ChargeStatus::Succeeded,
+        (ChargeStatus::Succeeded, Some(_)) => return None,
+        (other, _) => other,
+    })
+}
+
+/// A status filter as the `status` and `hold` columns hold it: the
+/// `status` column's value, and the `hold` the charge must have (`Some`)
+/// or must not have as one of the shown ones (`None`).
+pub(crate) fn stored_status(shown: ChargeStatus) -> (&'static str, Option<&'static str>) {
+    match shown {
+        ChargeStatus::RequiresCapture => ("succeeded", Some(hold::REQUIRES_CAPTURE)),
+        ChargeStatus::Canceled => ("succeeded", Some(hold::CANCELED)),
+        ChargeStatus::Expired => ("succeeded", Some(hold::EXPIRED)),
+        other => (other.as_str(), None),
+    }
 }
 
 impl<T: Timestamp> TryFrom<ChargeRow<T>> for Charge {
@@ -139,7 +178,10 @@ impl<T: Timestamp> TryFrom<ChargeRow<T>> for Charge {
     fn try_from(r: ChargeRow<T>) -> Result<Self, Error> {
         let bad = |what: &str| Error::Invariant(format!("charge {}: bad {what}", r.id));
         Ok(Charge {
-            status: ChargeStatus::parse(&r.status).ok_or_else(|| bad("status"))?,
+            status: shown_status(&r.status, r.hold.as_deref()).ok_or_else(|| bad("status"))?,
+            capture: r.hold.is_none(),
+            amount_captured: r.amount_captured,
+            capture_before: r.capture_before.map(decode).transpose()?,
             metadata: serde_json::from_str(&r.metadata).map_err(|_| bad("metadata"))?,
             card_token: CardToken::parse(&r.card_token).map_err(|_| bad("card token"))?,
             created_at: decode(r.created_at)?,
@@ -211,5 +253,56 @@ impl<T: Timestamp> TryFrom<RefundRow<T>> for Refund {
             gateway_refund_id: r.gateway_refund_id,
             failure_code: r.failure_code,
         })
+    }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+pub(crate) struct CaptureRow<T> {
+    id: String,
+    action: String,
+    charge_id: String,
+    customer_id: String,
+    requested_by: String,
+    requested_by_role: String,
+    amount_cents: i64,
+    currency: String,
+    status: String,
+    provider_key: String,
+    gateway_charge_id: Option<String>,
+    gateway_id: Option<String>,
+    failure_code: Option<String>,
+    created_at: T,
+    updated_at: T,
+}
+
+impl<T: Timestamp> CaptureRow<T> {
+    /// The capture, with its hold (`hold`, read on its own).
+    pub(crate) fn with_hold(self, hold: Charge) -> Result<Capture, Error> {
+        let r = self;
+        let bad = |what: &str| Error::Invariant(format!("capture {}: bad {what}", r.id));
+        Ok(Capture {
+            action: HoldAction::parse(&r.action).ok_or_else(|| bad("action"))?,
+            status: ChargeStatus::parse(&r.status).ok_or_else(|| bad("status"))?,
+            requested_by: RequestedBy {
+                role: Role::parse(&r.requested_by_role).ok_or_else(|| bad("requested_by_role"))?,
+                subject: r.requested_by,
+            },
+            hold: Box::new(hold),
+            created_at: decode(r.created_at)?,
+            updated_at: decode(r.updated_at)?,
+            id: r.id,
+            charge_id: r.charge_id,
+            customer_id: r.customer_id,
+            amount_cents: r.amount_cents,
+            currency: r.currency,
+            provider_key: r.provider_key,
+            gateway_charge_id: r.gateway_charge_id,
+            gateway_id: r.gateway_id,
+            failure_code: r.failure_code,
+        })
+    }
+
+    pub(crate) fn charge_id(&self) -> &str {
+        &self.charge_id
     }
 }

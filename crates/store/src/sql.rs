@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use payments_domain::charge::CustomerId;
 use payments_domain::charge::{Charge, ChargeStatus};
+use payments_domain::hold::{Capture, HoldAction, HoldState};
 use payments_domain::idempotency::{
     IdempotencyKey, IdempotencyRecord, LeaseToken, RecordId, RecordState, StoredResponse,
 };
@@ -19,8 +20,8 @@ use payments_domain::list::{ChargeQuery, Cursor, Page};
 use payments_domain::provider::{OperationKind, ProviderObject};
 use payments_domain::refund::Refund;
 use payments_domain::store::{
-    ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Operation,
-    Orphan, Outcome, Store, StoreError, Unsettled,
+    CaptureOutcome, ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease,
+    Operation, Orphan, Outcome, Store, StoreError, Unsettled,
 };
 use sqlx::migrate::Migrate;
 use sqlx::query::Query;
@@ -31,19 +32,50 @@ use sqlx::{
 
 use crate::batch::{Batcher, BoxFut};
 use crate::dialect::Dialect;
-use crate::rows::{ChargeRow, RecordRow, RefundRow, decode};
+use crate::rows::{CaptureRow, ChargeRow, RecordRow, RefundRow, decode, stored_status};
 use crate::{Error, millis, run};
 
 /// The columns of a new `charges` row, in the order `charge_values` binds
 /// them, then its three times (created, updated, provider called: one).
 const CHARGE_COLUMNS: &str = "id, customer_id, amount_cents, currency, card_token, description, \
-     metadata, status, provider_key, gateway_charge_id, decline_code, idempotency_key, \
+     metadata, status, provider_key, gateway_charge_id, decline_code, idempotency_key, hold, \
      created_at, updated_at, provider_called_at";
 
 /// A `charges` row as `ChargeRow` reads it.
 const CHARGE_ROW: &str = "id, {customer_id customer_id}, amount_cents, currency, card_token, \
      description, {metadata metadata}, status, provider_key, gateway_charge_id, decline_code, \
-     amount_refunded, idempotency_key, created_at, updated_at";
+     amount_refunded, idempotency_key, hold, amount_captured, capture_before, created_at, \
+     updated_at";
+
+/// A `captures` row (`k`) as `CaptureRow` reads it, with its charge's (`c`)
+/// provider id.
+const CAPTURE_ROW: &str = "k.id, k.action, k.charge_id, {customer_id k.customer_id}, \
+     k.requested_by, k.requested_by_role, k.amount_cents, k.currency, k.status, k.provider_key, \
+     c.gateway_charge_id, k.gateway_id, k.failure_code, k.created_at, k.updated_at";
+
+/// The columns of a new `captures` row, in the order `capture_values`
+/// binds them, then its three times.
+const CAPTURE_COLUMNS: &str = "id, action, charge_id, customer_id, requested_by, \
+     requested_by_role, amount_cents, currency, status, provider_key, created_at, updated_at, \
+     provider_called_at";
+
+/// The three tables of operations, by [`table_of`].
+const OPERATION_TABLES: [&str; 3] = ["charges", "refunds", "captures"];
+
+/// Which of [`OPERATION_TABLES`] holds `operation`.
+fn table_of(operation: &Operation) -> usize {
+    match operation {
+        Operation::Charge(_) => 0,
+        Operation::Refund(_) => 1,
+        Operation::Capture(_) => 2,
+    }
+}
+
+/// A refund fits in what was captured: all of a charge captured when made
+/// (`amount_captured` NULL), a hold's captured amount.
+const CAPTURED: &str = "COALESCE(amount_captured, amount_cents)";
+/// A charge whose money was taken: captured when made, or a captured hold.
+const REFUNDABLE: &str = "status = 'succeeded' AND (hold IS NULL OR hold = 'captured')";
 
 /// A `refunds` row (`r`) as `RefundRow` reads it, with its charge's (`c`)
 /// provider id.
@@ -139,6 +171,15 @@ pub(crate) struct Statements {
     reclaim: String,
     insert_claimed_charge: String,
     insert_claimed_refund: String,
+    insert_claimed_capture: String,
+    take_hold: String,
+    hold_state: String,
+    hold_follows: String,
+    settle_capture: [String; 3],
+    unsettled_captures: String,
+    capture: String,
+    expire_holds: String,
+    count_holds: String,
     refundable: String,
     reserve: String,
     refuse_record: String,
@@ -154,8 +195,8 @@ pub(crate) struct Statements {
     unsettled_refunds: String,
     refunded: String,
     unreserve: String,
-    provider_called: [String; 2],
-    looked_at: [String; 2],
+    provider_called: [String; 3],
+    looked_at: [String; 3],
     claim_expired: String,
     candidate: String,
     lease_by_id: String,
@@ -172,7 +213,7 @@ pub(crate) struct Statements {
     settle_orphans: String,
     open_orphans: String,
     forget_record: String,
-    forget_operation: [String; 2],
+    forget_operation: [String; 3],
     insert_setting: String,
     setting: String,
     claim_or_read: Option<String>,
@@ -235,18 +276,81 @@ impl Statements {
             )),
             insert_claimed_charge: r(&format!(
                 "INSERT INTO charges ({CHARGE_COLUMNS}) SELECT {{charge}}, created_at, \
-                 created_at, created_at FROM idempotent_requests WHERE id = $13"
+                 created_at, created_at FROM idempotent_requests WHERE id = $14"
             )),
+            insert_claimed_capture: r(&format!(
+                "INSERT INTO captures ({CAPTURE_COLUMNS}) SELECT {{capture}}, created_at, \
+                 created_at, created_at FROM idempotent_requests WHERE id = $11"
+            )),
+            // The guard that makes a capture against a cancel (or a second
+            // capture) impossible, whatever was read: the hold is taken by
+            // the one operation that finds it authorized, free, and (for a
+            // capture) lapsing later than the margin from the database's now.
+            take_hold: r(
+                "UPDATE charges SET hold_action = $1, updated_at = {now} WHERE id = $2 \
+                AND status = 'succeeded' AND hold = 'requires_capture' \
+                AND hold_action IS NULL AND capture_before > {now} + {ms}",
+            ),
+            // Why a hold could not be taken, its row locked.
+            hold_state: r(&format!(
+                "SELECT status, hold, hold_action, {} AS lapses_later FROM charges \
+                 WHERE id = $2{{for_update}}",
+                D::flag("capture_before > {now} + {ms}")
+            )),
+            // A capture's or cancel's charge follows its outcome; only the
+            // operation that took the hold gives it back.
+            hold_follows: r(
+                "UPDATE charges SET hold = $1, amount_captured = COALESCE($2, amount_captured), \
+                hold_action = NULL, updated_at = {now} WHERE id = $3 AND hold_action = $4",
+            ),
+            settle_capture: Guard::ALL.map(|guard| {
+                r(&format!(
+                    "UPDATE captures SET status = $1, gateway_id = $2, \
+                     failure_code = $3, updated_at = {{now}} WHERE id = $4{}",
+                    guard.condition("NULL")
+                ))
+            }),
+            unsettled_captures: r(&format!(
+                "SELECT {CAPTURE_ROW}, {} AS lag_passed \
+                 FROM captures k JOIN charges c ON c.id = k.charge_id \
+                 WHERE k.status = 'unknown' ORDER BY COALESCE(k.looked_at, k.updated_at), k.id \
+                 LIMIT {{p}}",
+                D::flag("k.provider_called_at <= {now} - {ms}")
+            )),
+            capture: r(&format!(
+                "SELECT {CAPTURE_ROW} FROM captures k JOIN charges c ON c.id = k.charge_id \
+                 WHERE k.id = $1"
+            )),
+            // Lapsed holds no capture or cancel has taken, by the
+            // database's clock, a batch at a time.
+            expire_holds: r(&if D::DELETE_LIMIT {
+                "UPDATE charges SET hold = 'expired', updated_at = {now} \
+                 WHERE hold = 'requires_capture' AND status = 'succeeded' \
+                 AND hold_action IS NULL AND capture_before <= {now} LIMIT $1"
+                    .to_owned()
+            } else {
+                "UPDATE charges SET hold = 'expired', updated_at = {now} WHERE id IN \
+                 (SELECT id FROM charges WHERE hold = 'requires_capture' \
+                 AND status = 'succeeded' AND hold_action IS NULL \
+                 AND capture_before <= {now} LIMIT $1{skip_locked})"
+                    .to_owned()
+            }),
+            count_holds: r("SELECT status, hold, COUNT(*) FROM charges \
+                WHERE hold IS NOT NULL GROUP BY status, hold"),
             insert_claimed_refund: r(&format!(
                 "INSERT INTO refunds ({REFUND_COLUMNS}) SELECT {{refund}}, created_at, \
                  created_at, created_at FROM idempotent_requests WHERE id = $12"
             )),
             // What is left to refund, the row locked for the reservation.
-            refundable: r("SELECT amount_cents - amount_reserved FROM charges \
-                WHERE id = $1 AND status = 'succeeded'{for_update}"),
+            refundable: r(&format!(
+                "SELECT {CAPTURED} - amount_reserved FROM charges \
+                WHERE id = $1 AND {REFUNDABLE}{{for_update}}"
+            )),
             // The guard that makes an over-refund impossible, whatever was read.
-            reserve: r("UPDATE charges SET amount_reserved = amount_reserved + $1 \
-                WHERE id = $2 AND status = 'succeeded' AND amount_reserved + $3 <= amount_cents"),
+            reserve: r(&format!(
+                "UPDATE charges SET amount_reserved = amount_reserved + $1 \
+                WHERE id = $2 AND {REFUNDABLE} AND amount_reserved + $3 <= {CAPTURED}"
+            )),
             refuse_record: r(&finish(", refund_id = NULL")),
             // One reading of the clock for both times.
             insert_charge: r(&format!(
@@ -263,7 +367,8 @@ impl Statements {
             settle: Guard::ALL.map(|guard| {
                 r(&format!(
                     "UPDATE charges SET status = $1, gateway_charge_id = $2, \
-                     decline_code = $3, updated_at = {{now}} WHERE id = $4{}",
+                     decline_code = $3, capture_before = COALESCE({{at_ms}}, capture_before), \
+                     updated_at = {{now}} WHERE id = $5{}",
                     guard.condition("gateway_charge_id")
                 ))
             }),
@@ -307,12 +412,12 @@ impl Statements {
                 "UPDATE charges SET amount_reserved = amount_reserved - $1, \
                 updated_at = {now} WHERE id = $2",
             ),
-            provider_called: ["charges", "refunds"].map(|table| {
+            provider_called: OPERATION_TABLES.map(|table| {
                 r(&format!(
                     "UPDATE {table} SET provider_called_at = {{now}} WHERE id = $1"
                 ))
             }),
-            looked_at: ["charges", "refunds"].map(|table| {
+            looked_at: OPERATION_TABLES.map(|table| {
                 r(&format!(
                     "UPDATE {table} SET looked_at = {{now}} WHERE id = $1"
                 ))
@@ -353,6 +458,8 @@ impl Statements {
                     r(&format!(
                         "SELECT {CHARGE_ROW} FROM charges c WHERE {owner}{after} \
                          AND ({{p}} IS NULL OR status = {{p}}) \
+                         AND ({{p}} IS NULL OR (CASE WHEN status = 'succeeded' \
+                           THEN COALESCE(hold, 'captured') ELSE 'captured' END) = {{p}}) \
                          AND ({{p}} IS NULL OR created_at >= {{at_ms}}) \
                          AND ({{p}} IS NULL OR created_at < {{at_ms}}) \
                          AND ({{p}} IS NULL OR {{json_text metadata}} = {{p}}) \
@@ -394,7 +501,7 @@ impl Statements {
             ),
             forget_record: r("DELETE FROM idempotent_requests \
                 WHERE id = $1 AND state = 'in_progress' AND lease_token = $2"),
-            forget_operation: ["charges", "refunds"].map(|table| {
+            forget_operation: OPERATION_TABLES.map(|table| {
                 r(&format!(
                     "DELETE FROM {table} WHERE id = $1 AND status = 'pending'"
                 ))
@@ -419,8 +526,9 @@ impl Statements {
                 r(&format!(
                     "WITH done AS ({finish_record} RETURNING charge_id), \
                      settled AS (UPDATE charges SET status = $8, gateway_charge_id = $9, \
-                       decline_code = $10, updated_at = {{now}} FROM done \
-                       WHERE charges.id = done.charge_id AND charges.id = $11 \
+                       decline_code = $10, capture_before = COALESCE({{at_ms}}, capture_before), \
+                       updated_at = {{now}} FROM done \
+                       WHERE charges.id = done.charge_id AND charges.id = $12 \
                        RETURNING charges.id) \
                      SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM settled)"
                 ))
@@ -657,6 +765,22 @@ sql_impl! {{
             .bind(&c.gateway_charge_id)
             .bind(&c.decline_code)
             .bind(&c.idempotency_key)
+            .bind(c.is_hold().then_some(crate::rows::hold::REQUIRES_CAPTURE))
+    }
+
+    /// The ten values of a new capture or cancel, in [`CAPTURE_COLUMNS`]
+    /// order.
+    fn capture_values<'q>(q: Q<'q, D>, k: &'q Capture) -> Q<'q, D> {
+        q.bind(k.id.as_str())
+            .bind(k.action.as_str())
+            .bind(k.charge_id.as_str())
+            .bind(k.customer_id.as_str())
+            .bind(k.requested_by.subject.as_str())
+            .bind(k.requested_by.role.as_str())
+            .bind(k.amount_cents)
+            .bind(k.currency.as_str())
+            .bind(k.status.as_str())
+            .bind(k.provider_key.as_str())
     }
 
     /// The nine values of a new refund of `amount_cents`, in
@@ -699,6 +823,7 @@ sql_impl! {{
         let (charge_id, refund_id) = match &c.operation {
             Operation::Charge(charge) => (charge.id.as_str(), None),
             Operation::Refund(refund) => (refund.charge_id.as_str(), Some(refund.id.as_str())),
+            Operation::Capture(capture) => (capture.charge_id.as_str(), Some(capture.id.as_str())),
         };
         q.bind(c.customer.as_str())
             .bind(c.fingerprint.to_hex())
@@ -816,8 +941,67 @@ sql_impl! {{
                     .map_err(Error::generation_taken)?;
                 Operation::Refund(stored_refund(refund, amount, at))
             }
+            Operation::Capture(capture) => {
+                let margin = match capture.action {
+                    HoldAction::Capture => c.hold_margin,
+                    HoldAction::Cancel => Duration::ZERO,
+                };
+                let take = Self::q(&self.sql.take_hold).bind(capture.id.as_str()).bind(capture.charge_id.as_str());
+                if D::rows_affected(&take.bind(millis(margin)).execute(&mut *conn).await?) != 1 {
+                    return self.hold_refused(conn, c, capture, record_id, margin).await.map(Some);
+                }
+                Self::capture_values(Self::q(&self.sql.insert_claimed_capture), capture)
+                    .bind(record_id.0)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(Error::generation_taken)?;
+                let mut stored = capture.clone();
+                (stored.created_at, stored.updated_at) = (at, at);
+                Operation::Capture(stored)
+            }
         };
         Ok(Some(claimed(record_id, operation)))
+    }
+
+    /// Why the hold of a capture or cancel could not be taken, decided on
+    /// its row locked: another operation holds it (the claim is undone,
+    /// [`ClaimOutcome::HoldBusy`]), or it is captured, canceled or lapsing
+    /// (the record is stored complete with the refusal).
+    async fn hold_refused(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        c: &Claim,
+        capture: &Capture,
+        record_id: RecordId,
+        margin: Duration,
+    ) -> Result<ClaimOutcome, Error> {
+        use crate::rows::hold;
+        let state = Self::q(&self.sql.hold_state).bind(millis(margin)).bind(capture.charge_id.as_str());
+        let row = state.fetch_optional(&mut *conn).await?.ok_or_else(|| {
+            Error::Invariant(format!("the hold {} of capture {} is missing", capture.charge_id, capture.id))
+        })?;
+        let status: String = row.try_get(0)?;
+        let held: Option<String> = row.try_get(1)?;
+        let taken: Option<String> = row.try_get(2)?;
+        let open = row.try_get::<Option<i64>, _>(3)?.unwrap_or(0) != 0;
+        let refusal = match (status.as_str(), held.as_deref()) {
+            ("succeeded", None | Some(hold::CAPTURED)) => Some(HoldState::Captured),
+            ("succeeded", Some(hold::CANCELED)) => Some(HoldState::Canceled),
+            ("succeeded", Some(hold::EXPIRED)) => Some(HoldState::Expired),
+            ("succeeded", Some(hold::REQUIRES_CAPTURE)) if taken.is_none() && !open => {
+                Some(HoldState::Expired)
+            }
+            _ => None,
+        };
+        let Some(refusal) = refusal else {
+            let forget = Self::q(&self.sql.forget_record).bind(record_id.0).bind(c.lease.token.as_str());
+            forget.execute(&mut *conn).await?;
+            return Ok(ClaimOutcome::HoldBusy);
+        };
+        let answer = Capture::refusal(&capture.charge_id, refusal);
+        let refuse = Self::answer(&self.sql.refuse_record, RecordState::Complete, &answer);
+        refuse.bind(record_id.0).bind(c.lease.token.as_str()).execute(&mut *conn).await?;
+        Ok(ClaimOutcome::Refused(answer))
     }
 
     /// What is left to refund of the refund's charge, its row locked
@@ -905,9 +1089,13 @@ sql_impl! {{
     }
 
     fn settle<'q>(q: Q<'q, D>, o: &'q ChargeOutcome) -> Q<'q, D> {
-        q.bind(o.status.as_str())
+        // An authorized hold is `succeeded` in the `status` column; its
+        // `hold` column (set when it was made) says it requires capture.
+        let (status, _) = stored_status(o.status);
+        q.bind(status)
             .bind(&o.gateway_charge_id)
             .bind(&o.decline_code)
+            .bind(o.capture_before.map(|t| t.timestamp_millis()))
             .bind(o.charge_id.as_str())
     }
 
@@ -974,6 +1162,7 @@ sql_impl! {{
                 let q = Self::settle(Self::q(&self.sql.settle[guard as usize]), o);
                 return Ok(D::rows_affected(&q.execute(&mut *conn).await?));
             }
+            Outcome::Capture(o) => return self.settle_capture_in(conn, o, guard).await,
             Outcome::Refund(o) => o,
         };
         let q = Self::q(&self.sql.settle_refund[guard as usize])
@@ -985,7 +1174,7 @@ sql_impl! {{
         let charge = match o.status {
             ChargeStatus::Succeeded => Some(&self.sql.refunded),
             ChargeStatus::Failed => Some(&self.sql.unreserve),
-            ChargeStatus::Pending | ChargeStatus::Unknown => None,
+            _ => None,
         };
         if let Some(sql) = charge.filter(|_| settled == 1) {
             let q = Self::q(sql).bind(o.amount_cents).bind(o.charge_id.as_str());
@@ -993,6 +1182,40 @@ sql_impl! {{
                 return Err(Error::Invariant(format!(
                     "refund {} settled but its charge {} is missing",
                     o.refund_id, o.charge_id
+                )));
+            }
+        }
+        Ok(settled)
+    }
+
+    /// A capture's or cancel's outcome, and its hold following it.
+    async fn settle_capture_in(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        o: &CaptureOutcome,
+        guard: Guard,
+    ) -> Result<u64, Error> {
+        use crate::rows::hold;
+        let q = Self::q(&self.sql.settle_capture[guard as usize])
+            .bind(o.status.as_str())
+            .bind(&o.gateway_id)
+            .bind(&o.failure_code)
+            .bind(o.capture_id.as_str());
+        let settled = D::rows_affected(&q.execute(&mut *conn).await?);
+        let follows = match (o.status, o.action) {
+            (ChargeStatus::Succeeded, HoldAction::Capture) => Some((hold::CAPTURED, Some(o.amount_cents))),
+            (ChargeStatus::Succeeded, HoldAction::Cancel) => Some((hold::CANCELED, None)),
+            (ChargeStatus::Failed, _) if o.hold_lapsed => Some((hold::EXPIRED, None)),
+            (ChargeStatus::Failed, _) => Some((hold::REQUIRES_CAPTURE, None)),
+            _ => None,
+        };
+        if let Some((held, captured)) = follows.filter(|_| settled == 1) {
+            let q = Self::q(&self.sql.hold_follows).bind(held).bind(captured);
+            let q = q.bind(o.charge_id.as_str()).bind(o.capture_id.as_str());
+            if D::rows_affected(&q.execute(&mut *conn).await?) != 1 {
+                return Err(Error::Invariant(format!(
+                    "{} {} settled but its hold {} was not taken by it",
+                    o.action.as_str(), o.capture_id, o.charge_id
                 )));
             }
         }
@@ -1009,7 +1232,8 @@ sql_impl! {{
     /// given) and `limit + 1`.
     pub(crate) fn list_charges_query<'q>(sql: &'q str, customer: Option<&'q CustomerId>, query: &'q ChargeQuery) -> Q<'q, D> {
         let (page, f) = (&query.page, &query.filter);
-        let status = f.status.map(|s| s.as_str());
+        let (status, hold) = f.status.map(stored_status).unzip();
+        let hold = hold.map(|hold| hold.unwrap_or(crate::rows::hold::CAPTURED));
         let ms = |t: Option<DateTime<Utc>>| t.map(|t| t.timestamp_millis());
         let (gte, lt) = (ms(f.created_gte), ms(f.created_lt));
         let (key, value) = f.metadata.as_ref().map(|(k, v)| (k.as_str(), v.as_str())).unzip();
@@ -1021,9 +1245,19 @@ sql_impl! {{
         if let Some(cursor) = &page.cursor {
             q = q.bind(cursor.id());
         }
-        let q = q.bind(status).bind(status).bind(gte).bind(gte).bind(lt).bind(lt);
+        let q = q.bind(status).bind(status).bind(hold).bind(hold);
+        let q = q.bind(gte).bind(gte).bind(lt).bind(lt);
         let q = q.bind(key).bind(key).bind(value).bind(idempotency_key).bind(idempotency_key);
         q.bind(i64::from(page.limit) + 1)
+    }
+
+    /// A capture read with its hold.
+    async fn capture_of(&self, row: CaptureRow<D::Ts>) -> Result<Capture, Error> {
+        let q = Self::q(&self.sql.charge).bind(row.charge_id());
+        let hold = q.fetch_optional(&self.pool).await?.ok_or_else(|| {
+            Error::Invariant(format!("the hold {} of a capture is missing", row.charge_id()))
+        })?;
+        row.with_hold(Charge::try_from(ChargeRow::<D::Ts>::from_row(&hold)?)?)
     }
 
     /// A single-statement write, on the writer; how many rows it changed.
@@ -1194,7 +1428,7 @@ sql_impl! {#[async_trait] Store for {
         token: &LeaseToken,
         operation: &Operation,
     ) -> Result<bool, StoreError> {
-        let is_refund = usize::from(matches!(operation, Operation::Refund(_)));
+        let table = table_of(operation);
         run(|| async {
             let mut tx = self.begin_write().await?;
             let record = Self::q(&self.sql.forget_record).bind(record_id.0).bind(token.as_str());
@@ -1202,11 +1436,16 @@ sql_impl! {#[async_trait] Store for {
                 tx.rollback().await?;
                 return Ok(false);
             }
-            let row = Self::q(&self.sql.forget_operation[is_refund]).bind(operation.id());
+            let row = Self::q(&self.sql.forget_operation[table]).bind(operation.id());
             let deleted = D::rows_affected(&row.execute(&mut *tx).await?);
             if let (Operation::Refund(refund), 1) = (operation, deleted) {
                 let q = Self::q(&self.sql.unreserve).bind(refund.amount_cents).bind(refund.charge_id.as_str());
                 q.execute(&mut *tx).await?;
+            }
+            // A capture or cancel undone gives its hold back.
+            if let (Operation::Capture(capture), 1) = (operation, deleted) {
+                let q = Self::q(&self.sql.hold_follows).bind(crate::rows::hold::REQUIRES_CAPTURE).bind(None::<i64>);
+                q.bind(capture.charge_id.as_str()).bind(capture.id.as_str()).execute(&mut *tx).await?;
             }
             tx.commit().await?;
             Ok(true)
@@ -1264,6 +1503,11 @@ sql_impl! {#[async_trait] Store for {
                 let refund = Refund::try_from(RefundRow::<D::Ts>::from_row(&row)?)?;
                 found.push(Unsettled { operation: Operation::Refund(refund), lag_passed: lag_passed(&row)? });
             }
+            let captures = Self::q(&self.sql.unsettled_captures).bind(lag).bind(limit);
+            for row in captures.fetch_all(&self.pool).await? {
+                let capture = self.capture_of(CaptureRow::<D::Ts>::from_row(&row)?).await?;
+                found.push(Unsettled { operation: Operation::Capture(capture), lag_passed: lag_passed(&row)? });
+            }
             Ok(found)
         })
         .await
@@ -1275,7 +1519,7 @@ sql_impl! {#[async_trait] Store for {
         answer: &StoredResponse,
         keep_for: Duration,
     ) -> Result<bool, StoreError> {
-        let rewrite = &self.sql.rewrite_abandoned[usize::from(matches!(outcome, Outcome::Refund(_)))];
+        let rewrite = &self.sql.rewrite_abandoned[usize::from(!matches!(outcome, Outcome::Charge(_)))];
         run(|| async {
             let mut tx = self.begin_write().await?;
             if self.settle_in(&mut *tx, outcome, Guard::Unsettled).await? == 0 {
@@ -1291,12 +1535,12 @@ sql_impl! {#[async_trait] Store for {
     }
 
     async fn looked_at(&self, operation: &Operation) -> Result<(), StoreError> {
-        let sql = &self.sql.looked_at[usize::from(matches!(operation, Operation::Refund(_)))];
+        let sql = &self.sql.looked_at[table_of(operation)];
         run(|| self.write(Self::q(sql).bind(operation.id()))).await.map(drop)
     }
 
     async fn provider_called(&self, operation: &Operation) -> Result<(), StoreError> {
-        let sql = &self.sql.provider_called[usize::from(matches!(operation, Operation::Refund(_)))];
+        let sql = &self.sql.provider_called[table_of(operation)];
         run(|| self.write(Self::q(sql).bind(operation.id()))).await.map(drop)
     }
 
@@ -1413,6 +1657,38 @@ sql_impl! {#[async_trait] Store for {
             }
             let rows = q.bind(i64::from(page.limit) + 1).fetch_all(&self.pool).await?;
             rows.iter().map(|row| Refund::try_from(RefundRow::<D::Ts>::from_row(row)?)).collect()
+        })
+        .await
+    }
+
+    async fn capture(&self, capture_id: &str) -> Result<Option<Capture>, StoreError> {
+        run(|| async {
+            let row = Self::q(&self.sql.capture).bind(capture_id).fetch_optional(&self.pool).await?;
+            match row {
+                Some(row) => Ok(Some(self.capture_of(CaptureRow::<D::Ts>::from_row(&row)?).await?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn expire_holds(&self, batch: u32) -> Result<u64, StoreError> {
+        run(|| self.write(Self::q(&self.sql.expire_holds).bind(i64::from(batch)))).await
+    }
+
+    async fn count_holds(&self) -> Result<Vec<(ChargeStatus, u64)>, StoreError> {
+        run(|| async {
+            let rows = Self::q(&self.sql.count_holds).fetch_all(&self.pool).await?;
+            let mut counts = Vec::new();
+            for row in &rows {
+                let (status, held): (String, Option<String>) = (row.try_get(0)?, row.try_get(1)?);
+                // Holds not authorized (pending, failed, unknown) count
+                // under their status.
+                let shown = crate::rows::shown_status(&status, held.as_deref())
+                    .ok_or_else(|| Error::Invariant(format!("unknown hold {status:?} {held:?}")))?;
+                counts.push((shown, Self::count(row, 2)?));
+            }
+            Ok(counts)
         })
         .await
     }

@@ -43,6 +43,7 @@ impl ChargeService {
             ttl: self.policy.ttl,
             operation,
             read_first: true,
+            hold_margin: self.policy.hold_capture_margin,
         };
         if let Some(record) = self.remembered(key, route) {
             return self
@@ -84,12 +85,31 @@ impl ChargeService {
                         .await;
                 }
                 ClaimOutcome::Refused(response) => {
-                    metrics::counter!(REFUNDS_TOTAL, "outcome" => "exceeds_charge").increment(1);
-                    tracing::info!(status = response.status, "refund does not fit; stored");
+                    match &claim.operation {
+                        Operation::Capture(c) => {
+                            metrics::counter!(CAPTURES_TOTAL, "action" => c.action.as_str(), "outcome" => "refused").increment(1);
+                            tracing::info!(
+                                status = response.status,
+                                "the hold was captured, canceled or lapsing; refusal stored"
+                            );
+                        }
+                        _ => {
+                            metrics::counter!(REFUNDS_TOTAL, "outcome" => "exceeds_charge")
+                                .increment(1);
+                            tracing::info!(status = response.status, "refund does not fit; stored");
+                        }
+                    }
                     return Ok(Reply {
                         response,
                         replayed: false,
                     });
+                }
+                ClaimOutcome::HoldBusy => {
+                    let action = claim.operation.label();
+                    metrics::counter!(CAPTURES_TOTAL, "action" => action, "outcome" => "busy")
+                        .increment(1);
+                    tracing::info!("another capture or cancel holds this hold; answered 409");
+                    return Err(ChargeError::HoldBusy);
                 }
             }
         }
@@ -104,8 +124,7 @@ impl ChargeService {
     ) -> Result<u32, StoreError> {
         for generation in taken + 1..MAX_GENERATIONS {
             claim.derive(&self.policy.derivation, generation);
-            let operation = &claim.operation;
-            if !self.is_a_row(operation.kind(), operation.id()).await? {
+            if !self.is_made(&claim.operation).await? {
                 return Ok(generation);
             }
         }
@@ -115,12 +134,26 @@ impl ChargeService {
         )))
     }
 
-    /// Whether our charge (or refund) `id` has its row.
+    /// Whether our charge (or refund) `id` has its row: a refund's id may
+    /// be a cancel's, whose provider call is a refund.
     pub(super) async fn is_a_row(&self, kind: OperationKind, id: &str) -> Result<bool, StoreError> {
         Ok(match kind {
             OperationKind::Charge => self.store.charge(id).await?.is_some(),
+            OperationKind::Refund if HoldAction::of_id(id).is_some() => {
+                self.store.capture(id).await?.is_some()
+            }
             OperationKind::Refund => self.store.refund(id).await?.is_some(),
         })
+    }
+
+    /// Whether `operation`'s (derived) id has its row.
+    async fn is_made(&self, operation: &Operation) -> Result<bool, StoreError> {
+        let id = operation.id();
+        match operation {
+            Operation::Charge(_) => self.is_a_row(OperationKind::Charge, id).await,
+            Operation::Refund(_) => self.is_a_row(OperationKind::Refund, id).await,
+            Operation::Capture(_) => Ok(self.store.capture(id).await?.is_some()),
+        }
     }
 
     /// Step 2: someone already has this key.
@@ -242,14 +275,40 @@ impl ChargeService {
             Operation::Refund(refund) => match ProviderRefundRequest::of(refund) {
                 Some(request) => self.gateway.create_refund(&request).await,
                 // A succeeded charge always has the provider's id.
-                None => ProviderOutcome::Declined {
-                    code: "charge_not_at_provider".to_owned(),
-                    decline_code: None,
-                    message: "the charge has no provider id to refund".to_owned(),
-                    provider_id: None,
+                None => not_at_provider("refund"),
+            },
+            Operation::Capture(capture) => match capture.gateway_charge_id.clone() {
+                Some(gateway_charge_id) => match capture.action {
+                    HoldAction::Capture => {
+                        let request = ProviderCaptureRequest {
+                            idempotency_key: capture.provider_key.clone(),
+                            charge_id: capture.charge_id.clone(),
+                            gateway_charge_id,
+                            amount_cents: capture.amount_cents,
+                            currency: capture.currency.clone(),
+                        };
+                        self.gateway.capture_charge(&request).await
+                    }
+                    // Releasing a hold is a refund of the whole uncaptured
+                    // charge, under the cancel's own key.
+                    HoldAction::Cancel => {
+                        let request = ProviderRefundRequest {
+                            idempotency_key: capture.provider_key.clone(),
+                            refund_id: capture.id.clone(),
+                            gateway_charge_id,
+                            amount_cents: capture.amount_cents,
+                            currency: capture.currency.clone(),
+                            reason: None,
+                            metadata: Default::default(),
+                        };
+                        self.gateway.create_refund(&request).await
+                    }
                 },
+                // An authorized hold always has the provider's id.
+                None => not_at_provider(capture.action.as_str()),
             },
         };
+        let operation = self.with_hold_expiry(operation);
         let (outcome, response) = match settle(&operation, outcome) {
             Ok(settled) => settled,
             // The provider answers this key the same way to every call (an
@@ -320,6 +379,22 @@ impl ChargeService {
         self.complete(finish).await
     }
 
+    /// A hold's lapse for when the provider does not give one: its
+    /// authorization's time (its claim's, by the database's clock) plus
+    /// `HOLD_EXPIRY`. The provider's `capture_before` replaces it when its
+    /// answer carries one.
+    pub(super) fn with_hold_expiry(&self, mut operation: Operation) -> Operation {
+        if let Operation::Charge(charge) = &mut operation
+            && charge.is_hold()
+            && charge.capture_before.is_none()
+        {
+            let expiry = chrono::Duration::from_std(self.policy.hold_expiry)
+                .unwrap_or(chrono::Duration::MAX);
+            charge.capture_before = charge.created_at.checked_add_signed(expiry);
+        }
+        operation
+    }
+
     /// Gives up on a request whose provider outcome is unknown: the record
     /// becomes `abandoned` with the answer `500 request_abandoned` (replayed
     /// to the client, never reclaimed nor pruned) and the charge `unknown`,
@@ -346,12 +421,17 @@ impl ChargeService {
                     status: ChargeStatus::Unknown,
                     gateway_charge_id: None,
                     decline_code: None,
+                    capture_before: None,
                 })
             }
             Operation::Refund(refund) => {
                 envelope.error.charge_id = Some(refund.charge_id.clone());
                 envelope.error.refund_id = Some(refund.id.clone());
                 Outcome::Refund(refund_outcome(refund, ChargeStatus::Unknown))
+            }
+            Operation::Capture(capture) => {
+                envelope.error.charge_id = Some(capture.charge_id.clone());
+                Outcome::Capture(capture_outcome(capture, ChargeStatus::Unknown))
             }
         };
         let finish = Finish {
@@ -381,9 +461,17 @@ impl ChargeService {
         let operation_id = finish.outcome.id();
         match self.store.finish(&finish).await? {
             FinishOutcome::Finished => {
-                if let Outcome::Refund(refund) = &finish.outcome {
-                    let outcome = refund.status.as_str();
-                    metrics::counter!(REFUNDS_TOTAL, "outcome" => outcome).increment(1);
+                match &finish.outcome {
+                    Outcome::Refund(refund) => {
+                        let outcome = refund.status.as_str();
+                        metrics::counter!(REFUNDS_TOTAL, "outcome" => outcome).increment(1);
+                    }
+                    Outcome::Capture(capture) => {
+                        let (action, outcome) = (capture.action.as_str(), capture.status.as_str());
+                        metrics::counter!(CAPTURES_TOTAL, "action" => action, "outcome" => outcome)
+                            .increment(1);
+                    }
+                    Outcome::Charge(_) => {}
                 }
                 tracing::info!(%record_id, operation = operation_id, status = finish.response.status, state = finish.state.as_str(), "finished");
                 Ok(Reply {
@@ -446,6 +534,86 @@ pub(super) fn settle(
     match operation {
         Operation::Charge(charge) => settle_charge(charge, outcome),
         Operation::Refund(refund) => settle_refund(refund, outcome),
+        Operation::Capture(capture) => settle_capture(capture, outcome),
+    }
+}
+
+/// A refusal for an operation on a charge the provider has no id of.
+fn not_at_provider(what: &str) -> ProviderOutcome {
+    ProviderOutcome::Declined {
+        code: "charge_not_at_provider".to_owned(),
+        decline_code: None,
+        message: format!("the charge has no provider id to {what}"),
+        provider_id: None,
+    }
+}
+
+/// The provider's code for a capture of a hold that lapsed.
+pub(super) const HOLD_LAPSED: &str = "charge_expired_for_capture";
+
+/// A capture's or cancel's final answer: 201 with the hold as it leaves
+/// it (captured, or canceled); a refusal gives the hold back, answered
+/// 400 `hold_expired` when it lapsed at the provider, else 402
+/// `capture_failed` (or `cancel_failed`) naming the hold's status.
+pub(super) fn settle_capture(
+    capture: &Capture,
+    outcome: ProviderOutcome,
+) -> Result<(Outcome, StoredResponse), (Doubt, String)> {
+    let mut capture = capture.clone();
+    let final_ = Final::of(outcome)?;
+    if final_.status == ChargeStatus::Pending {
+        // A release the provider settles later is not a hold released yet.
+        let reason = "the provider's release of the hold is pending, not final".to_owned();
+        return Err((Doubt::ProviderError, reason));
+    }
+    capture.status = final_.status;
+    capture.gateway_id = final_.provider_id;
+    let response = match final_.refusal {
+        None => {
+            let hold = capture.hold_after(match capture.action {
+                HoldAction::Capture => ChargeStatus::Succeeded,
+                HoldAction::Cancel => ChargeStatus::Canceled,
+            });
+            created(hold.to_json(), hold.location())
+        }
+        Some(Refusal::Declined { code, message } | Refusal::Rejected { code, message }) => {
+            let lapsed = code == HOLD_LAPSED;
+            capture.failure_code = Some(code);
+            if lapsed {
+                Capture::refusal(&capture.charge_id, HoldState::Expired)
+            } else {
+                let mut envelope = ErrorEnvelope::new(
+                    format!("{}_failed", capture.action.as_str()),
+                    format!(
+                        "the payment provider refused the {}: {}; the hold still requires                          capture",
+                        capture.action.as_str(),
+                        message.trim_end_matches('.')
+                    ),
+                );
+                envelope.error.decline_code = capture.failure_code.clone();
+                envelope.error.charge_id = Some(capture.charge_id.clone());
+                refused(&envelope)
+            }
+        }
+    };
+    let status = capture.status;
+    Ok((
+        Outcome::Capture(capture_outcome(&capture, status)),
+        response,
+    ))
+}
+
+/// A capture's outcome as its row will record it.
+pub(super) fn capture_outcome(capture: &Capture, status: ChargeStatus) -> CaptureOutcome {
+    CaptureOutcome {
+        capture_id: capture.id.clone(),
+        action: capture.action,
+        charge_id: capture.charge_id.clone(),
+        amount_cents: capture.amount_cents,
+        status,
+        gateway_id: capture.gateway_id.clone(),
+        hold_lapsed: capture.failure_code.as_deref() == Some(HOLD_LAPSED),
+        failure_code: capture.failure_code.clone(),
     }
 }
 
@@ -463,6 +631,28 @@ pub(super) fn settle_charge(
     let final_ = Final::of(outcome)?;
     charge.status = final_.status;
     charge.gateway_charge_id = final_.provider_id;
+    if final_.held.is_some() != charge.is_hold() {
+        // The gateway checks this; an answer that slipped past it is still
+        // not taken for what was asked.
+        let reason = format!(
+            "the provider's charge is {} where the charge asked to be {}",
+            if final_.held.is_some() {
+                "held uncaptured"
+            } else {
+                "captured"
+            },
+            if charge.is_hold() { "held" } else { "captured" }
+        );
+        if charge.status == ChargeStatus::Succeeded || final_.held.is_some() {
+            return Err((Doubt::Mismatch, reason));
+        }
+    }
+    if let Some(capture_before) = final_.held {
+        charge.status = ChargeStatus::RequiresCapture;
+        charge.capture_before = capture_before
+            .and_then(|secs| chrono::DateTime::from_timestamp(secs, 0))
+            .or(charge.capture_before);
+    }
     let response = match final_.refusal {
         None => created(charge.to_json(), charge.location()),
         Some(Refusal::Declined { code, message }) => {
@@ -482,6 +672,7 @@ pub(super) fn settle_charge(
         status: charge.status,
         gateway_charge_id: charge.gateway_charge_id,
         decline_code: charge.decline_code,
+        capture_before: charge.capture_before,
     });
     Ok((outcome, response))
 }
@@ -518,6 +709,8 @@ pub(super) struct Final {
     status: ChargeStatus,
     provider_id: Option<String>,
     refusal: Option<Refusal>,
+    /// An authorized hold, with the provider's `capture_before` if given.
+    held: Option<Option<i64>>,
 }
 
 /// Why a final answer is not a success.
@@ -537,6 +730,16 @@ impl Final {
                 status: ChargeStatus::Succeeded,
                 provider_id: Some(provider_id),
                 refusal: None,
+                held: None,
+            },
+            ProviderOutcome::Authorized {
+                provider_id,
+                capture_before,
+            } => Self {
+                status: ChargeStatus::Succeeded,
+                provider_id: Some(provider_id),
+                refusal: None,
+                held: Some(capture_before),
             },
             ProviderOutcome::Declined {
                 code,
@@ -550,17 +753,20 @@ impl Final {
                     code: decline_code.unwrap_or(code),
                     message,
                 }),
+                held: None,
             },
             ProviderOutcome::Rejected { code, message } => Self {
                 status: ChargeStatus::Failed,
                 provider_id: None,
                 refusal: Some(Refusal::Rejected { code, message }),
+                held: None,
             },
             // Accepted: answered 201 `pending`, its amount still reserved.
             ProviderOutcome::Pending { provider_id } => Self {
                 status: ChargeStatus::Pending,
                 provider_id: Some(provider_id),
                 refusal: None,
+                held: None,
             },
             ProviderOutcome::Unknown { doubt, reason } => return Err((doubt, reason)),
         })
@@ -638,11 +844,12 @@ pub fn log_abandoned(
     let (customer_id, provider_key, amount_cents, currency) = match operation {
         Operation::Charge(c) => (&c.customer_id, &c.provider_key, c.amount_cents, &c.currency),
         Operation::Refund(r) => (&r.customer_id, &r.provider_key, r.amount_cents, &r.currency),
+        Operation::Capture(c) => (&c.customer_id, &c.provider_key, c.amount_cents, &c.currency),
     };
     tracing::error!(
         %record_id,
         operation = operation.id(),
-        kind = operation.kind().as_str(),
+        kind = operation.label(),
         customer_id = %customer_id,
         provider_key = %provider_key,
         amount_cents,

@@ -13,7 +13,7 @@ mod reads;
 mod reconcile;
 
 pub use machine::log_abandoned;
-use machine::{refund_outcome, settle};
+use machine::{capture_outcome, refund_outcome, settle};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,6 +24,8 @@ use crate::answers::{self, AnswerCache};
 use crate::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId, InvalidRequest};
 use crate::derive::Derivation;
 use crate::envelope::ErrorEnvelope;
+use crate::hold::HoldState;
+use crate::hold::{Capture, HoldAction, HoldRequest};
 use crate::idempotency::{
     CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, LeaseToken, REFUNDS_ROUTE, RecordId,
     RecordState, RequestFingerprint, StoredResponse,
@@ -31,14 +33,14 @@ use crate::idempotency::{
 use crate::limits::{RATE_LIMITED_TOTAL, RateLimit};
 use crate::list::{self, ChargeQuery, Cursor, List};
 use crate::provider::{
-    CreatedWindow, Doubt, Expected, Gateway, Lookup, OperationKind, ProviderChargeRequest,
-    ProviderOutcome, ProviderRefundRequest,
+    CreatedWindow, Doubt, Expected, Gateway, Lookup, OperationKind, ProviderCaptureRequest,
+    ProviderChargeRequest, ProviderOutcome, ProviderRefundRequest,
 };
 use crate::refund::{Refund, RefundRequest};
 use crate::scope::{Actor, Denied, Role, Scope};
 use crate::store::{
-    ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Operation,
-    Outcome, RefundOutcome, Store, StoreError, Unsettled,
+    CaptureOutcome, ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease,
+    Operation, Outcome, RefundOutcome, Store, StoreError, Unsettled,
 };
 
 /// Counts the expired leases taken over to re-drive a charge (a metric name,
@@ -54,6 +56,15 @@ pub const ABANDONED_TOTAL: &str = "payments_abandoned_total";
 /// it did not fit in what was left of its charge) and `pending` (answered
 /// 201 `pending`: the provider settles it later, reconciliation polls it).
 pub const REFUNDS_TOTAL: &str = "payments_refunds_total";
+
+/// Counts captures and cancels of holds by `action` (`capture`, `cancel`)
+/// and final `outcome`: `succeeded`, `failed` (the provider refused it;
+/// the hold is given back, or lapsed), `unknown` (abandoned), `refused`
+/// (a stored 400 before the provider: the hold was captured, canceled or
+/// lapsing) and `busy` (a 409: another capture or cancel holds it).
+pub const CAPTURES_TOTAL: &str = "payments_captures_total";
+/// Holds by `status` (a gauge, set by `payments-jobs`).
+pub const HOLDS: &str = "payments_holds";
 
 /// Counts reconciliations by `operation` (`charge`, `refund`) and `outcome`:
 /// settled as `succeeded`, `failed` or `not_made`, or left as `lagging`,
@@ -91,6 +102,12 @@ pub struct Policy {
     /// What keyed operations' ids and provider keys are derived under
     /// (`PROVIDER_KEY_SECRET`, [`crate::derive`]).
     pub derivation: Derivation,
+    /// How long a hold lasts when the provider does not say
+    /// (`HOLD_EXPIRY`): its authorization's time plus this.
+    pub hold_expiry: Duration,
+    /// A capture is refused (400 `hold_expired`, before the provider is
+    /// called) once its hold lapses within this (`HOLD_CAPTURE_MARGIN`).
+    pub hold_capture_margin: Duration,
 }
 
 /// The open orphans a search counts at most (the gauge saturates there).
@@ -132,6 +149,15 @@ pub enum ChargeError {
     /// reconciliation, so this is not stored.
     #[error("a charge that is {} cannot be refunded", .0.as_str())]
     NotRefundable(ChargeStatus),
+    /// The charge to capture or cancel is no hold that can be (yet): its
+    /// authorization is still unknown or pending, it failed, or it was
+    /// made to be captured at once. Not stored.
+    #[error("a charge that is {} is not a hold that can be captured or canceled", .0.as_str())]
+    NotCapturable(ChargeStatus),
+    /// Another capture or cancel of the hold is pending: it may yet fail
+    /// and give the hold back, so this 409 is not stored.
+    #[error("another capture or cancel of this hold is in progress")]
+    HoldBusy,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -185,7 +211,12 @@ impl Decision {
 }
 
 /// The decline code of an operation reconciliation found was never made.
-pub const NOT_MADE: [&str; 2] = ["charge_not_made", "refund_not_made"];
+pub const NOT_MADE: [&str; 4] = [
+    "charge_not_made",
+    "refund_not_made",
+    "capture_not_made",
+    "cancel_not_made",
+];
 
 /// The code of the stored 400 answer when the provider refused the request
 /// itself (Stripe's `invalid_request_error`).
@@ -340,6 +371,48 @@ impl ChargeService {
             .await
     }
 
+    /// `POST /api/charges/{id}/capture` and `/cancel` with an idempotency
+    /// key, by the back office (`charges:capture`). A charge out of reach is
+    /// not found; one that is no hold that can be (its authorization still
+    /// pending or unknown, failed, or a charge captured when made, which is
+    /// a stored `charge_already_captured` from the claim) is refused
+    /// without a claim. Which capture or cancel takes the hold is decided
+    /// in the claim's transaction ([`crate::hold`]).
+    #[tracing::instrument(skip_all, fields(requested_by = %actor.subject(), role = %actor.role(), charge_id = %charge_id, action = action.as_str()))]
+    pub async fn act_on_hold(
+        &self,
+        actor: &Actor,
+        key: &IdempotencyKey,
+        charge_id: &str,
+        action: HoldAction,
+        body: &Value,
+    ) -> Result<Reply, ChargeError> {
+        actor.may_capture()?;
+        let request = HoldRequest::from_json(action, body, self.policy.max_amount_cents)?;
+        let charge = self
+            .charge(charge_id)
+            .await?
+            .ok_or(ChargeError::ChargeNotFound)?;
+        match charge.status {
+            ChargeStatus::Pending | ChargeStatus::Unknown | ChargeStatus::Failed => {
+                return Err(ChargeError::NotCapturable(charge.status));
+            }
+            _ => {}
+        }
+        let amount = match action {
+            HoldAction::Capture => request.amount_of(&charge)?,
+            HoldAction::Cancel => charge.amount_cents,
+        };
+        // The fingerprint covers the path's charge, as a refund's does.
+        let mut fingerprinted = body.clone();
+        if let Value::Object(fields) = &mut fingerprinted {
+            fields.insert("charge_id".to_owned(), Value::from(charge_id));
+        }
+        let operation = Operation::Capture(Capture::pending(actor, &charge, &request, amount));
+        self.start(actor, key, action.route(), &fingerprinted, operation)
+            .await
+    }
+
     /// Charges a won claim to its customer's rate ([`crate::limits`]):
     /// only the attempt whose claim created the record gets here, so one
     /// operation costs one unit however many attempts race for its key
@@ -443,6 +516,7 @@ impl ChargeService {
                         status: ChargeStatus::Unknown,
                         gateway_charge_id: None,
                         decline_code: None,
+                        capture_before: None,
                     }))
                     .await?;
                 Err(ChargeError::ProviderUnavailable { doubt, reason })

@@ -112,13 +112,30 @@ impl ChargeService {
                 }
                 None => Lookup::NotFound,
             },
+            // A capture shows on its charge; a cancel is a refund of it.
+            Operation::Capture(capture) => match &capture.gateway_charge_id {
+                Some(charge) => {
+                    let expected = Expected::of_capture(capture.amount_cents, &capture.currency);
+                    match capture.action {
+                        HoldAction::Capture => self.gateway.find_capture(charge, &expected).await,
+                        HoldAction::Cancel => {
+                            self.gateway
+                                .find_refund(charge, &capture.id, &expected)
+                                .await
+                        }
+                    }
+                }
+                None => Lookup::NotFound,
+            },
         };
         match lookup {
             Lookup::Found(ProviderOutcome::Pending { .. }) => Decision::Pending,
-            Lookup::Found(found) => match settle(&unsettled.operation, found) {
-                Ok((outcome, answer)) => Decision::Settle { outcome, answer },
-                Err((_, reason)) => Decision::LookupFailed(reason),
-            },
+            Lookup::Found(found) => {
+                match settle(&self.with_hold_expiry(unsettled.operation.clone()), found) {
+                    Ok((outcome, answer)) => Decision::Settle { outcome, answer },
+                    Err((_, reason)) => Decision::LookupFailed(reason),
+                }
+            }
             Lookup::Unknown { reason } => Decision::LookupFailed(reason),
             Lookup::NotFound => match unsettled.lag_passed {
                 None => Decision::NeedsPerson,
@@ -162,10 +179,12 @@ impl ChargeService {
             .await
         {
             Lookup::NotFound => not_made(operation),
-            Lookup::Found(found) => match settle(operation, found) {
-                Ok((outcome, answer)) => Decision::Settle { outcome, answer },
-                Err((_, reason)) => Decision::LookupFailed(reason),
-            },
+            Lookup::Found(found) => {
+                match settle(&self.with_hold_expiry(operation.clone()), found) {
+                    Ok((outcome, answer)) => Decision::Settle { outcome, answer },
+                    Err((_, reason)) => Decision::LookupFailed(reason),
+                }
+            }
             Lookup::Unknown { reason } => Decision::LookupFailed(format!(
                 "Search does not show it, and the charge list could not confirm that: {reason}"
             )),
@@ -191,10 +210,7 @@ impl ChargeService {
                 false
             }
         };
-        let operation = match unsettled.operation {
-            Operation::Charge(_) => "charge",
-            Operation::Refund(_) => "refund",
-        };
+        let operation = unsettled.operation.label();
         let label = decision.label();
         if applied || !matches!(decision, Decision::Settle { .. }) {
             metrics::counter!(RECONCILED_TOTAL, "operation" => operation, "outcome" => label)
@@ -233,9 +249,10 @@ impl ChargeService {
 }
 
 /// An operation the provider has no record of, its search lag past:
-/// nothing moved. Failed, with `charge_not_made` or `refund_not_made`
-/// (a refund's reservation is released), and the answer 502 saying so: a
-/// new request with a new key may be made.
+/// nothing moved. Failed, with `charge_not_made`, `refund_not_made` (a
+/// refund's reservation is released), `capture_not_made` or
+/// `cancel_not_made` (the hold is given back), and the answer 502 saying
+/// so: a new request with a new key may be made.
 pub(super) fn not_made(operation: &Operation) -> Decision {
     let message = "the payment provider has no record of this operation: nothing was \
                    charged or refunded, and a new request with a new idempotency key may be made";
@@ -248,8 +265,20 @@ pub(super) fn not_made(operation: &Operation) -> Decision {
                 status: ChargeStatus::Failed,
                 gateway_charge_id: None,
                 decline_code: Some(NOT_MADE[0].to_owned()),
+                capture_before: None,
             });
             (outcome, envelope)
+        }
+        Operation::Capture(capture) => {
+            let code = match capture.action {
+                HoldAction::Capture => NOT_MADE[2],
+                HoldAction::Cancel => NOT_MADE[3],
+            };
+            let mut envelope = ErrorEnvelope::new(code, message);
+            envelope.error.charge_id = Some(capture.charge_id.clone());
+            let mut outcome = capture_outcome(capture, ChargeStatus::Failed);
+            outcome.failure_code = Some(code.to_owned());
+            (Outcome::Capture(outcome), envelope)
         }
         Operation::Refund(refund) => {
             let mut envelope = ErrorEnvelope::new(NOT_MADE[1], message);
