@@ -544,3 +544,66 @@ async fn a_client_per_role_refunds_from_the_back_office_only() {
     );
     assert_eq!(app.sandbox_refunds().await.len(), 1);
 }
+
+/// Holds through the client (issue 27): `authorize` makes a hold; a
+/// capture through a slow provider is made once however many attempts
+/// the retry loop takes (each times out first, the stored answer arrives
+/// as a replay); the hold then refuses a cancel with a final
+/// `charge_already_captured`. `cancel` releases another hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn authorize_capture_and_cancel_each_once_through_the_retry_loop() {
+    use payments_client::model::{CaptureRequest, ChargeStatus};
+    let app = app(AppOptions::default()).await;
+    let customer = Client::new(&app.base_url, app.token("cus_gil")).unwrap();
+    let held = customer.authorize(&visa()).await.unwrap();
+    let hold = held.charge().unwrap().clone();
+    assert_eq!(hold.status, ChargeStatus::RequiresCapture);
+    assert!(!hold.captured && hold.capture_before.is_some());
+
+    app.configure_sandbox(serde_json::json!({"latency_ms": 1200}))
+        .await;
+    let office = Client::builder(
+        &app.base_url,
+        app.back_office_token("ops_gil", "charges:capture"),
+    )
+    .attempt_timeout(Duration::from_millis(500))
+    .backoff(Duration::from_millis(100), Duration::from_secs(1))
+    .build()
+    .unwrap();
+    let part = CaptureRequest {
+        amount_cents: Some(hold.amount_cents - 10),
+    };
+    let captured = office.capture(&hold.id, &part).await.unwrap();
+    assert!(
+        captured.attempts > 1,
+        "took {} attempt(s)",
+        captured.attempts
+    );
+    let charge = captured.charge().unwrap();
+    assert_eq!(
+        (
+            charge.status,
+            charge.amount_captured,
+            charge.amount_released
+        ),
+        (ChargeStatus::Succeeded, hold.amount_cents - 10, 10)
+    );
+    let captures = app.sandbox_get("/_sandbox/captures").await;
+    assert_eq!(captures["data"].as_array().map(Vec::len), Some(1));
+    app.configure_sandbox(serde_json::json!({})).await;
+
+    let err = office.cancel(&hold.id).await.unwrap_err();
+    let (error, _) = final_rejection(&err, 400);
+    assert_eq!(error.code, "charge_already_captured");
+
+    let other = customer.authorize(&visa()).await.unwrap();
+    let other = other.charge().unwrap();
+    let canceled = office.cancel(&other.id).await.unwrap();
+    assert_eq!(canceled.charge().unwrap().status, ChargeStatus::Canceled);
+    // Customers never capture: final at once.
+    let err = customer
+        .capture(&other.id, &CaptureRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(final_rejection(&err, 403).0.code, "insufficient_scope");
+}

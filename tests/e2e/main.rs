@@ -62,7 +62,7 @@ async fn mint(customer: &str) -> String {
 
 /// A development token of the back office (`payments-api token
 /// --audience`, the audience every test process is given) for `subject`,
-/// refunding and reading any customer's charges.
+/// refunding, capturing and reading any customer's charges.
 async fn mint_back_office(subject: &str) -> String {
     let (ok, stdout, stderr) = run_binary(
         "payments-api",
@@ -71,7 +71,7 @@ async fn mint_back_office(subject: &str) -> String {
             "--subject",
             subject,
             "--scope",
-            "refunds:write charges:read_all",
+            "refunds:write charges:capture charges:read_all",
             "--audience",
             payments_tests::BACK_OFFICE_AUDIENCE,
         ],
@@ -178,6 +178,59 @@ async fn readme_session_against_the_real_binaries(backend: Backend) {
     assert_eq!(listed["data"][0]["amount_refunded"], 1500, "{listed}");
     let refunds: Value = sandbox_json(&sandbox, "/_sandbox/refunds").await;
     assert_eq!(refunds["data"].as_array().unwrap().len(), 1);
+
+    // 7. A hold, a partial capture (the rest released), a refund of the
+    // captured part.
+    let hold_body =
+        r#"{"amount_cents": 10000, "currency": "GBP", "card_token": "tok_visa", "capture": false}"#;
+    let hold = post(&api, &token, &uuid::Uuid::new_v4().to_string(), hold_body).await;
+    assert_eq!(hold.status(), 201);
+    let hold: Value = hold.json().await.unwrap();
+    assert_eq!(hold["status"], "requires_capture", "{hold}");
+    assert!(hold["capture_before"].is_string());
+    let hold_id = hold["id"].as_str().unwrap();
+    let capture_key = uuid::Uuid::new_v4().to_string();
+    let capture = || {
+        reqwest::Client::new()
+            .post(format!("{}/api/charges/{hold_id}/capture", api.url))
+            .bearer_auth(&staff)
+            .header("idempotency-key", &capture_key)
+            .json(&serde_json::json!({"amount_cents": 6000}))
+            .send()
+    };
+    let captured = capture().await.unwrap();
+    assert_eq!(captured.status(), 201);
+    let captured: Value = captured.json().await.unwrap();
+    assert_eq!(
+        (
+            &captured["status"],
+            &captured["amount_captured"],
+            &captured["amount_released"]
+        ),
+        (
+            &serde_json::json!("succeeded"),
+            &serde_json::json!(6000),
+            &serde_json::json!(4000)
+        )
+    );
+    let again = capture().await.unwrap();
+    assert_eq!(again.headers()["idempotent-replay"], "true");
+    let refunded = reqwest::Client::new()
+        .post(format!("{}/api/charges/{hold_id}/refunds", api.url))
+        .bearer_auth(&staff)
+        .header("idempotency-key", uuid::Uuid::new_v4().to_string())
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refunded.status(), 201);
+    assert_eq!(
+        refunded.json::<Value>().await.unwrap()["amount_cents"],
+        6000
+    );
+    let captures: Value = sandbox_json(&sandbox, "/_sandbox/captures").await;
+    assert_eq!(captures["data"][0]["amount"], 6000, "{captures}");
+    assert_eq!(captures["data"].as_array().unwrap().len(), 1);
 }
 
 backend_tests!(readme_session_against_the_real_binaries);

@@ -12,7 +12,7 @@ use payments_tests::{AppOptions, Backend, TestApp, spawn_app};
 
 use super::{non_idempotent_server, run_tool, sqlite_app};
 
-const ALL_CHECKS: [Check; 7] = Check::ALL;
+const ALL_CHECKS: [Check; 8] = Check::ALL;
 
 fn config_for(app: &TestApp) -> Config {
     let mut config = Config::new(&app.base_url, app.token("cus_smoke"));
@@ -22,9 +22,9 @@ fn config_for(app: &TestApp) -> Config {
     config
 }
 
-/// The back office's token the refund check refunds with.
+/// The back office's token the refund and capture checks act with.
 fn back_office(app: &TestApp) -> String {
-    app.back_office_token("ops_smoke", "refunds:write")
+    app.back_office_token("ops_smoke", "refunds:write charges:capture")
 }
 
 /// Runs the real `payments-smoke` binary: (exit code, stdout, stderr).
@@ -50,12 +50,21 @@ async fn passes_against_the_real_server() {
         db.detail
     );
     // One charge per keyed operation (the refund check refunds
-    // sequential_replay's); the keyless request was refused; one refund for
-    // the two refund requests.
-    assert_eq!(app.db.charges().await, 2);
-    assert_eq!(app.sandbox_charges().await.len(), 2);
+    // sequential_replay's), and the hold; the keyless request was refused;
+    // one refund for the two refund requests, one capture for the two
+    // capture requests.
+    assert_eq!(app.db.charges().await, 3);
+    assert_eq!(app.sandbox_charges().await.len(), 3);
     assert_eq!(app.sandbox_refunds().await.len(), 1);
     assert_eq!(app.db.refunds_with_status("succeeded").await, 1);
+    let captures = app.sandbox_get("/_sandbox/captures").await;
+    assert_eq!(captures["data"].as_array().map(Vec::len), Some(1));
+    let capture = report.check(Check::AuthorizeCapture).unwrap();
+    assert!(
+        capture.detail.contains("captured once"),
+        "{}",
+        capture.detail
+    );
 }
 
 /// Refunds are the back office's: without a back-office token the refund
@@ -87,11 +96,14 @@ async fn the_refund_check_needs_a_back_office_token_unless_customers_refund() {
     let report = smoke::run(&config).await.unwrap();
     assert!(report.passed, "{}", report.to_text());
     assert_eq!(app.sandbox_refunds().await.len(), 1);
+    // Captures are the back office's alone: skipped, saying why.
+    let skipped: Vec<Check> = report.skipped.iter().map(|s| s.name).collect();
+    assert!(skipped.contains(&Check::AuthorizeCapture), "{skipped:?}");
 }
 
 /// A staging pipeline retries its smoke job: five runs in a row as one
 /// customer, against a server with the default per-customer rate limit
-/// (30 a minute, bursts of 10), all pass. Each run starts three operations;
+/// (30 a minute, bursts of 10), all pass. Each run starts four operations;
 /// past the burst, the smoke waits out the 429s (nothing stored) instead of
 /// failing on them, and the server's budget is spent once per operation.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -108,9 +120,12 @@ async fn passes_five_times_in_a_row_against_the_default_rate_limit() {
         assert!(report.passed, "run {run}: {}", report.to_text());
         assert_eq!(report.checks.len(), ALL_CHECKS.len(), "run {run}");
     }
-    assert_eq!(app.sandbox_charges().await.len(), 2 * RUNS);
-    assert_eq!(app.db.charges().await, 2 * RUNS as i64);
+    // Two charges and a hold a run; one refund and one capture.
+    assert_eq!(app.sandbox_charges().await.len(), 3 * RUNS);
+    assert_eq!(app.db.charges().await, 3 * RUNS as i64);
     assert_eq!(app.sandbox_refunds().await.len(), RUNS);
+    let captures = app.sandbox_get("/_sandbox/captures").await;
+    assert_eq!(captures["data"].as_array().map(Vec::len), Some(RUNS));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

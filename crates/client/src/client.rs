@@ -18,7 +18,8 @@ use crate::key::IdempotencyKey;
 use serde::de::DeserializeOwned;
 
 use crate::model::{
-    ApiError, Charge, ChargeQuery, ChargeRequest, List, Refund, RefundRequest, snippet,
+    ApiError, CaptureRequest, Charge, ChargeQuery, ChargeRequest, List, Refund, RefundRequest,
+    snippet,
 };
 use crate::retry::RetryPolicy;
 
@@ -276,6 +277,71 @@ impl Client {
     ) -> Result<RefundOutcome, ClientError> {
         let url = self.url(&["api", "charges", charge_id, "refunds"]);
         Operation::new(self, url, key.clone(), request)?.run().await
+    }
+
+    /// Authorizes `request` as a hold (`"capture": false`): the answer is
+    /// the charge `requires_capture`, with its `capture_before`. The same
+    /// retry rules and key as [`Client::charge`].
+    pub async fn authorize(&self, request: &ChargeRequest) -> Result<ChargeOutcome, ClientError> {
+        self.authorize_with_key(&IdempotencyKey::generate(), request)
+            .await
+    }
+
+    /// [`Client::authorize`] under a key the caller generated and stored.
+    pub async fn authorize_with_key(
+        &self,
+        key: &IdempotencyKey,
+        request: &ChargeRequest,
+    ) -> Result<ChargeOutcome, ClientError> {
+        let request = ChargeRequest {
+            capture: Some(false),
+            ..request.clone()
+        };
+        self.charge_with_key(key, &request).await
+    }
+
+    /// Captures a hold (all of it, unless the request names less; the rest
+    /// is released) once, however many attempts it takes: the back office's
+    /// (`charges:capture`). The answer is the charge, `succeeded`. Final
+    /// refusals ([`ClientError::Rejected`]): 400 `charge_already_captured`,
+    /// `charge_canceled`, `hold_expired`; a 409 `hold_in_use` (another
+    /// capture or cancel is pending) is retried.
+    pub async fn capture(
+        &self,
+        charge_id: &str,
+        request: &CaptureRequest,
+    ) -> Result<ChargeOutcome, ClientError> {
+        self.capture_with_key(&IdempotencyKey::generate(), charge_id, request)
+            .await
+    }
+
+    /// [`Client::capture`] under a key the caller generated and stored.
+    pub async fn capture_with_key(
+        &self,
+        key: &IdempotencyKey,
+        charge_id: &str,
+        request: &CaptureRequest,
+    ) -> Result<ChargeOutcome, ClientError> {
+        let url = self.url(&["api", "charges", charge_id, "capture"]);
+        Operation::new(self, url, key.clone(), request)?.run().await
+    }
+
+    /// Cancels a hold (releases all of it) once: the answer is the charge,
+    /// `canceled`. The same rules as [`Client::capture`].
+    pub async fn cancel(&self, charge_id: &str) -> Result<ChargeOutcome, ClientError> {
+        self.cancel_with_key(&IdempotencyKey::generate(), charge_id)
+            .await
+    }
+
+    /// [`Client::cancel`] under a key the caller generated and stored.
+    pub async fn cancel_with_key(
+        &self,
+        key: &IdempotencyKey,
+        charge_id: &str,
+    ) -> Result<ChargeOutcome, ClientError> {
+        let url = self.url(&["api", "charges", charge_id, "cancel"]);
+        let body = serde_json::Map::new();
+        Operation::new(self, url, key.clone(), &body)?.run().await
     }
 
     /// `GET /api/charges/{id}`: the caller's own charge, `None` on 404. One

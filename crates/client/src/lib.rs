@@ -74,6 +74,7 @@ pub use client::{Answer, ChargeOutcome, Client, ClientBuilder, Outcome, RefundOu
 pub use error::ClientError;
 pub use key::{IdempotencyKey, InvalidKey};
 pub use model::{
-    ApiError, Charge, ChargeQuery, ChargeRequest, ChargeStatus, List, Refund, RefundRequest,
+    ApiError, CaptureRequest, Charge, ChargeQuery, ChargeRequest, ChargeStatus, List, Refund,
+    RefundRequest,
 };
 pub use retry::RetryPolicy;

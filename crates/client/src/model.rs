@@ -19,6 +19,10 @@ pub struct ChargeRequest {
     /// String keys to string values.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<BTreeMap<String, String>>,
+    /// `Some(false)`: a hold, authorized now and captured or canceled
+    /// later ([`crate::Client::authorize`] sets it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<bool>,
 }
 
 impl ChargeRequest {
@@ -33,6 +37,7 @@ impl ChargeRequest {
             card_token: card_token.into(),
             description: None,
             metadata: None,
+            capture: None,
         }
     }
 
@@ -61,6 +66,12 @@ pub enum ChargeStatus {
     Failed,
     /// The server gave up on the provider and reconciles by hand.
     Unknown,
+    /// A hold, authorized and not captured yet.
+    RequiresCapture,
+    /// A hold released uncaptured.
+    Canceled,
+    /// A hold that lapsed uncaptured.
+    Expired,
     /// A status this client does not know yet.
     #[serde(other)]
     Unrecognised,
@@ -82,10 +93,32 @@ pub struct Charge {
     pub metadata: BTreeMap<String, String>,
     /// The provider's id for the charge, once it answered.
     pub gateway_charge_id: Option<String>,
+    /// Captured (a charge made to be captured at once, once it succeeded;
+    /// a hold once captured). Absent from servers before holds.
+    #[serde(default)]
+    pub captured: bool,
+    /// What was captured (a hold: its capture's amount).
+    #[serde(default)]
+    pub amount_captured: i64,
+    /// What of a hold was released uncaptured.
+    #[serde(default)]
+    pub amount_released: i64,
+    /// When a hold lapses uncaptured (RFC 3339), `None` for other charges.
+    #[serde(default)]
+    pub capture_before: Option<String>,
     /// When the server took the charge: RFC 3339 in UTC, as the server wrote
     /// it (`2024-05-01T12:00:00.123Z`). Kept as text so the client imposes
     /// no date library; parse it with the one the service already uses.
     pub created_at: String,
+}
+
+/// The body of `POST /api/charges/{id}/capture`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CaptureRequest {
+    /// What to capture, at most the amount authorized; by default all of
+    /// it. The rest of the hold is released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amount_cents: Option<i64>,
 }
 
 /// The body of `POST /api/charges/{id}/refunds`: every field optional.

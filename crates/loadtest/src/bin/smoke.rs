@@ -22,10 +22,12 @@ struct Args {
     /// A bearer token for a test customer (`payments-api token --customer cus_smoke`).
     #[arg(long, env = "SMOKE_TOKEN", hide_env_values = true)]
     token: String,
-    /// A back-office token with refunds:write, for the refund check
-    /// (`payments-api token --subject ops_smoke --scope refunds:write
-    /// --audience <JWT_BACKOFFICE_AUDIENCE>`). Without it the customer's
-    /// token refunds, which only a server with REFUNDS_BY_CUSTOMER allows.
+    /// A back-office token with refunds:write and charges:capture, for the
+    /// refund and capture checks (`payments-api token --subject ops_smoke
+    /// --scope refunds:write --scope charges:capture --audience
+    /// <JWT_BACKOFFICE_AUDIENCE>`). Without it the customer's token
+    /// refunds, which only a server with REFUNDS_BY_CUSTOMER allows, and
+    /// the capture check is skipped.
     #[arg(long, env = "SMOKE_BACK_OFFICE_TOKEN", hide_env_values = true)]
     back_office_token: Option<String>,
     /// The server's database (sqlite:, postgres://, mysql://), to check

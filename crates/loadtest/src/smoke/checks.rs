@@ -8,7 +8,9 @@ use std::time::Duration;
 use payments_client::client::{Answer, Client, Exchange, exchange};
 use payments_client::error::{ClientError, error_chain};
 use payments_client::key::IdempotencyKey;
-use payments_client::model::{ApiError, ChargeQuery, ChargeRequest, RefundRequest};
+use payments_client::model::{
+    ApiError, CaptureRequest, ChargeQuery, ChargeRequest, ChargeStatus, RefundRequest,
+};
 
 use super::Config;
 use super::report::{Check, CheckResult};
@@ -549,4 +551,72 @@ pub(crate) async fn refund_once_and_find(
         Err(e) => CheckResult::fail(list, format!("the list failed: {e}")),
     };
     [refunded, found]
+}
+
+/// A hold authorized by the customer, then two concurrent captures of half
+/// of it under one key by the back office (each through the client's retry
+/// loop): both end with the same capture, and the charge reads captured
+/// once, the rest released. A new hold each run: a smoke run is safe to
+/// repeat.
+pub(crate) async fn authorize_capture(run: &Run) -> CheckResult {
+    let check = Check::AuthorizeCapture;
+    let hold = match run.client.authorize(&run.request(check)).await {
+        Ok(outcome) => match outcome.answer {
+            Answer::Done(hold) if hold.status == ChargeStatus::RequiresCapture => hold,
+            Answer::Done(other) => {
+                return CheckResult::fail(
+                    check,
+                    format!(
+                        "the hold was answered {:?}, not requires_capture",
+                        other.status
+                    ),
+                );
+            }
+            Answer::Declined(e) => {
+                return CheckResult::fail(check, format!("the hold was declined: {}", e.code));
+            }
+        },
+        Err(e) => return CheckResult::fail(check, format!("the authorization failed: {e}")),
+    };
+    let half = CaptureRequest {
+        amount_cents: Some((hold.amount_cents / 2).max(1)),
+    };
+    let key = IdempotencyKey::generate();
+    let (a, b) = tokio::join!(
+        run.back_office.capture_with_key(&key, &hold.id, &half),
+        run.back_office.capture_with_key(&key, &hold.id, &half)
+    );
+    match (a, b) {
+        (Ok(a), Ok(b)) => match (a.done(), b.done()) {
+            (Some(x), Some(y)) if x == y && x.status == ChargeStatus::Succeeded => {
+                match run.client.get_charge(&hold.id).await {
+                    Ok(Some(c)) if Some(c.amount_captured) == half.amount_cents => {
+                        CheckResult::pass(
+                            check,
+                            format!(
+                                "{} captured once: {} of {}, {} released",
+                                c.id, c.amount_captured, c.amount_cents, c.amount_released
+                            ),
+                        )
+                    }
+                    other => CheckResult::fail(
+                        check,
+                        format!("the hold reads {other:?} after one capture of {half:?}"),
+                    ),
+                }
+            }
+            (x, y) => CheckResult::fail(
+                check,
+                format!("two captures or none under one key: {x:?} / {y:?}"),
+            ),
+        },
+        (Err(ClientError::Rejected { status: 403, .. }), _)
+        | (_, Err(ClientError::Rejected { status: 403, .. })) => CheckResult::fail(
+            check,
+            "the token cannot capture (403 insufficient_scope): captures are the back office's; \
+             pass --back-office-token with a token that has charges:capture"
+                .to_owned(),
+        ),
+        (Err(e), _) | (_, Err(e)) => CheckResult::fail(check, format!("a capture failed: {e}")),
+    }
 }

@@ -51,9 +51,10 @@ pub struct Config {
     pub base_url: String,
     /// A bearer token for a test customer.
     pub token: SecretString,
-    /// A back-office token with `refunds:write`, for the refund check;
-    /// `None`: the customer's token refunds (a server with
-    /// `REFUNDS_BY_CUSTOMER`; any other answers 403).
+    /// A back-office token with `refunds:write` and `charges:capture`, for
+    /// the refund and capture checks; `None`: the customer's token refunds
+    /// (a server with `REFUNDS_BY_CUSTOMER`; any other answers 403), and
+    /// the capture check is skipped.
     pub back_office_token: Option<SecretString>,
     /// The server's database (`sqlite:`, `postgres://`, `mysql://`), for
     /// `one_row_per_key`; `None` skips that check.
@@ -146,9 +147,19 @@ pub async fn run(config: &Config) -> Result<Report, SmokeError> {
     results.push(checks::key_reuse_other_body(&run, sequential.completed.clone()).await);
     results.push(checks::missing_key(&run).await);
     results.extend(checks::refund_once_and_find(&run, sequential.completed).await);
+    let mut skipped = Vec::new();
+    // Captures are the back office's alone (no setting lets customers).
+    match &config.back_office_token {
+        Some(_) => results.push(checks::authorize_capture(&run).await),
+        None => skipped.push(Skipped {
+            name: Check::AuthorizeCapture,
+            reason: "no --back-office-token given: captures are the back office's \
+                     (charges:capture)"
+                .to_owned(),
+        }),
+    }
     let mut results: Vec<CheckResult> = results.into_iter().map(|r| run.noted(r)).collect();
 
-    let mut skipped = Vec::new();
     match &mut database {
         Some(db) => {
             let expected = vec![

@@ -22,6 +22,9 @@ pub enum Check {
     RefundOnce,
     /// `GET /api/charges?idempotency_key=` finds the charge a key made.
     ListFindsCharge,
+    /// A hold authorized, then two concurrent captures of half of it with
+    /// one key capture it once, the rest released.
+    AuthorizeCapture,
     /// The database holds exactly one `charges` row per key (needs
     /// `--database-url`).
     OneRowPerKey,
@@ -29,13 +32,14 @@ pub enum Check {
 
 impl Check {
     /// Every check, in the order the smoke runs them.
-    pub const ALL: [Check; 7] = [
+    pub const ALL: [Check; 8] = [
         Self::ConcurrentSameKey,
         Self::SequentialReplay,
         Self::KeyReuseOtherBody,
         Self::MissingKey,
         Self::RefundOnce,
         Self::ListFindsCharge,
+        Self::AuthorizeCapture,
         Self::OneRowPerKey,
     ];
 
@@ -47,6 +51,7 @@ impl Check {
             Self::MissingKey => "missing_key",
             Self::RefundOnce => "refund_once",
             Self::ListFindsCharge => "list_finds_charge",
+            Self::AuthorizeCapture => "authorize_capture",
             Self::OneRowPerKey => "one_row_per_key",
         }
     }
