@@ -6,7 +6,10 @@
 
 use std::sync::Arc;
 
-use payments_tests::{Answer, AppOptions, Backend, TestApp, backend_tests, new_key, spawn_app};
+use payments_tests::{
+    Answer, AppOptions, Backend, TestApp, at_once, backend_tests, new_key, parallel_refunds,
+    spawn_app,
+};
 use serde_json::{Value, json};
 
 /// A hold of `amount` for `customer`: the 201's body (asserted).
@@ -114,6 +117,15 @@ async fn authorize_capture_in_part_and_refund_the_captured_part(backend: Backend
     );
     assert!(hold["capture_before"].is_string(), "{hold}");
     assert!(sandbox_captures(&app, gateway_id).await.is_empty());
+
+    let mut counted = Vec::new();
+    for series in [
+        r#"payments_captures_total{action="capture",outcome="succeeded"}"#,
+        r#"payments_captures_total{action="capture",outcome="refused"}"#,
+        r#"payments_captures_total{action="cancel",outcome="refused"}"#,
+    ] {
+        counted.push((series, sample(&app, series).await));
+    }
 
     // Nothing captured, nothing to refund: refused, not stored.
     let early = app.post_refund("ops_bob", id, &new_key(), &json!({})).await;
@@ -252,6 +264,14 @@ async fn authorize_capture_in_part_and_refund_the_captured_part(backend: Backend
         (400, Some("refund_exceeds_charge"))
     );
 
+    // Counted: one capture succeeded, two refusals stored. (Counters are
+    // process-wide and other tests run alongside: each went up by at
+    // least this test's.)
+    for (series, was) in &counted {
+        let now = sample(&app, series).await;
+        assert!(now >= was + 1.0, "{series} went from {was} to {now}");
+    }
+
     // A charge captured when made is no hold: captured already.
     let plain = app
         .charge_json("cus_alice", &payments_tests::charge_body(500, "tok_visa"))
@@ -327,14 +347,9 @@ async fn a_cancel_releases_the_hold(backend: Backend) {
 /// provider; every answer is the capture's 201 or a 409 while it runs.
 async fn parallel_captures_with_one_key_capture_once(backend: Backend) {
     const CALLS: usize = 20;
-    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+    let Some((app, id, gateway_id)) = slow_hold(backend).await else {
         return;
     };
-    let app = Arc::new(app);
-    let hold = authorize(&app, "cus_alice", 1000).await;
-    let id = hold["id"].as_str().unwrap().to_owned();
-    let gateway_id = hold["gateway_charge_id"].as_str().unwrap().to_owned();
-    app.configure_sandbox(json!({"latency_ms": 300})).await;
     let key = new_key();
     let answers = race(&app, CALLS, |_| ("capture", id.clone(), key.clone())).await;
     let created = answers.iter().filter(|a| a.status == 201).count();
@@ -360,14 +375,9 @@ async fn parallel_captures_with_one_key_capture_once(backend: Backend) {
 /// `charge_already_captured` once it succeeded.
 async fn parallel_captures_with_many_keys_capture_once(backend: Backend) {
     const CALLS: usize = 20;
-    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+    let Some((app, id, gateway_id)) = slow_hold(backend).await else {
         return;
     };
-    let app = Arc::new(app);
-    let hold = authorize(&app, "cus_alice", 1000).await;
-    let id = hold["id"].as_str().unwrap().to_owned();
-    let gateway_id = hold["gateway_charge_id"].as_str().unwrap().to_owned();
-    app.configure_sandbox(json!({"latency_ms": 300})).await;
     let answers = race(&app, CALLS, |_| ("capture", id.clone(), new_key())).await;
     let (mut created, mut busy, mut refused) = (0, 0, 0);
     for answer in &answers {
@@ -466,26 +476,7 @@ async fn refunds_never_exceed_the_captured_part(backend: Backend) {
     )
     .await;
     assert_eq!(captured.status, 201, "{}", captured.body);
-    let barrier = Arc::new(tokio::sync::Barrier::new(REFUNDS));
-    let tasks: Vec<_> = (0..REFUNDS)
-        .map(|_| {
-            let (app, id, barrier) = (app.clone(), id.clone(), barrier.clone());
-            tokio::spawn(async move {
-                barrier.wait().await;
-                app.post_refund("ops_bob", &id, &new_key(), &json!({"amount_cents": 100}))
-                    .await
-            })
-        })
-        .collect();
-    let mut made = 0;
-    for task in tasks {
-        let answer = task.await.unwrap();
-        match answer.status {
-            201 => made += 1,
-            400 => assert_eq!(code(&answer), Some("refund_exceeds_charge")),
-            other => panic!("{other}: {}", answer.body),
-        }
-    }
+    let made = parallel_refunds(&app, &id, REFUNDS, 100, |_| "ops_bob".to_owned()).await;
     assert_eq!(made, 5);
     let at_provider: i64 = app
         .sandbox_refunds()
@@ -568,6 +559,53 @@ async fn lapsing_holds_are_refused_without_a_provider_call(backend: Backend) {
     assert_eq!(lapses - created, chrono::Duration::days(7));
 }
 
+/// An app whose provider takes 300 ms a call, with a hold of 1000 made
+/// before it slowed: the app, the hold's id and the provider's.
+async fn slow_hold(backend: Backend) -> Option<(Arc<TestApp>, String, String)> {
+    let app = Arc::new(spawn_app(backend, AppOptions::default()).await?);
+    let hold = authorize(&app, "cus_alice", 1000).await;
+    let id = |field: &str| hold[field].as_str().unwrap().to_owned();
+    app.configure_sandbox(json!({"latency_ms": 300})).await;
+    Some((app.clone(), id("id"), id("gateway_charge_id")))
+}
+
+/// A capture the provider refuses because the hold lapsed there (its
+/// `capture_before` unknown here, so `HOLD_EXPIRY` said it had days left):
+/// a stored 400 `hold_expired`, the capture failed, the hold `expired`.
+async fn a_capture_the_provider_finds_lapsed_expires_the_hold(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let sandbox = json!({"hold_expiry_seconds": 1, "send_capture_before": false});
+    app.configure_sandbox(sandbox).await;
+    let hold = authorize(&app, "cus_alice", 1000).await;
+    let id = hold["id"].as_str().unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let key = new_key();
+    let late = act(&app, "capture", "ops_bob", id, &key, &json!({})).await;
+    assert_eq!(
+        (late.status, code(&late)),
+        (400, Some("hold_expired")),
+        "{}",
+        late.body
+    );
+    let replay = act(&app, "capture", "ops_bob", id, &key, &json!({})).await;
+    assert_eq!((replay.status, &replay.body), (400, &late.body));
+    let read = app.get_as("cus_alice", &format!("/api/charges/{id}")).await;
+    assert_eq!(read.body["status"], "expired");
+    assert_eq!(captures_with(&app, "capture", "failed").await, 1);
+    let calls = app.sandbox_requests().await;
+    assert_eq!(calls.iter().filter(|c| c.ends_with("/capture")).count(), 1);
+}
+
+/// The value of one series (`name{labels}`) in `/metrics`, 0 if absent.
+async fn sample(app: &TestApp, series: &str) -> f64 {
+    let text = app.metrics_text().await;
+    let line = text.lines().find(|l| l.starts_with(&format!("{series} ")));
+    line.and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// Fires `calls` capture or cancel requests at once (`what(i)`: the
 /// action, the charge and the key), by one back-office subject; their
 /// answers.
@@ -576,22 +614,12 @@ async fn race(
     calls: usize,
     what: impl Fn(usize) -> (&'static str, String, String),
 ) -> Vec<Answer> {
-    let barrier = Arc::new(tokio::sync::Barrier::new(calls));
-    let tasks: Vec<_> = (0..calls)
-        .map(|i| {
-            let (app, barrier) = (app.clone(), barrier.clone());
-            let (action, id, key) = what(i);
-            tokio::spawn(async move {
-                barrier.wait().await;
-                act(&app, action, "ops_bob", &id, &key, &json!({})).await
-            })
-        })
-        .collect();
-    let mut answers = Vec::new();
-    for task in tasks {
-        answers.push(task.await.unwrap());
-    }
-    answers
+    at_once(calls, |i| {
+        let app = app.clone();
+        let (action, id, key) = what(i);
+        async move { act(&app, action, "ops_bob", &id, &key, &json!({})).await }
+    })
+    .await
 }
 
 backend_tests!(
@@ -600,6 +628,7 @@ backend_tests!(
     parallel_captures_with_one_key_capture_once,
     refunds_never_exceed_the_captured_part,
     lapsing_holds_are_refused_without_a_provider_call,
+    a_capture_the_provider_finds_lapsed_expires_the_hold,
 );
 
 backend_tests!(all;

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use payments_tests::{
-    AppOptions, Backend, TEST_SECRET, TestApp, backend_tests, charge_body, new_key, spawn_app,
+    AppOptions, Backend, TEST_SECRET, TestApp, backend_tests, charge_body, new_key,
+    parallel_refunds, spawn_app,
 };
 use serde_json::{Value, json};
 
@@ -144,27 +145,7 @@ async fn parallel_back_office_refunds_never_exceed_the_charge(backend: Backend) 
         .charge_json("cus_alice", &charge_body(1000, "tok_visa"))
         .await;
     let id = charge["id"].as_str().unwrap().to_owned();
-    let barrier = Arc::new(tokio::sync::Barrier::new(REFUNDS));
-    let tasks: Vec<_> = (0..REFUNDS)
-        .map(|i| {
-            let (app, id, barrier) = (app.clone(), id.clone(), barrier.clone());
-            tokio::spawn(async move {
-                let subject = format!("ops_{}", i % 3);
-                barrier.wait().await;
-                app.post_refund(&subject, &id, &new_key(), &json!({"amount_cents": 100}))
-                    .await
-            })
-        })
-        .collect();
-    let mut made = 0;
-    for task in tasks {
-        let answer = task.await.unwrap();
-        match answer.status {
-            201 => made += 1,
-            400 => assert_eq!(answer.body["error"]["code"], "refund_exceeds_charge"),
-            other => panic!("{other}: {}", answer.body),
-        }
-    }
+    let made = parallel_refunds(&app, &id, REFUNDS, 100, |i| format!("ops_{}", i % 3)).await;
     assert_eq!(made, 10);
     let at_provider: i64 = app
         .sandbox_refunds()

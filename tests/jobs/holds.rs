@@ -3,12 +3,11 @@
 //! finishes one nobody retries, and reconciliation settles one abandoned,
 //! from the provider's charge; the expirer marks lapsed holds `expired`.
 
-use crate::{aged, reaper, reconcile};
+use crate::{aged, reaper, reconcile, settled};
 use std::time::Duration;
 
 use payments_domain::charge::ChargeStatus;
 use payments_jobs::expirer::Expirer;
-use payments_jobs::reconciler::ReconcileReport;
 use payments_tests::{Answer, Backend, TestApp, backend_tests, new_key, spawn_app};
 use serde_json::{Value, json};
 
@@ -61,14 +60,18 @@ async fn a_lost_capture_answer_is_retried_into_one_capture(backend: Backend) {
         return;
     };
     let (id, gateway_id) = hold(&app).await;
-    app.configure_sandbox(json!({"drop_after_charge": true}))
-        .await;
     let key = new_key();
     let body = json!({"amount_cents": 700});
-    let lost = act(&app, "capture", &id, &key, &body).await;
-    assert_eq!(lost.status, 503, "{}", lost.body);
+    let lost = unanswered(
+        &app,
+        "capture",
+        &id,
+        &key,
+        &body,
+        json!({"drop_after_charge": true}),
+    )
+    .await;
     assert!(lost.headers.contains_key("retry-after"));
-    app.configure_sandbox(json!({})).await;
     let other = act(&app, "capture", &id, &new_key(), &json!({})).await;
     assert_eq!(
         (other.status, other.body["error"]["code"].as_str()),
@@ -91,12 +94,9 @@ async fn the_reaper_finishes_a_capture_nobody_retried(backend: Backend) {
         return;
     };
     let (id, gateway_id) = hold(&app).await;
-    app.configure_sandbox(json!({"drop_after_charge": true}))
-        .await;
     let key = new_key();
-    let lost = act(&app, "cancel", &id, &key, &json!({})).await;
-    assert_eq!(lost.status, 503, "{}", lost.body);
-    app.configure_sandbox(json!({})).await;
+    let dropped = json!({"drop_after_charge": true});
+    unanswered(&app, "cancel", &id, &key, &json!({}), dropped).await;
     let report = reaper(&app).try_run_once().await.unwrap();
     assert_eq!(report.reaped, 1, "{report:?}");
     assert_eq!(status_of(&app, &id).await["status"], "canceled");
@@ -130,13 +130,7 @@ async fn reconciliation_settles_unknown_captures(backend: Backend) {
     let busy = act(&app, "capture", &id, &new_key(), &json!({})).await;
     assert_eq!(busy.status, 409, "{}", busy.body);
     let report = reconcile(&app, Duration::ZERO).await;
-    assert_eq!(
-        report,
-        ReconcileReport {
-            succeeded: 1,
-            ..ReconcileReport::default()
-        }
-    );
+    assert_eq!(report, settled(1, 0));
     let charge = status_of(&app, &id).await;
     assert_eq!(
         (&charge["status"], &charge["amount_captured"]),
@@ -151,13 +145,7 @@ async fn reconciliation_settles_unknown_captures(backend: Backend) {
     let key = new_key();
     abandon(&app, &id, &key, json!({"error_rate": 1.0})).await;
     let report = reconcile(&app, Duration::ZERO).await;
-    assert_eq!(
-        report,
-        ReconcileReport {
-            not_made: 1,
-            ..ReconcileReport::default()
-        }
-    );
+    assert_eq!(report, settled(0, 1));
     assert_eq!(status_of(&app, &id).await["status"], "requires_capture");
     let retry = act(&app, "capture", &id, &key, &json!({})).await;
     assert_eq!(
@@ -169,14 +157,28 @@ async fn reconciliation_settles_unknown_captures(backend: Backend) {
     assert_eq!(sandbox_captures(&app, &gateway_id).await, 1);
 }
 
+/// `action` under `key` with the sandbox as `sandbox` says, which leaves
+/// its outcome unknown: 503 (asserted); the sandbox is then restored.
+async fn unanswered(
+    app: &TestApp,
+    action: &str,
+    charge_id: &str,
+    key: &str,
+    body: &Value,
+    sandbox: Value,
+) -> Answer {
+    app.configure_sandbox(sandbox).await;
+    let lost = act(app, action, charge_id, key, body).await;
+    assert_eq!(lost.status, 503, "{}", lost.body);
+    app.configure_sandbox(json!({})).await;
+    lost
+}
+
 /// A capture under `key` whose call ended unknown (the sandbox as
 /// configured), then aged past the re-drive limit and retried: abandoned
 /// without a provider call (500 `request_abandoned`, capture `unknown`).
 async fn abandon(app: &TestApp, charge_id: &str, key: &str, sandbox: Value) {
-    app.configure_sandbox(sandbox).await;
-    let first = act(app, "capture", charge_id, key, &json!({})).await;
-    assert_eq!(first.status, 503, "{}", first.body);
-    app.configure_sandbox(json!({})).await;
+    unanswered(app, "capture", charge_id, key, &json!({}), sandbox).await;
     app.db
         .age(Some(key), Duration::from_secs(23 * 3600 + 1800))
         .await;

@@ -56,6 +56,16 @@ fn reconciler(app: &TestApp, search_lag: Duration) -> Reconciler {
     )
 }
 
+/// What a reconciler pass reports that settled `succeeded` operations as
+/// succeeded and `not_made` as never made, and did nothing else.
+fn settled(succeeded: u64, not_made: u64) -> ReconcileReport {
+    ReconcileReport {
+        succeeded,
+        not_made,
+        ..ReconcileReport::default()
+    }
+}
+
 /// One reconciler pass with this search lag.
 async fn reconcile(app: &TestApp, search_lag: Duration) -> ReconcileReport {
     reconciler(app, search_lag).try_run_once().await.unwrap()

@@ -1765,3 +1765,57 @@ pub async fn run_binary(name: &str, args: &[&str], env: &[(&str, &str)]) -> (boo
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
 }
+
+/// Runs `n` tasks, `task(i)` each, started together (behind a barrier, so
+/// they really race); their results, in order.
+pub async fn at_once<T, F, Fut>(n: usize, task: F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+{
+    let barrier = Arc::new(tokio::sync::Barrier::new(n));
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (barrier, work) = (barrier.clone(), task(i));
+            tokio::spawn(async move {
+                barrier.wait().await;
+                work.await
+            })
+        })
+        .collect();
+    let mut results = Vec::with_capacity(n);
+    for task in tasks {
+        results.push(task.await.expect("a racing task"));
+    }
+    results
+}
+
+/// `n` back-office refunds of `amount_cents` of `charge_id` at once, each
+/// under its own key, by `subject(i)`: how many were made (201); every
+/// other is asserted a 400 `refund_exceeds_charge`.
+pub async fn parallel_refunds(
+    app: &Arc<TestApp>,
+    charge_id: &str,
+    n: usize,
+    amount_cents: i64,
+    subject: impl Fn(usize) -> String,
+) -> usize {
+    let answers = at_once(n, |i| {
+        let (app, id, subject) = (app.clone(), charge_id.to_owned(), subject(i));
+        async move {
+            let body = serde_json::json!({ "amount_cents": amount_cents });
+            app.post_refund(&subject, &id, &new_key(), &body).await
+        }
+    })
+    .await;
+    let mut made = 0;
+    for answer in answers {
+        match answer.status {
+            201 => made += 1,
+            400 => assert_eq!(answer.body["error"]["code"], "refund_exceeds_charge"),
+            other => panic!("{other}: {}", answer.body),
+        }
+    }
+    made
+}

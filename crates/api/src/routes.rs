@@ -7,6 +7,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use payments_domain::charge::Charge;
 use payments_domain::hold::HoldAction;
+use payments_domain::idempotency::IdempotencyKey;
 use payments_domain::refund::Refund;
 use payments_domain::service::{ChargeError, Reply};
 use serde_json::json;
@@ -72,11 +73,17 @@ pub async fn create_refund(
     IdPath(charge_id): IdPath,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
-    let key = key.ok_or_else(|| ApiError::KeyMissing(state.client_guide_url.to_string()))?;
-    tracing::Span::current().record("idempotency_key", key.as_str());
-    let service = state.service.clone();
+    let (key, service) = (required(&state, key)?, state.service.clone());
     let work = async move { service.create_refund(&actor, &key, &charge_id, &body).await };
     spawned(work).await
+}
+
+/// The key a route always requires (on the request's span), else 400
+/// `idempotency_key_missing`.
+fn required(state: &AppState, key: Option<IdempotencyKey>) -> Result<IdempotencyKey, ApiError> {
+    let key = key.ok_or_else(|| ApiError::KeyMissing(state.client_guide_url.to_string()))?;
+    tracing::Span::current().record("idempotency_key", key.as_str());
+    Ok(key)
 }
 
 /// `POST /api/charges/{id}/capture`: the key is always required.
@@ -109,9 +116,7 @@ async fn act_on_hold(
     IdPath(charge_id): IdPath,
     JsonBody(body): JsonBody,
 ) -> Result<Response, ApiError> {
-    let key = key.ok_or_else(|| ApiError::KeyMissing(state.client_guide_url.to_string()))?;
-    tracing::Span::current().record("idempotency_key", key.as_str());
-    let service = state.service.clone();
+    let (key, service) = (required(&state, key)?, state.service.clone());
     let work = async move {
         service
             .act_on_hold(&actor, &key, &charge_id, action, &body)

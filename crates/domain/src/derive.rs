@@ -93,24 +93,22 @@ impl Derivation {
         generation: u32,
     ) -> Derived {
         let parts = [charge_id, subject, route, key];
-        self.derived("re_", "payments-refund-", "refund", &parts, generation)
+        self.on_charge(("refund", "re_"), parts, generation)
     }
 
-    /// A capture or cancel of the hold `charge_id` made under `key` on
-    /// `route` by `subject`.
-    pub fn hold(
+    /// An operation on a charge: a refund, or a capture or cancel of a
+    /// hold (`what`: `refund`, `capture`, `cancel`; its ids prefixed
+    /// `id_prefix`), over the charge, the subject that made it, the route
+    /// and the key (`parts`, in that order); its provider key is
+    /// `payments-{what}-` and the MAC.
+    pub fn on_charge(
         &self,
-        action: crate::hold::HoldAction,
-        charge_id: &str,
-        subject: &str,
-        route: &str,
-        key: &str,
+        (what, id_prefix): (&str, &str),
+        parts: [&str; 4],
         generation: u32,
     ) -> Derived {
-        let parts = [charge_id, subject, route, key];
-        let what = action.as_str();
         let key_prefix = format!("payments-{what}-");
-        self.derived(action.id_prefix(), &key_prefix, what, &parts, generation)
+        self.derived(id_prefix, &key_prefix, what, &parts, generation)
     }
 
     fn derived(

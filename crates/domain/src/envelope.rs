@@ -52,6 +52,17 @@ impl ErrorEnvelope {
         self
     }
 
+    /// The answer of `status` with this envelope as its JSON body, as a
+    /// record stores it.
+    pub fn stored(&self, status: u16) -> crate::idempotency::StoredResponse {
+        crate::idempotency::StoredResponse {
+            status,
+            body: self.to_json(),
+            content_type: crate::idempotency::JSON.to_owned(),
+            location: None,
+        }
+    }
+
     /// The JSON text. Serialising plain strings cannot fail; the fallback
     /// keeps this infallible without an unwrap.
     pub fn to_json(&self) -> String {

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use crate::charge::{AmountCents, Charge, ChargeStatus, InvalidRequest};
 use crate::envelope::ErrorEnvelope;
-use crate::idempotency::{CANCELS_ROUTE, CAPTURES_ROUTE, JSON, StoredResponse};
+use crate::idempotency::{CANCELS_ROUTE, CAPTURES_ROUTE, StoredResponse};
 use crate::refund::RequestedBy;
 use crate::scope::Actor;
 
@@ -212,12 +212,7 @@ impl Capture {
         };
         let mut envelope = ErrorEnvelope::new(code, message);
         envelope.error.charge_id = Some(charge_id.to_owned());
-        StoredResponse {
-            status: 400,
-            body: envelope.to_json(),
-            content_type: JSON.to_owned(),
-            location: None,
-        }
+        envelope.stored(400)
     }
 }
 

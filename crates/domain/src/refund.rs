@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::charge::{AmountCents, Charge, ChargeStatus, InvalidRequest, metadata};
 use crate::envelope::ErrorEnvelope;
-use crate::idempotency::{JSON, StoredResponse};
+use crate::idempotency::StoredResponse;
 use crate::scope::{Actor, Role};
 use crate::time;
 
@@ -226,12 +226,7 @@ impl Refund {
         );
         envelope.error.charge_id = Some(charge_id.to_owned());
         envelope.error.refundable_amount_cents = Some(refundable_cents);
-        StoredResponse {
-            status: 400,
-            body: envelope.to_json(),
-            content_type: JSON.to_owned(),
-            location: None,
-        }
+        envelope.stored(400)
     }
 }
 

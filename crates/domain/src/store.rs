@@ -129,7 +129,9 @@ impl Claim {
                 (&mut r.id, &mut r.provider_key, ids)
             }
             Operation::Capture(c) => {
-                let ids = derivation.hold(c.action, &c.charge_id, customer, route, key, generation);
+                let what = (c.action.as_str(), c.action.id_prefix());
+                let parts = [c.charge_id.as_str(), customer, route, key];
+                let ids = derivation.on_charge(what, parts, generation);
                 (&mut c.id, &mut c.provider_key, ids)
             }
         };

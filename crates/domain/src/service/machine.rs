@@ -439,12 +439,7 @@ impl ChargeService {
             lease_token: lease_token.clone(),
             state: RecordState::Abandoned,
             outcome,
-            response: StoredResponse {
-                status: 500,
-                body: envelope.to_json(),
-                content_type: JSON.to_owned(),
-                location: None,
-            },
+            response: envelope.stored(500),
         };
         self.complete(finish).await
     }
@@ -812,22 +807,12 @@ pub(super) fn rejected(code: String, message: &str, charge_id: &str) -> StoredRe
     );
     envelope.error.provider_code = Some(code);
     envelope.error.charge_id = Some(charge_id.to_owned());
-    StoredResponse {
-        status: 400,
-        body: envelope.to_json(),
-        content_type: JSON.to_owned(),
-        location: None,
-    }
+    envelope.stored(400)
 }
 
 /// 402: the provider refused the operation.
 pub(super) fn refused(envelope: &ErrorEnvelope) -> StoredResponse {
-    StoredResponse {
-        status: 402,
-        body: envelope.to_json(),
-        content_type: JSON.to_owned(),
-        location: None,
-    }
+    envelope.stored(402)
 }
 
 /// The one `ABANDONED:` log line (error), whoever abandons: what reconciling

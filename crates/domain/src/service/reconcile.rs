@@ -291,11 +291,6 @@ pub(super) fn not_made(operation: &Operation) -> Decision {
     if let Outcome::Refund(o) = &outcome {
         envelope.error.charge_id = Some(o.charge_id.clone());
     }
-    let answer = StoredResponse {
-        status: 502,
-        body: envelope.to_json(),
-        content_type: JSON.to_owned(),
-        location: None,
-    };
+    let answer = envelope.stored(502);
     Decision::Settle { outcome, answer }
 }

@@ -502,8 +502,9 @@ pub(crate) async fn refund_once_and_find(
         run.back_office
             .refund_with_key(&refund_key, &charge.id, &half)
     );
-    let refunded = match (a, b) {
-        (Ok(a), Ok(b)) => match (a.done(), b.done()) {
+    let refunded = match both(refund, ("refund", "refunds:write"), a, b) {
+        Err(failed) => failed,
+        Ok((a, b)) => match (a.done(), b.done()) {
             (Some(x), Some(y)) if x.id == y.id => {
                 let read = run.client.get_charge(&charge.id).await;
                 match read {
@@ -527,14 +528,6 @@ pub(crate) async fn refund_once_and_find(
                 format!("two refunds or none under one key: {x:?} / {y:?}"),
             ),
         },
-        (Err(ClientError::Rejected { status: 403, .. }), _)
-        | (_, Err(ClientError::Rejected { status: 403, .. })) => CheckResult::fail(
-            refund,
-            "the token cannot refund (403 insufficient_scope): refunds are the back office's; \
-             pass --back-office-token with a token that has refunds:write"
-                .to_owned(),
-        ),
-        (Err(e), _) | (_, Err(e)) => CheckResult::fail(refund, format!("a refund failed: {e}")),
     };
     let query = ChargeQuery {
         idempotency_key: Some(key.as_str().to_owned()),
@@ -586,8 +579,9 @@ pub(crate) async fn authorize_capture(run: &Run) -> CheckResult {
         run.back_office.capture_with_key(&key, &hold.id, &half),
         run.back_office.capture_with_key(&key, &hold.id, &half)
     );
-    match (a, b) {
-        (Ok(a), Ok(b)) => match (a.done(), b.done()) {
+    match both(check, ("capture", "charges:capture"), a, b) {
+        Err(failed) => failed,
+        Ok((a, b)) => match (a.done(), b.done()) {
             (Some(x), Some(y)) if x == y && x.status == ChargeStatus::Succeeded => {
                 match run.client.get_charge(&hold.id).await {
                     Ok(Some(c)) if Some(c.amount_captured) == half.amount_cents => {
@@ -610,13 +604,29 @@ pub(crate) async fn authorize_capture(run: &Run) -> CheckResult {
                 format!("two captures or none under one key: {x:?} / {y:?}"),
             ),
         },
+    }
+}
+
+/// Two concurrent back-office operations' results, both answered, or the
+/// check's failure: a 403 says which scope the back-office token lacks
+/// (`what` and `scope`: `refund`, `refunds:write`), any other error what
+/// it was.
+fn both<T>(
+    check: Check,
+    (what, scope): (&str, &str),
+    a: Result<T, ClientError>,
+    b: Result<T, ClientError>,
+) -> Result<(T, T), CheckResult> {
+    match (a, b) {
+        (Ok(a), Ok(b)) => Ok((a, b)),
         (Err(ClientError::Rejected { status: 403, .. }), _)
-        | (_, Err(ClientError::Rejected { status: 403, .. })) => CheckResult::fail(
+        | (_, Err(ClientError::Rejected { status: 403, .. })) => Err(CheckResult::fail(
             check,
-            "the token cannot capture (403 insufficient_scope): captures are the back office's; \
-             pass --back-office-token with a token that has charges:capture"
-                .to_owned(),
-        ),
-        (Err(e), _) | (_, Err(e)) => CheckResult::fail(check, format!("a capture failed: {e}")),
+            format!(
+                "the token cannot {what} (403 insufficient_scope): {what}s are the back \
+                 office's; pass --back-office-token with a token that has {scope}"
+            ),
+        )),
+        (Err(e), _) | (_, Err(e)) => Err(CheckResult::fail(check, format!("a {what} failed: {e}"))),
     }
 }
