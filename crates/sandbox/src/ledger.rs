@@ -1213,6 +1213,37 @@ mod tests {
         CaptureRequest { amount }
     }
 
+    /// How many of 20 threads, let go at once, found `attempt` true.
+    fn race(attempt: impl Fn() -> bool + Sync) -> usize {
+        let start = std::sync::Barrier::new(20);
+        std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..20)
+                .map(|_| {
+                    scope.spawn(|| {
+                        start.wait();
+                        attempt()
+                    })
+                })
+                .collect();
+            threads
+                .into_iter()
+                .map(|thread| thread.join())
+                .filter(|joined| matches!(joined, Ok(true)))
+                .count()
+        })
+    }
+
+    /// What `ledger` refuses a capture of `charge` with, and then a
+    /// refund of it, neither of them saying an amount.
+    fn refusals(ledger: &Ledger, charge: &str) -> (Option<CaptureRefusal>, Option<RefundRefusal>) {
+        (
+            ledger.capture(charge, capture_of(None), None).err(),
+            ledger
+                .refund(refund_of(charge, None), None, RefundStatus::Succeeded)
+                .err(),
+        )
+    }
+
     const DECLINE: Decline = Decline {
         code: "card_declined",
         decline_code: "generic_decline",
@@ -1296,22 +1327,7 @@ mod tests {
     fn concurrent_captures_make_exactly_one() {
         let ledger = Ledger::default();
         let id = held_charge(&ledger, 1000, WEEK);
-        let start = std::sync::Barrier::new(20);
-        let made = std::thread::scope(|scope| {
-            let threads: Vec<_> = (0..20)
-                .map(|_| {
-                    scope.spawn(|| {
-                        start.wait();
-                        ledger.capture(&id, capture_of(Some(100)), None).is_ok()
-                    })
-                })
-                .collect();
-            threads
-                .into_iter()
-                .map(|thread| thread.join())
-                .filter(|joined| matches!(joined, Ok(true)))
-                .count()
-        });
+        let made = race(|| ledger.capture(&id, capture_of(Some(100)), None).is_ok());
         assert_eq!(made, 1);
         assert_eq!(ledger.captures().len(), 1);
     }
@@ -1345,14 +1361,11 @@ mod tests {
                     && charge.amount_captured == 0)
         );
         assert_eq!(
-            ledger.capture(&id, capture_of(None), None).err(),
-            Some(CaptureRefusal::AlreadyRefunded)
-        );
-        assert_eq!(
-            ledger
-                .refund(refund_of(&id, None), None, RefundStatus::Succeeded)
-                .err(),
-            Some(RefundRefusal::AlreadyRefunded)
+            refusals(&ledger, &id),
+            (
+                Some(CaptureRefusal::AlreadyRefunded),
+                Some(RefundRefusal::AlreadyRefunded)
+            )
         );
         assert!(ledger.captures().is_empty());
     }
@@ -1377,14 +1390,11 @@ mod tests {
                 && charge.amount_refunded == 1000));
         }
         assert_eq!(
-            ledger.capture(&lapsed, capture_of(None), None).err(),
-            Some(CaptureRefusal::Expired)
-        );
-        assert_eq!(
-            ledger
-                .refund(refund_of(&lapsed, None), None, RefundStatus::Succeeded)
-                .err(),
-            Some(RefundRefusal::AlreadyRefunded)
+            refusals(&ledger, &lapsed),
+            (
+                Some(CaptureRefusal::Expired),
+                Some(RefundRefusal::AlreadyRefunded)
+            )
         );
         // The other refusals.
         let declined = made(1000, Some(DECLINE), false, WEEK);
@@ -1590,23 +1600,10 @@ mod tests {
         let paid = charge(1000, None);
         let id = paid.id.clone();
         assert!(ledger.record(paid, None).is_ok());
-        let start = std::sync::Barrier::new(20);
-        let made = std::thread::scope(|scope| {
-            let threads: Vec<_> = (0..20)
-                .map(|_| {
-                    scope.spawn(|| {
-                        start.wait();
-                        ledger
-                            .refund(refund_of(&id, Some(300)), None, RefundStatus::Succeeded)
-                            .is_ok()
-                    })
-                })
-                .collect();
-            threads
-                .into_iter()
-                .map(|thread| thread.join())
-                .filter(|joined| matches!(joined, Ok(true)))
-                .count()
+        let made = race(|| {
+            ledger
+                .refund(refund_of(&id, Some(300)), None, RefundStatus::Succeeded)
+                .is_ok()
         });
         assert_eq!(made, 3);
         assert_eq!(ledger.stats().refunds, 3);

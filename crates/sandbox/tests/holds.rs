@@ -2,54 +2,17 @@
 //! charge made with `capture=false`, captured later (whole or in part, the
 //! rest released) through `POST /v1/charges/{id}/capture`, released by a
 //! refund, or lapsed at its `capture_before`. Each test starts its own
-//! [`SandboxHandle`] on a random port.
+//! [`SandboxHandle`](payments_sandbox::SandboxHandle) on a random port.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use payments_sandbox::{SandboxConfig, SandboxHandle};
+use payments_sandbox::SandboxConfig;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
-type Error = Box<dyn std::error::Error + Send + Sync>;
+mod common;
 
-/// A sandbox and a client for it.
-struct Sandbox {
-    handle: SandboxHandle,
-    client: reqwest::Client,
-}
-
-/// An answer: status, `Idempotent-Replayed`, body bytes and body as JSON.
-#[derive(Debug)]
-struct Answer {
-    status: StatusCode,
-    replayed: bool,
-    bytes: Vec<u8>,
-    json: Value,
-}
-
-impl Answer {
-    /// The error's `code`, or null.
-    fn code(&self) -> &Value {
-        &self.json["error"]["code"]
-    }
-}
-
-async fn answer(response: reqwest::Response) -> Result<Answer, reqwest::Error> {
-    let status = response.status();
-    let replayed = response
-        .headers()
-        .get("idempotent-replayed")
-        .is_some_and(|value| value == "true");
-    let bytes = response.bytes().await?.to_vec();
-    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Ok(Answer {
-        status,
-        replayed,
-        bytes,
-        json,
-    })
-}
+use common::{Answer, Error, Sandbox, TestResult, answer};
 
 /// A 1000 gbp charge's form, a hold unless `capture` is `true`.
 fn charge_form<'a>(capture: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
@@ -64,16 +27,6 @@ fn charge_form<'a>(capture: &'a str, extra: &[(&'a str, &'a str)]) -> Vec<(&'a s
 }
 
 impl Sandbox {
-    async fn start(config: SandboxConfig) -> Result<Self, Error> {
-        let handle = SandboxHandle::start(config).await?;
-        let client = reqwest::Client::builder().no_proxy().build()?;
-        Ok(Self { handle, client })
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.handle.url())
-    }
-
     fn post_request(
         &self,
         path: &str,
@@ -102,6 +55,23 @@ impl Sandbox {
 
     async fn charge(&self, form: &[(&str, &str)]) -> Result<Answer, reqwest::Error> {
         self.post("/v1/charges", form, None).await
+    }
+
+    /// A 1000 gbp hold on a card that is declined; the failed charge's id.
+    async fn declined_hold(&self) -> Result<String, Error> {
+        let declined = self
+            .charge(&[
+                ("amount", "1000"),
+                ("currency", "gbp"),
+                ("source", "tok_chargeDeclined"),
+                ("capture", "false"),
+            ])
+            .await?;
+        assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
+        Ok(declined.json["error"]["charge"]
+            .as_str()
+            .ok_or("no charge")?
+            .to_owned())
     }
 
     /// A 1000 gbp hold, with `extra` parameters; the charge.
@@ -149,6 +119,11 @@ impl Sandbox {
         Ok(got.json)
     }
 
+    /// [`money`] of the charge as `GET /v1/charges/{id}` reads it.
+    async fn money_of(&self, charge: &str) -> Result<(Value, Value, Value, Value), Error> {
+        Ok(money(&self.retrieve(charge).await?))
+    }
+
     /// A `/_sandbox` list's `data`.
     async fn sandbox_list(&self, path: &str) -> Result<Vec<Value>, reqwest::Error> {
         let list: Value = self
@@ -166,13 +141,19 @@ impl Sandbox {
         self.sandbox_list("/_sandbox/captures").await
     }
 
-    /// The `GET /_sandbox/charges` line of `charge`.
-    async fn charge_line(&self, charge: &str) -> Result<Value, Error> {
+    /// `captured`, `amount_captured`, `amount_refunded` of the
+    /// `GET /_sandbox/charges` line of `charge`.
+    async fn line_money(&self, charge: &str) -> Result<(Value, Value, Value), Error> {
         let lines = self.sandbox_list("/_sandbox/charges").await?;
-        Ok(lines
+        let line = lines
             .into_iter()
             .find(|line| line["id"] == charge)
-            .ok_or_else(|| format!("no line for {charge}"))?)
+            .ok_or_else(|| format!("no line for {charge}"))?;
+        Ok((
+            line["captured"].clone(),
+            line["amount_captured"].clone(),
+            line["amount_refunded"].clone(),
+        ))
     }
 
     async fn stats(&self) -> Result<Value, reqwest::Error> {
@@ -258,14 +239,9 @@ async fn capture_false_makes_a_hold_that_says_until_when() -> TestResult {
     );
     let id = id_of(&hold)?;
     assert_eq!(sandbox.retrieve(&id).await?, hold);
-    let line = sandbox.charge_line(&id).await?;
     assert_eq!(
-        (
-            &line["captured"],
-            &line["amount_captured"],
-            &line["amount_refunded"]
-        ),
-        (&json!(false), &json!(0), &json!(0))
+        sandbox.line_money(&id).await?,
+        (json!(false), json!(0), json!(0))
     );
 
     // capture=true is the default, said or not.
@@ -280,19 +256,8 @@ async fn capture_false_makes_a_hold_that_says_until_when() -> TestResult {
     }
 
     // A declined hold holds nothing.
-    let declined = sandbox
-        .charge(&[
-            ("amount", "1000"),
-            ("currency", "gbp"),
-            ("source", "tok_chargeDeclined"),
-            ("capture", "false"),
-        ])
-        .await?;
-    assert_eq!(declined.status, StatusCode::PAYMENT_REQUIRED);
-    let declined_id = declined.json["error"]["charge"]
-        .as_str()
-        .ok_or("no charge")?;
-    let declined = sandbox.retrieve(declined_id).await?;
+    let declined_id = sandbox.declined_hold().await?;
+    let declined = sandbox.retrieve(&declined_id).await?;
     assert_eq!(money(&declined), state(false, 0, 0, false));
     assert_eq!(declined["payment_method_details"]["card"], json!({}));
 
@@ -353,14 +318,9 @@ async fn a_full_capture_captures_the_whole_hold() -> TestResult {
             .as_u64()
             .is_some_and(|created| created >= hold["created"].as_u64().unwrap_or(u64::MAX))
     );
-    let line = sandbox.charge_line(&id).await?;
     assert_eq!(
-        (
-            &line["captured"],
-            &line["amount_captured"],
-            &line["amount_refunded"]
-        ),
-        (&json!(true), &json!(1000), &json!(0))
+        sandbox.line_money(&id).await?,
+        (json!(true), json!(1000), json!(0))
     );
     let stats = sandbox.stats().await?;
     assert_eq!(
@@ -404,10 +364,7 @@ async fn a_partial_capture_releases_the_rest_and_refunds_take_only_what_was_capt
         (rest.status, &rest.json["amount"]),
         (StatusCode::OK, &json!(350))
     );
-    assert_eq!(
-        money(&sandbox.retrieve(&id).await?),
-        state(true, 600, 1000, true)
-    );
+    assert_eq!(sandbox.money_of(&id).await?, state(true, 600, 1000, true));
     let again = sandbox.refund(&[("charge", &id)], None).await?;
     assert_eq!(again.code(), "charge_already_refunded");
     Ok(())
@@ -445,10 +402,7 @@ async fn a_second_capture_is_refused_and_the_same_key_replays_the_first() -> Tes
     let captures = sandbox.captures().await?;
     assert_eq!(captures.len(), 1);
     assert_eq!(captures[0]["idempotency_key"], "key-a");
-    assert_eq!(
-        money(&sandbox.retrieve(&other).await?),
-        state(false, 0, 0, false)
-    );
+    assert_eq!(sandbox.money_of(&other).await?, state(false, 0, 0, false));
     Ok(())
 }
 
@@ -482,10 +436,7 @@ async fn of_twenty_concurrent_captures_exactly_one_is_made() -> TestResult {
     }
     assert_eq!((made, refused), (1, 19));
     assert_eq!(sandbox.captures().await?.len(), 1);
-    assert_eq!(
-        money(&sandbox.retrieve(&id).await?),
-        state(true, 1000, 0, false)
-    );
+    assert_eq!(sandbox.money_of(&id).await?, state(true, 1000, 0, false));
     let stats = sandbox.stats().await?;
     assert_eq!(
         (&stats["requests"], &stats["captures"]),
@@ -511,10 +462,7 @@ async fn a_refund_releases_a_hold_whole_and_it_is_then_never_captured() -> TestR
         "{}",
         partial.json
     );
-    assert_eq!(
-        money(&sandbox.retrieve(&id).await?),
-        state(false, 0, 0, false)
-    );
+    assert_eq!(sandbox.money_of(&id).await?, state(false, 0, 0, false));
 
     // Released at once, whatever the refunds' configured status.
     sandbox
@@ -541,10 +489,7 @@ async fn a_refund_releases_a_hold_whole_and_it_is_then_never_captured() -> TestR
     );
     let listed = sandbox.get_v1(&format!("/v1/refunds?charge={id}")).await?;
     assert_eq!(listed.json["data"], json!([released.json]));
-    assert_eq!(
-        money(&sandbox.retrieve(&id).await?),
-        state(false, 0, 1000, true)
-    );
+    assert_eq!(sandbox.money_of(&id).await?, state(false, 0, 1000, true));
 
     let capture = sandbox.capture(&id, &[], Some("too-late")).await?;
     assert_eq!(capture.status, StatusCode::BAD_REQUEST);
@@ -567,18 +512,8 @@ async fn captures_are_refused_with_stripes_codes_and_change_nothing() -> TestRes
     let replayed = sandbox.capture("ch_nope", &[], Some("unknown")).await?;
     assert_eq!((replayed.replayed, &replayed.bytes), (true, &unknown.bytes));
 
-    let declined = sandbox
-        .charge(&[
-            ("amount", "1000"),
-            ("currency", "gbp"),
-            ("source", "tok_chargeDeclined"),
-            ("capture", "false"),
-        ])
-        .await?;
-    let declined_id = declined.json["error"]["charge"]
-        .as_str()
-        .ok_or("no charge")?;
-    let failed = sandbox.capture(declined_id, &[], None).await?;
+    let declined_id = sandbox.declined_hold().await?;
+    let failed = sandbox.capture(&declined_id, &[], None).await?;
     assert_eq!(failed.status, StatusCode::BAD_REQUEST);
     assert_eq!(failed.code(), "charge_not_capturable");
     assert_eq!(
@@ -641,10 +576,7 @@ async fn captures_are_refused_with_stripes_codes_and_change_nothing() -> TestRes
 
     // None of that touched the hold.
     assert!(sandbox.captures().await?.is_empty());
-    assert_eq!(
-        money(&sandbox.retrieve(&id).await?),
-        state(false, 0, 0, false)
-    );
+    assert_eq!(sandbox.money_of(&id).await?, state(false, 0, 0, false));
     let captured = sandbox.capture(&id, &[("amount", "1000")], None).await?;
     assert_eq!(money(&captured.json), state(true, 1000, 0, false));
     Ok(())
@@ -686,14 +618,9 @@ async fn a_hold_past_its_capture_before_is_released() -> TestResult {
         ))
         .await?;
     assert_eq!(found.json["data"], json!([retrieved]));
-    let line = sandbox.charge_line(&id).await?;
     assert_eq!(
-        (
-            &line["captured"],
-            &line["amount_captured"],
-            &line["amount_refunded"]
-        ),
-        (&json!(false), &json!(0), &json!(1000))
+        sandbox.line_money(&id).await?,
+        (json!(false), json!(0), json!(1000))
     );
 
     let refund = sandbox.refund(&[("charge", &id)], None).await?;
@@ -733,7 +660,7 @@ async fn send_capture_before_false_leaves_it_out_and_the_hold_still_lapses() -> 
     let capture = sandbox.capture(&lapsed, &[], None).await?;
     assert_eq!(capture.code(), "charge_expired_for_capture");
     assert_eq!(
-        money(&sandbox.retrieve(&lapsed).await?),
+        sandbox.money_of(&lapsed).await?,
         state(false, 0, 1000, true)
     );
     Ok(())
@@ -761,10 +688,7 @@ async fn a_dropped_capture_is_made_and_its_retry_replays_it() -> TestResult {
         (&captures[0]["amount"], &captures[0]["idempotency_key"]),
         (&json!(700), &json!("dropped"))
     );
-    assert_eq!(
-        money(&sandbox.retrieve(&id).await?),
-        state(true, 700, 300, false)
-    );
+    assert_eq!(sandbox.money_of(&id).await?, state(true, 700, 300, false));
 
     // The fault is still on: a replay captures nothing, so it is answered.
     let retry = sandbox.capture(&id, &form, Some("dropped")).await?;
@@ -809,10 +733,7 @@ async fn errors_rate_limits_and_hangs_apply_to_captures_and_capture_nothing() ->
         .await;
     assert!(hung.is_err_and(|error| error.is_timeout()));
     assert!(sandbox.captures().await?.is_empty());
-    assert_eq!(
-        money(&sandbox.retrieve(&id).await?),
-        state(false, 0, 0, false)
-    );
+    assert_eq!(sandbox.money_of(&id).await?, state(false, 0, 0, false));
 
     sandbox.set_config(json!({})).await?;
     let after_hang = sandbox.capture(&id, &[], Some("hung")).await?;
@@ -833,11 +754,7 @@ async fn a_reset_forgets_captures() -> TestResult {
     let id = id_of(&sandbox.hold(&[]).await?)?;
     let captured = sandbox.capture(&id, &[], Some("before-reset")).await?;
     assert_eq!(captured.status, StatusCode::OK);
-    let reset = sandbox
-        .client
-        .post(sandbox.url("/_sandbox/reset"))
-        .send()
-        .await?;
+    let reset = sandbox.reset().await?;
     assert_eq!(reset.status(), StatusCode::OK);
     assert!(sandbox.captures().await?.is_empty());
     assert_eq!(sandbox.stats().await?["captures"], 0);

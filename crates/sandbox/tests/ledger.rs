@@ -15,7 +15,9 @@ use payments_sandbox::{LedgerFile, SandboxConfig, SandboxHandle};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+mod common;
+
+use common::{Answer, Error, Sandbox, TestResult, answer};
 
 const VISA: &[(&str, &str)] = &[
     ("amount", "4900"),
@@ -55,26 +57,12 @@ impl Drop for TempDir {
     }
 }
 
-/// A sandbox on `ledger`, and a client for it.
-struct Sandbox {
-    handle: SandboxHandle,
-    client: reqwest::Client,
-}
-
-/// An answer: status, `Idempotent-Replayed`, body bytes and body as JSON.
-struct Answer {
-    status: StatusCode,
-    replayed: bool,
-    bytes: Vec<u8>,
-    json: Value,
-}
-
 impl Sandbox {
-    async fn start(ledger: &Path) -> Result<Self, Box<dyn std::error::Error + Send + Sync>> {
+    /// A sandbox on `ledger`.
+    async fn on_ledger(ledger: &Path) -> Result<Self, Error> {
         let file = LedgerFile::open(ledger)?;
         let handle = SandboxHandle::start_with_ledger(SandboxConfig::default(), Some(file)).await?;
-        let client = reqwest::Client::builder().no_proxy().build()?;
-        Ok(Self { handle, client })
+        Ok(Self::serving(handle)?)
     }
 
     async fn post(
@@ -85,7 +73,7 @@ impl Sandbox {
     ) -> Result<Answer, reqwest::Error> {
         let response = self
             .client
-            .post(format!("{}{path}", self.handle.url()))
+            .post(self.url(path))
             .bearer_auth("sk_test_sandbox")
             .header("Idempotency-Key", key)
             .form(form)
@@ -96,7 +84,7 @@ impl Sandbox {
 
     async fn get(&self, path: &str) -> Result<Value, reqwest::Error> {
         self.client
-            .get(format!("{}{path}", self.handle.url()))
+            .get(self.url(path))
             .bearer_auth("sk_test_sandbox")
             .send()
             .await?
@@ -105,27 +93,9 @@ impl Sandbox {
     }
 
     async fn post_json(&self, path: &str, body: &Value) -> Result<Answer, reqwest::Error> {
-        let response = self
-            .client
-            .post(format!("{}{path}", self.handle.url()))
-            .json(body)
-            .send()
-            .await?;
+        let response = self.client.post(self.url(path)).json(body).send().await?;
         answer(response).await
     }
-}
-
-async fn answer(response: reqwest::Response) -> Result<Answer, reqwest::Error> {
-    let status = response.status();
-    let replayed = response.headers().get("idempotent-replayed").is_some();
-    let bytes = response.bytes().await?.to_vec();
-    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Ok(Answer {
-        status,
-        replayed,
-        bytes,
-        json,
-    })
 }
 
 fn id(answer: &Answer) -> Result<String, String> {
@@ -151,7 +121,7 @@ async fn a_restarted_sandbox_remembers_charges_refunds_and_keys() -> TestResult 
 
     // First life: a charge, a declined charge, a refund, and a pending
     // refund that later fails (giving its amount back).
-    let first = Sandbox::start(&path).await?;
+    let first = Sandbox::on_ledger(&path).await?;
     let charged = first.post("/v1/charges", VISA, "charge-1").await?;
     assert_eq!(charged.status, StatusCode::OK);
     let charge = id(&charged)?;
@@ -185,7 +155,7 @@ async fn a_restarted_sandbox_remembers_charges_refunds_and_keys() -> TestResult 
     first.handle.stop().await;
 
     // Second life: the same file.
-    let second = Sandbox::start(&path).await?;
+    let second = Sandbox::on_ledger(&path).await?;
     // (b) The provider retry replays the first answer, byte for byte, and
     // charges nothing; the same for the decline and the refund.
     let retried = second.post("/v1/charges", VISA, "charge-1").await?;
@@ -234,7 +204,7 @@ async fn a_restarted_sandbox_remembers_charges_refunds_and_keys() -> TestResult 
     second.handle.stop().await;
 
     // Third life: the compacted file, with the settled refund as it is now.
-    let third = Sandbox::start(&path).await?;
+    let third = Sandbox::on_ledger(&path).await?;
     let charged = third.get(&format!("/v1/charges/{charge}")).await?;
     assert_eq!(
         (&charged["amount_refunded"], &charged["refunded"]),
@@ -283,7 +253,7 @@ async fn a_restarted_sandbox_remembers_captures_releases_and_lapses() -> TestRes
 
     // First life: a hold partly captured, one released, one still held, and
     // one that lapses while the sandbox is down (its deadline unsaid).
-    let first = Sandbox::start(&path).await?;
+    let first = Sandbox::on_ledger(&path).await?;
     let partly = id(&first.post("/v1/charges", HOLD, "hold-1").await?)?;
     let released = id(&first.post("/v1/charges", HOLD, "hold-2").await?)?;
     let held = id(&first.post("/v1/charges", HOLD, "hold-3").await?)?;
@@ -318,7 +288,7 @@ async fn a_restarted_sandbox_remembers_captures_releases_and_lapses() -> TestRes
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?;
     let due = Duration::from_secs(lapsing_created + 1) + Duration::from_millis(50);
     tokio::time::sleep(due.saturating_sub(now)).await;
-    let second = Sandbox::start(&path).await?;
+    let second = Sandbox::on_ledger(&path).await?;
     let replayed = second
         .post(&capture_path, &[("amount", "600")], "capture-1")
         .await?;
@@ -378,7 +348,7 @@ async fn a_restarted_sandbox_remembers_captures_releases_and_lapses() -> TestRes
     second.handle.stop().await;
 
     // Third life: the compacted file, as it stands.
-    let third = Sandbox::start(&path).await?;
+    let third = Sandbox::on_ledger(&path).await?;
     assert_eq!(
         money(&third, &partly).await?,
         json!([true, 600, 1000, true])
@@ -438,7 +408,7 @@ async fn a_ledger_file_from_before_holds_still_reads() -> TestResult {
         &path,
         format!("{{\"payments_sandbox_ledger\":{{\"version\":1}}}}\n{charge}\n{refund}\n"),
     )?;
-    let sandbox = Sandbox::start(&path).await?;
+    let sandbox = Sandbox::on_ledger(&path).await?;
     let old = sandbox.get("/v1/charges/ch_old").await?;
     assert_eq!(
         json!([
@@ -468,7 +438,7 @@ async fn a_ledger_file_from_before_holds_still_reads() -> TestResult {
 async fn a_reset_empties_the_ledger_file() -> TestResult {
     let dir = TempDir::new()?;
     let path = dir.join("ledger.jsonl");
-    let first = Sandbox::start(&path).await?;
+    let first = Sandbox::on_ledger(&path).await?;
     assert_eq!(
         first.post("/v1/charges", VISA, "k").await?.status,
         StatusCode::OK
@@ -476,7 +446,7 @@ async fn a_reset_empties_the_ledger_file() -> TestResult {
     let reset = first.post_json("/_sandbox/reset", &json!({})).await?;
     assert_eq!(reset.status, StatusCode::OK);
     first.handle.stop().await;
-    let second = Sandbox::start(&path).await?;
+    let second = Sandbox::on_ledger(&path).await?;
     assert!(listed_charges(&second).await?.is_empty());
     let charged = second.post("/v1/charges", VISA, "k").await?;
     assert_eq!((charged.status, charged.replayed), (StatusCode::OK, false));
@@ -545,7 +515,7 @@ fn a_damaged_ledger_file_refuses_to_load_naming_it() -> TestResult {
 async fn a_line_cut_short_by_a_crash_is_dropped_and_the_rest_kept() -> TestResult {
     let dir = TempDir::new()?;
     let path = dir.join("ledger.jsonl");
-    let first = Sandbox::start(&path).await?;
+    let first = Sandbox::on_ledger(&path).await?;
     let charged = first.post("/v1/charges", VISA, "k").await?;
     first.handle.stop().await;
     // What a process killed halfway through an append leaves.
@@ -553,7 +523,7 @@ async fn a_line_cut_short_by_a_crash_is_dropped_and_the_rest_kept() -> TestResul
         .append(true)
         .open(&path)?
         .write_all(b"{\"charge\":{\"id\":\"ch_")?;
-    let second = Sandbox::start(&path).await?;
+    let second = Sandbox::on_ledger(&path).await?;
     let retried = second.post("/v1/charges", VISA, "k").await?;
     assert_eq!((retried.replayed, &retried.bytes), (true, &charged.bytes));
     assert_eq!(listed_charges(&second).await?.len(), 1);
@@ -591,9 +561,7 @@ impl Drop for Killed {
 }
 
 /// `payments-sandbox` with `SANDBOX_LEDGER` on a free port; its URL.
-fn start_binary(
-    ledger: &Path,
-) -> Result<(Killed, String), Box<dyn std::error::Error + Send + Sync>> {
+fn start_binary(ledger: &Path) -> Result<(Killed, String), Error> {
     let mut child = Killed(
         Command::new(env!("CARGO_BIN_EXE_payments-sandbox"))
             .args(["--listen", "127.0.0.1:0"])

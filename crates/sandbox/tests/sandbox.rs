@@ -9,7 +9,9 @@ use payments_sandbox::{SandboxConfig, SandboxHandle};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-type TestResult = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+mod common;
+
+use common::{Error, Sandbox, TestResult};
 
 const VISA: &[(&str, &str)] = &[
     ("amount", "4900"),
@@ -22,28 +24,11 @@ const VISA: &[(&str, &str)] = &[
 /// A form body as name/value pairs.
 type Form<'a> = &'a [(&'a str, &'a str)];
 
-struct TestSandbox {
-    handle: SandboxHandle,
-    client: reqwest::Client,
-}
-
-async fn spawn_sandbox(
-    config: SandboxConfig,
-) -> Result<TestSandbox, Box<dyn std::error::Error + Send + Sync>> {
-    let handle = SandboxHandle::start(config).await?;
-    let client = reqwest::Client::builder().no_proxy().build()?;
-    Ok(TestSandbox { handle, client })
-}
-
 fn charge_form(source: &str) -> Vec<(&str, &str)> {
     vec![("amount", "1000"), ("currency", "gbp"), ("source", source)]
 }
 
-impl TestSandbox {
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.handle.url())
-    }
-
+impl Sandbox {
     fn charge_request(
         &self,
         client: &reqwest::Client,
@@ -93,10 +78,7 @@ impl TestSandbox {
     }
 
     /// A successful 1000 gbp charge (minor units); its id.
-    async fn paid_charge(
-        &self,
-        metadata: &[(&str, &str)],
-    ) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    async fn paid_charge(&self, metadata: &[(&str, &str)]) -> Result<String, Error> {
         let mut form = charge_form("tok_visa");
         form.extend_from_slice(metadata);
         let (status, charge) = body_json(self.post_charge(&form, None).await?).await?;
@@ -109,7 +91,7 @@ impl TestSandbox {
         &self,
         path: &str,
         query: &[(&str, &str)],
-    ) -> Result<(StatusCode, Value), Box<dyn std::error::Error + Send + Sync>> {
+    ) -> Result<(StatusCode, Value), Error> {
         let response = self
             .client
             .get(self.query_url(path, query)?)
@@ -133,11 +115,7 @@ impl TestSandbox {
     }
 
     /// `GET /v1/charges/search` for `metadata['KEY']:'VALUE'`: the ids found.
-    async fn search_metadata(
-        &self,
-        key: &str,
-        value: &str,
-    ) -> Result<Vec<String>, Box<dyn std::error::Error + Send + Sync>> {
+    async fn search_metadata(&self, key: &str, value: &str) -> Result<Vec<String>, Error> {
         let query = format!("metadata['{key}']:'{value}'");
         let (status, body) = self
             .get_v1("/v1/charges/search", &[("query", &query)])
@@ -187,10 +165,7 @@ impl TestSandbox {
     }
 
     /// Waits (bounded) until the sandbox has recorded `count` charges.
-    async fn wait_for_charges(
-        &self,
-        count: usize,
-    ) -> Result<Vec<Value>, Box<dyn std::error::Error + Send + Sync>> {
+    async fn wait_for_charges(&self, count: usize) -> Result<Vec<Value>, Error> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let charges = self.charges().await?;
@@ -216,7 +191,7 @@ fn is_replay(response: &reqwest::Response) -> bool {
 
 #[tokio::test]
 async fn successful_charge_returns_a_charge_object_and_is_recorded() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let response = sandbox.post_charge(VISA, None).await?;
     assert!(!is_replay(&response));
     let (status, charge) = body_json(response).await?;
@@ -262,7 +237,7 @@ async fn successful_charge_returns_a_charge_object_and_is_recorded() -> TestResu
 
 #[tokio::test]
 async fn every_approving_test_token_succeeds() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     for token in ["tok_visa", "tok_mastercard", "tok_amex"] {
         let (status, charge) =
             body_json(sandbox.post_charge(&charge_form(token), None).await?).await?;
@@ -275,7 +250,7 @@ async fn every_approving_test_token_succeeds() -> TestResult {
 
 #[tokio::test]
 async fn declines_answer_402_and_record_a_failed_charge() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let cases = [
         ("tok_chargeDeclined", "card_declined", "generic_decline"),
         (
@@ -317,7 +292,7 @@ async fn declines_answer_402_and_record_a_failed_charge() -> TestResult {
 
 #[tokio::test]
 async fn unknown_token_is_resource_missing_and_charges_nothing() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let (status, body) = body_json(
         sandbox
             .post_charge(&charge_form("tok_nonsense"), None)
@@ -334,7 +309,7 @@ async fn unknown_token_is_resource_missing_and_charges_nothing() -> TestResult {
 
 #[tokio::test]
 async fn missing_or_empty_api_key_is_401() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let url = sandbox.url("/v1/charges");
     let form = charge_form("tok_visa");
     let without = sandbox.client.post(&url).form(&form).send().await?;
@@ -363,7 +338,7 @@ async fn missing_or_empty_api_key_is_401() -> TestResult {
 
 #[tokio::test]
 async fn invalid_parameters_are_400_with_code_and_param() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let cases: [(Form, &str, &str); 5] = [
         (
             &[("currency", "gbp"), ("source", "tok_visa")],
@@ -408,7 +383,7 @@ async fn invalid_parameters_are_400_with_code_and_param() -> TestResult {
 
 #[tokio::test]
 async fn same_key_replays_byte_for_byte_without_charging_again() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let first = sandbox.post_charge(VISA, Some("order-1")).await?;
     assert!(!is_replay(&first));
     let first_status = first.status();
@@ -433,7 +408,7 @@ async fn same_key_replays_byte_for_byte_without_charging_again() -> TestResult {
 /// never cause by re-driving an old record.
 #[tokio::test]
 async fn a_key_past_its_retention_is_forgotten_and_charges_again() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig {
+    let sandbox = Sandbox::start(SandboxConfig {
         key_retention_secs: 1,
         ..SandboxConfig::default()
     })
@@ -460,7 +435,7 @@ async fn a_key_past_its_retention_is_forgotten_and_charges_again() -> TestResult
 
 #[tokio::test]
 async fn declines_and_validation_errors_are_replayed_too() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let declined = charge_form("tok_chargeDeclined");
     let invalid = [
         ("amount", "abc"),
@@ -485,7 +460,7 @@ async fn declines_and_validation_errors_are_replayed_too() -> TestResult {
 
 #[tokio::test]
 async fn same_key_with_other_parameters_is_an_idempotency_error() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let first = sandbox
         .post_charge(&charge_form("tok_visa"), Some("k1"))
         .await?;
@@ -509,7 +484,7 @@ async fn same_key_with_other_parameters_is_an_idempotency_error() -> TestResult 
 
 #[tokio::test]
 async fn concurrent_requests_with_one_key_charge_once() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig {
+    let sandbox = Sandbox::start(SandboxConfig {
         latency_ms: 300,
         ..SandboxConfig::default()
     })
@@ -560,7 +535,7 @@ async fn concurrent_requests_with_one_key_charge_once() -> TestResult {
 /// recovers. A new key is processed normally.
 #[tokio::test]
 async fn injected_errors_charge_nothing_and_are_replayed_under_the_key() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig {
+    let sandbox = Sandbox::start(SandboxConfig {
         error_rate: 1.0,
         ..SandboxConfig::default()
     })
@@ -597,7 +572,7 @@ async fn injected_errors_charge_nothing_and_are_replayed_under_the_key() -> Test
 /// is processed and charges once.
 #[tokio::test]
 async fn rate_limited_requests_charge_nothing_and_leave_the_key_free() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     sandbox
         .set_config(json!({"rate_limit_rate": 1.0}))
         .await?
@@ -626,7 +601,7 @@ async fn rate_limited_requests_charge_nothing_and_leave_the_key_free() -> TestRe
 /// right key is sent. Lookups are refused the same way.
 #[tokio::test]
 async fn only_the_configured_secret_key_is_accepted() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     sandbox
         .set_config(json!({"secret_key": "sk_test_right", "restricted_key": "rk_test_readonly"}))
         .await?
@@ -679,7 +654,7 @@ async fn only_the_configured_secret_key_is_accepted() -> TestResult {
 /// refused ones too, for tests to assert what a client sends.
 #[tokio::test]
 async fn requests_are_recorded_with_their_stripe_version() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let pinned = sandbox
         .charge_request(&sandbox.client, &charge_form("tok_visa"), Some("v"))
         .header("Stripe-Version", "2026-09-30.endive")
@@ -704,12 +679,7 @@ async fn requests_are_recorded_with_their_stripe_version() -> TestResult {
             {"method": "POST", "path": "/v1/charges", "stripe_version": null},
         ])
     );
-    sandbox
-        .client
-        .post(sandbox.url("/_sandbox/reset"))
-        .send()
-        .await?
-        .error_for_status()?;
+    sandbox.reset().await?.error_for_status()?;
     let seen = sandbox.get_json("/_sandbox/requests").await?;
     assert_eq!(seen["data"], json!([]));
     Ok(())
@@ -717,7 +687,7 @@ async fn requests_are_recorded_with_their_stripe_version() -> TestResult {
 
 #[tokio::test]
 async fn drop_after_charge_charges_and_closes_without_answering() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig {
+    let sandbox = Sandbox::start(SandboxConfig {
         drop_after_charge: true,
         ..SandboxConfig::default()
     })
@@ -746,7 +716,7 @@ async fn drop_after_charge_charges_and_closes_without_answering() -> TestResult 
 
 #[tokio::test]
 async fn drop_after_charge_writes_not_a_single_byte() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig {
+    let sandbox = Sandbox::start(SandboxConfig {
         drop_after_charge: true,
         ..SandboxConfig::default()
     })
@@ -782,7 +752,7 @@ async fn drop_after_charge_writes_not_a_single_byte() -> TestResult {
 
 #[tokio::test]
 async fn a_slow_charge_completes_after_the_client_gave_up() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig {
+    let sandbox = Sandbox::start(SandboxConfig {
         latency_ms: 700,
         ..SandboxConfig::default()
     })
@@ -815,7 +785,7 @@ async fn a_slow_charge_completes_after_the_client_gave_up() -> TestResult {
 
 #[tokio::test]
 async fn hang_never_answers_never_charges_and_releases_the_key() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig {
+    let sandbox = Sandbox::start(SandboxConfig {
         hang: true,
         ..SandboxConfig::default()
     })
@@ -851,7 +821,7 @@ async fn hang_never_answers_never_charges_and_releases_the_key() -> TestResult {
 
 #[tokio::test]
 async fn refund_returns_a_refund_object_and_its_replay() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let charge_id = sandbox.paid_charge(&[("metadata[order_id]", "7")]).await?;
     let form = [
         ("charge", charge_id.as_str()),
@@ -912,7 +882,7 @@ async fn refund_returns_a_refund_object_and_its_replay() -> TestResult {
 
 #[tokio::test]
 async fn partial_refunds_up_to_the_amount_then_refusals() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let charge_id = sandbox.paid_charge(&[("metadata[order_id]", "8")]).await?;
     let charge = charge_id.as_str();
     for amount in ["300", "300"] {
@@ -978,7 +948,7 @@ async fn partial_refunds_up_to_the_amount_then_refusals() -> TestResult {
 
 #[tokio::test]
 async fn concurrent_refunds_never_exceed_the_charge() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let charge_id = sandbox.paid_charge(&[]).await?;
     // Latency holds all twenty in flight, so they reach the ledger together.
     sandbox
@@ -1014,7 +984,7 @@ async fn concurrent_refunds_never_exceed_the_charge() -> TestResult {
 
 #[tokio::test]
 async fn refund_key_reused_with_other_parameters_is_an_idempotency_error() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let charge_id = sandbox.paid_charge(&[]).await?;
     let charge = charge_id.as_str();
     let first = sandbox
@@ -1055,7 +1025,7 @@ async fn refund_key_reused_with_other_parameters_is_an_idempotency_error() -> Te
 
 #[tokio::test]
 async fn invalid_refunds_are_400_and_refund_nothing() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let paid = sandbox.paid_charge(&[]).await?;
     let (status, declined) = body_json(
         sandbox
@@ -1115,7 +1085,7 @@ async fn invalid_refunds_are_400_and_refund_nothing() -> TestResult {
 
 #[tokio::test]
 async fn injected_errors_refund_nothing_and_are_replayed_under_the_key() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let charge_id = sandbox.paid_charge(&[]).await?;
     sandbox
         .set_config(json!({"error_rate": 1.0}))
@@ -1140,7 +1110,7 @@ async fn injected_errors_refund_nothing_and_are_replayed_under_the_key() -> Test
 
 #[tokio::test]
 async fn drop_after_charge_refunds_and_the_retry_gets_the_replay() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let charge_id = sandbox.paid_charge(&[]).await?;
     sandbox
         .set_config(json!({"drop_after_charge": true}))
@@ -1181,7 +1151,7 @@ async fn drop_after_charge_refunds_and_the_retry_gets_the_replay() -> TestResult
 
 #[tokio::test]
 async fn refunds_are_listed_newest_first_by_charge() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let first = sandbox.paid_charge(&[]).await?;
     let second = sandbox.paid_charge(&[]).await?;
     let mut made = Vec::new();
@@ -1257,7 +1227,7 @@ async fn refunds_are_listed_newest_first_by_charge() -> TestResult {
 /// every refund of the charge once.
 #[tokio::test]
 async fn refund_lists_page_with_starting_after_as_stripe_does() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let charge = sandbox.paid_charge(&[]).await?;
     let other = sandbox.paid_charge(&[]).await?;
     for (charge, count) in [(&charge, 250), (&other, 3)] {
@@ -1345,7 +1315,7 @@ async fn refund_lists_page_with_starting_after_as_stripe_does() -> TestResult {
 /// three letters is refused, naming the field.
 #[tokio::test]
 async fn answer_overrides_make_another_amount_and_currency() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let (status, config) = body_json(
         sandbox
             .set_config(json!({"answer_amount_override": 100, "answer_currency_override": "USD"}))
@@ -1410,7 +1380,7 @@ async fn answer_overrides_make_another_amount_and_currency() -> TestResult {
 /// metadata, and every POST answer, are unchanged.
 #[tokio::test]
 async fn refund_lists_can_show_stripes_nullable_fields_as_null() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let charge = sandbox.paid_charge(&[]).await?;
     let mut made = Vec::new();
     for form in [
@@ -1450,13 +1420,9 @@ async fn refund_lists_can_show_stripes_nullable_fields_as_null() -> TestResult {
     Ok(())
 }
 
-impl TestSandbox {
+impl Sandbox {
     /// `POST /_sandbox/refunds/{id}` with a JSON body: the status and body.
-    async fn settle_refund(
-        &self,
-        id: &str,
-        body: &str,
-    ) -> Result<(StatusCode, Value), Box<dyn std::error::Error + Send + Sync>> {
+    async fn settle_refund(&self, id: &str, body: &str) -> Result<(StatusCode, Value), Error> {
         let response = self
             .client
             .post(self.url(&format!("/_sandbox/refunds/{id}")))
@@ -1468,10 +1434,7 @@ impl TestSandbox {
     }
 
     /// The charge's `amount_refunded`, as the charge search shows it.
-    async fn amount_refunded(
-        &self,
-        order: &str,
-    ) -> Result<Value, Box<dyn std::error::Error + Send + Sync>> {
+    async fn amount_refunded(&self, order: &str) -> Result<Value, Error> {
         let query = format!("metadata['order_id']:'{order}'");
         let (_, found) = self
             .get_v1("/v1/charges/search", &[("query", &query)])
@@ -1486,7 +1449,7 @@ impl TestSandbox {
 /// replays the first, pending answer byte for byte, as at Stripe.
 #[tokio::test]
 async fn a_pending_refund_settles_later_and_its_key_replays_the_first_answer() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     assert!(
         sandbox
             .set_config(json!({"refund_status": "pending"}))
@@ -1551,7 +1514,7 @@ async fn a_pending_refund_settles_later_and_its_key_replays_the_first_answer() -
 /// refunds nothing at all.
 #[tokio::test]
 async fn canceled_and_failed_refunds_give_the_amount_back() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig {
+    let sandbox = Sandbox::start(SandboxConfig {
         refund_status: payments_sandbox::RefundStatus::RequiresAction,
         ..SandboxConfig::default()
     })
@@ -1631,7 +1594,7 @@ async fn canceled_and_failed_refunds_give_the_amount_back() -> TestResult {
 /// `resource_missing`, and a bad `refund_status` is refused.
 #[tokio::test]
 async fn refund_settlements_and_reads_are_validated() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let (status, missing) = sandbox
         .settle_refund("re_nope", r#"{"status":"succeeded"}"#)
         .await?;
@@ -1690,7 +1653,7 @@ async fn refund_settlements_and_reads_are_validated() -> TestResult {
 /// even while Search lags far behind (a large `search_lag_ms`).
 #[tokio::test]
 async fn charges_are_listed_newest_first_within_created_bounds_page_by_page() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     sandbox
         .set_config(json!({"search_lag_ms": 3_600_000}))
         .await?;
@@ -1818,7 +1781,7 @@ async fn charges_are_listed_newest_first_within_created_bounds_page_by_page() ->
 /// and is found once the lag has passed.
 #[tokio::test]
 async fn search_finds_a_charge_by_metadata_only_after_the_lag() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let (status, config) =
         body_json(sandbox.set_config(json!({"search_lag_ms": 1000})).await?).await?;
     assert_eq!(status, StatusCode::OK);
@@ -1886,7 +1849,7 @@ async fn search_finds_a_charge_by_metadata_only_after_the_lag() -> TestResult {
 
 #[tokio::test]
 async fn unsupported_search_queries_are_400() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     for query in [
         "status:'succeeded'",
         "metadata['k']:'v' AND amount>100",
@@ -1919,7 +1882,7 @@ async fn unsupported_search_queries_are_400() -> TestResult {
 
 #[tokio::test]
 async fn stats_count_concurrent_requests() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig {
+    let sandbox = Sandbox::start(SandboxConfig {
         latency_ms: 500,
         ..SandboxConfig::default()
     })
@@ -1944,7 +1907,7 @@ async fn stats_count_concurrent_requests() -> TestResult {
 
 #[tokio::test]
 async fn config_is_read_replaced_and_validated() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig {
+    let sandbox = Sandbox::start(SandboxConfig {
         latency_ms: 5,
         ..SandboxConfig::default()
     })
@@ -2009,7 +1972,7 @@ async fn invalid_config_is_refused_at_start() {
 
 #[tokio::test]
 async fn reset_forgets_charges_refunds_keys_and_counters_but_not_the_config() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let form = charge_form("tok_visa");
     let (_, charge) = body_json(sandbox.post_charge(&form, Some("before-reset")).await?).await?;
     let charge_id = charge["id"].as_str().ok_or("no charge id")?;
@@ -2023,11 +1986,7 @@ async fn reset_forgets_charges_refunds_keys_and_counters_but_not_the_config() ->
         .await?
         .error_for_status()?;
 
-    let reset = sandbox
-        .client
-        .post(sandbox.url("/_sandbox/reset"))
-        .send()
-        .await?;
+    let reset = sandbox.reset().await?;
     assert_eq!(reset.status(), StatusCode::OK);
     assert!(sandbox.charges().await?.is_empty());
     assert!(sandbox.refunds().await?.is_empty());
@@ -2048,7 +2007,7 @@ async fn reset_forgets_charges_refunds_keys_and_counters_but_not_the_config() ->
 
 #[tokio::test]
 async fn health_and_unknown_routes() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     assert_eq!(sandbox.get_json("/healthz").await?, json!({"status": "ok"}));
 
     let (status, body) = body_json(
@@ -2077,7 +2036,7 @@ async fn health_and_unknown_routes() -> TestResult {
 
 #[tokio::test]
 async fn dropping_the_handle_stops_the_server() -> TestResult {
-    let sandbox = spawn_sandbox(SandboxConfig::default()).await?;
+    let sandbox = Sandbox::start(SandboxConfig::default()).await?;
     let addr = sandbox.handle.addr();
     drop(sandbox);
     let deadline = Instant::now() + Duration::from_secs(10);
