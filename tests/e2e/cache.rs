@@ -14,16 +14,7 @@ const TTL_SECS: u64 = 65;
 
 /// `payments_replay_cache_total{result="hit"}` on a replica.
 async fn hits(api: &Process) -> u64 {
-    let text = reqwest::get(format!("{}/metrics", api.url))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with("payments_replay_cache_total{") && l.contains("result=\"hit\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    crate::metric_sum(api, "payments_replay_cache_total{", r#"result="hit""#).await as u64
 }
 
 async fn answer(response: reqwest::Response) -> (u16, bool, Value) {

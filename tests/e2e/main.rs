@@ -39,6 +39,19 @@ fn api_env<'a>(
     env
 }
 
+/// The sum of the samples in `api`'s `/metrics` of the series that start
+/// with `prefix` (a name and `{`) and carry `label` (`key="value"`).
+async fn metric_sum(api: &Process, prefix: &str, label: &str) -> f64 {
+    let url = format!("{}/metrics", api.url);
+    let text = reqwest::get(url).await.unwrap().text().await.unwrap();
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with(prefix) && l.contains(label));
+    series
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// `GET {path}` at the sandbox, as JSON.
 async fn sandbox_json(sandbox: &Process, path: &str) -> Value {
     reqwest::get(format!("{}{path}", sandbox.url))

@@ -9,18 +9,12 @@ use super::{api_env, mint, post, sandbox_json};
 
 /// `payments_provider_mismatch_total{call="charges"}` on the API.
 async fn mismatches(api: &Process) -> f64 {
-    let text = reqwest::get(format!("{}/metrics", api.url))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| {
-            l.starts_with("payments_provider_mismatch_total{") && l.contains("call=\"charges\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    crate::metric_sum(
+        api,
+        "payments_provider_mismatch_total{",
+        r#"call="charges""#,
+    )
+    .await
 }
 
 /// The provider answers 200 `succeeded` for 1 USD to a 49 GBP charge. The

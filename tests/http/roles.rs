@@ -147,14 +147,7 @@ async fn parallel_back_office_refunds_never_exceed_the_charge(backend: Backend) 
     let id = charge["id"].as_str().unwrap().to_owned();
     let made = parallel_refunds(&app, &id, REFUNDS, 100, |i| format!("ops_{}", i % 3)).await;
     assert_eq!(made, 10);
-    let at_provider: i64 = app
-        .sandbox_refunds()
-        .await
-        .iter()
-        .filter(|r| r["status"] == "succeeded")
-        .map(|r| r["amount"].as_i64().unwrap())
-        .sum();
-    assert_eq!(at_provider, 1000);
+    assert_eq!(app.sandbox_refunded().await, 1000);
     assert_eq!(app.db.refunds_with_status("succeeded").await, 10);
     let read = app.get_as("cus_alice", &format!("/api/charges/{id}")).await;
     assert_eq!(read.body["amount_refunded"], 1000);

@@ -235,13 +235,7 @@ async fn a_search_miss_is_confirmed_with_the_charge_list(backend: Backend) {
     assert_eq!(first.status(), 503, "charged, the answer lost");
     app.configure_sandbox(json!({"search_lag_ms": 3_600_000}))
         .await;
-    app.db
-        .age(Some(&key), Duration::from_secs(23 * 3600 + 1800))
-        .await;
-    assert_eq!(
-        app.post_charge("cus_1", Some(&key), &body).await.status(),
-        500
-    );
+    crate::abandon_by_age(&app, &key, &body).await;
     // More than a page of newer charges at the provider, others' calls.
     for i in 0..120 {
         let made = app

@@ -66,6 +66,16 @@ fn settled(succeeded: u64, not_made: u64) -> ReconcileReport {
     }
 }
 
+/// Ages the record of `cus_1`'s charge under `key` past the re-drive
+/// limit; its retry with `body` is then abandoned without a provider call
+/// (500, asserted), as the key-retention guard does.
+async fn abandon_by_age(app: &TestApp, key: &str, body: &str) {
+    let past = Duration::from_secs(23 * 3600 + 1800);
+    app.db.age(Some(key), past).await;
+    let retry = app.post_charge("cus_1", Some(key), body).await;
+    assert_eq!(retry.status(), 500);
+}
+
 /// One reconciler pass with this search lag.
 async fn reconcile(app: &TestApp, search_lag: Duration) -> ReconcileReport {
     reconciler(app, search_lag).try_run_once().await.unwrap()

@@ -182,13 +182,7 @@ async fn every_provider_call_pins_the_stripe_version(backend: Backend) {
         503
     );
     app.configure_sandbox(json!({})).await;
-    app.db
-        .age(Some(&key), Duration::from_secs(23 * 3600 + 1800))
-        .await;
-    assert_eq!(
-        app.post_charge("cus_1", Some(&key), &body).await.status(),
-        500
-    );
+    crate::abandon_by_age(&app, &key, &body).await;
     reconcile(&app, Duration::from_secs(60)).await;
 
     let paths = app.sandbox_requests().await;

@@ -24,13 +24,7 @@ async fn abandoned_charge(app: &TestApp, key: &str, sandbox: serde_json::Value) 
         .await;
     assert_eq!(first.status(), 503);
     app.configure_sandbox(json!({})).await;
-    app.db
-        .age(Some(key), Duration::from_secs(23 * 3600 + 1800))
-        .await;
-    let abandoned = app
-        .post_charge("cus_1", Some(key), &charge_body(4900, "tok_visa"))
-        .await;
-    assert_eq!(abandoned.status(), 500);
+    crate::abandon_by_age(app, key, &charge_body(4900, "tok_visa")).await;
     assert_eq!(app.db.records_for_key(key, "abandoned", Some(500)).await, 1);
 }
 
@@ -576,16 +570,7 @@ async fn a_refund_found_with_another_amount_is_left_for_a_person(backend: Backen
     );
     assert_eq!(app.db.refunds_with_status("unknown").await, 1);
     // Its 400 stays reserved: 700 does not fit in what is left.
-    let more = app
-        .post_refund(
-            "cus_1",
-            charge_id,
-            &new_key(),
-            &json!({"amount_cents": 700}),
-        )
-        .await;
-    assert_eq!(more.status, 400, "{}", more.body);
-    assert_eq!(more.body["error"]["code"], "refund_exceeds_charge");
+    app.assert_refund_does_not_fit(charge_id, 700).await;
 }
 
 backend_tests!(

@@ -1172,6 +1172,17 @@ impl TestApp {
         self.post_refund_with(&token, charge_id, key, body).await
     }
 
+    /// A back-office refund of `amount_cents` of `charge_id`, under a new
+    /// key, asserted refused: 400 `refund_exceeds_charge`.
+    pub async fn assert_refund_does_not_fit(&self, charge_id: &str, amount_cents: i64) {
+        let body = serde_json::json!({ "amount_cents": amount_cents });
+        let more = self
+            .post_refund("ops_1", charge_id, &new_key(), &body)
+            .await;
+        assert_eq!(more.status, 400, "{}", more.body);
+        assert_eq!(more.body["error"]["code"], "refund_exceeds_charge");
+    }
+
     /// `GET {path_and_query}` as `customer`.
     pub async fn get_as(&self, customer: &str, path_and_query: &str) -> Answer {
         let response = self
@@ -1195,6 +1206,13 @@ impl TestApp {
     /// Every refund the sandbox recorded.
     pub async fn sandbox_refunds(&self) -> Vec<Value> {
         self.sandbox_list("/_sandbox/refunds").await
+    }
+
+    /// What the sandbox's succeeded refunds add up to, in minor units.
+    pub async fn sandbox_refunded(&self) -> i64 {
+        let refunds = self.sandbox_refunds().await;
+        let succeeded = refunds.iter().filter(|r| r["status"] == "succeeded");
+        succeeded.filter_map(|r| r["amount"].as_i64()).sum()
     }
 
     /// What the sandbox really charged (status `succeeded`).
