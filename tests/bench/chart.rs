@@ -16,7 +16,7 @@ struct Series {
     report: fn(&BackendResults) -> Option<&Report>,
 }
 
-const SERIES: [Series; 5] = [
+const SERIES: [Series; 6] = [
     Series {
         label: "new",
         stream: "charge",
@@ -36,6 +36,11 @@ const SERIES: [Series; 5] = [
         label: "refund",
         stream: "refund",
         report: |b| b.refund.as_ref(),
+    },
+    Series {
+        label: "capture",
+        stream: "capture",
+        report: |b| b.capture.as_ref(),
     },
     Series {
         label: "list",

@@ -27,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use payments_loadtest::load::{self, Config, Marker, Report, Scenario};
-use payments_tests::{Backend, Process, TestDb, postgres::throwaway_admin_url};
+use payments_tests::{
+    BACK_OFFICE_AUDIENCE, Backend, Process, TestDb, postgres::throwaway_admin_url,
+};
 use serde_json::Value;
 
 use machine::{CpuPerOp, Processes, Snapshot};
@@ -126,11 +128,20 @@ async fn bench() -> Result<bool> {
     let day = Duration::from_secs(86_400);
     let token = payments_api::auth::mint_hs256(JWT_SECRET, "cus_load", day);
     let token = token.map_err(|e| anyhow!("minting the bench's token: {e}"))?;
+    // The back office's, for `refund`'s refunds and `capture`'s captures: of
+    // the audience every API the tests' `Process` starts is told.
+    let scopes = ["refunds:write", "charges:capture"].map(str::to_owned);
+    let audience = Some(BACK_OFFICE_AUDIENCE);
+    let back_office =
+        payments_api::auth::mint_hs256_scoped(JWT_SECRET, "ops_load", &scopes, audience, day);
+    let back_office =
+        back_office.map_err(|e| anyhow!("minting the bench's back-office token: {e}"))?;
     let mut bench = Bench {
         settings,
         out_dir,
         sandbox,
         token,
+        back_office,
         pg_admin,
         mysql_admin,
         pg_pid,
@@ -171,7 +182,10 @@ struct Bench {
     settings: Settings,
     out_dir: PathBuf,
     sandbox: Process,
+    /// The customer's (`cus_load`).
     token: String,
+    /// The back office's, with `refunds:write` and `charges:capture`.
+    back_office: String,
     pg_admin: Option<String>,
     mysql_admin: Option<String>,
     /// The main processes of the bench's PostgreSQL and MariaDB servers.
@@ -248,8 +262,8 @@ impl Bench {
         self.backends.push(results);
     }
 
-    /// `new`, `health`, `replay`, `cache`, `storm`, `refund` and `list` on
-    /// one API process.
+    /// `new`, `health`, `replay`, `cache`, `storm`, `refund`, `capture` and
+    /// `list` on one API process.
     async fn main_group(&mut self, db: &TestDb, results: &mut BackendResults) {
         let s = self.settings.clone();
         let replay = Scenario::Replay {
@@ -271,6 +285,10 @@ impl Bench {
             per_charge: s.refund_per_charge,
             concurrency: s.concurrency,
         };
+        let capture = Scenario::Capture {
+            holds: s.capture_holds,
+            concurrency: s.concurrency,
+        };
         let health = Scenario::Health {
             requests: s.health_requests,
             concurrency: s.replay_concurrency,
@@ -287,6 +305,7 @@ impl Bench {
             ("cache", cache),
             ("storm", storm),
             ("refund", refund),
+            ("capture", capture),
         ];
         let backend = db.backend;
         scenarios.retain(|(label, _)| s.runs_on(label, backend));
@@ -340,6 +359,7 @@ impl Bench {
                     });
                 }
                 "refund" => results.refund = Some(report),
+                "capture" => results.capture = Some(report),
                 _ => {
                     let requests = self.sandbox_requests().await;
                     results.storm_provider_requests = self.keep("sandbox stats", requests);
@@ -445,6 +465,7 @@ impl Bench {
         let what = format!("{name} {label}");
         progress!("{what}: {scenario:?}");
         let mut config = Config::new(api.url.clone(), self.token.clone(), scenario);
+        config.back_office_token = Some(self.back_office.clone().into());
         config.sandbox_url = Some(self.sandbox.url.clone());
         config.database_url = Some(db.url.clone().into());
         config.duration = cap;

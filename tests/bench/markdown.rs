@@ -138,6 +138,7 @@ pub fn render(r: &Bench, analysis: &str) -> Result<String> {
         ),
         ("storm", each(r, |b| Some(b.storm.as_ref()?.markdown()))),
         ("refund", each(r, |b| Some(b.refund.as_ref()?.markdown()))),
+        ("capture", each(r, |b| Some(b.capture.as_ref()?.markdown()))),
         (
             "list",
             each(r, |b| {
@@ -309,13 +310,10 @@ fn sheet(r: &Bench) -> Sheet<'_> {
         },
     );
     s.figure("refund: refunds/s, p99", |b| {
-        let refund = b.refund.as_ref()?.stream("refund")?;
-        let p99 = refund.latency_us?.p99;
-        Some(format!(
-            "{} /s, p99 {}",
-            rate(refund.throughput_rps),
-            ms(p99)
-        ))
+        per_second(b.refund.as_ref()?, "refund")
+    });
+    s.figure("capture: captures/s, p99", |b| {
+        per_second(b.capture.as_ref()?, "capture")
     });
     s.figure("list: a page of 20 (first / deep), req/s, p99", |b| {
         let (first, deep) = b.list.as_ref()?;
@@ -609,6 +607,17 @@ impl Display for Prune {
             self.with_prune.markdown()
         )
     }
+}
+
+/// A stream's operations per second and p99: `1,234 /s, p99 5.6 ms`.
+fn per_second(report: &Report, stream: &str) -> Option<String> {
+    let stream = report.stream(stream)?;
+    let p99 = stream.latency_us?.p99;
+    Some(format!(
+        "{} /s, p99 {}",
+        rate(stream.throughput_rps),
+        ms(p99)
+    ))
 }
 
 /// A report's number formats, as its tables show them.

@@ -34,6 +34,7 @@ pub struct BackendResults {
     /// reset): every provider call, retries and re-drives included.
     pub storm_provider_requests: Option<u64>,
     pub refund: Option<Report>,
+    pub capture: Option<Report>,
     /// `list`: the first page and a deep one, of `BENCH_LIST_ROWS` more.
     pub list: Option<(Report, Report)>,
     pub slow: Option<Slow>,

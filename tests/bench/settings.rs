@@ -13,7 +13,8 @@ use payments_tests::Backend;
 pub const SLOW_POOL: u64 = 10;
 
 /// The scenarios, in the order they run on each backend.
-const SCENARIOS: &str = "pgbench,ceiling,new,health,replay,cache,storm,refund,list,slow,prune";
+const SCENARIOS: &str =
+    "pgbench,ceiling,new,health,replay,cache,storm,refund,capture,list,slow,prune";
 
 /// The scenarios MariaDB runs: the hot path, new and replayed.
 pub const MYSQL_SCENARIOS: [&str; 3] = ["new", "health", "replay"];
@@ -68,6 +69,7 @@ knobs! {
     storm_concurrency: u64 = count("BENCH_STORM_CONCURRENCY", "2"), "`storm`: keys stormed at once";
     refund_charges: u64 = count("BENCH_REFUND_CHARGES", "1000"), "`refund`: charges made, then refunded";
     refund_per_charge: u64 = count("BENCH_REFUND_PER_CHARGE", "2"), "`refund`: refunds of each charge";
+    capture_holds: u64 = count("BENCH_CAPTURE_HOLDS", "1000"), "`capture`: holds authorized, then each captured in full";
     list_rows: u64 = count("BENCH_LIST_ROWS", "1000000"), "`list`: charges seeded for the customer listed";
     list_requests: u64 = count("BENCH_LIST_REQUESTS", "5000"), "`list`: reads of each page (the first, and a deep one)";
     slow_in_flight: u64 = count("BENCH_SLOW_IN_FLIGHT", "1000"), "`slow`: charges in flight at once";

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use payments_loadtest::load::{
-    self, Config, EXIT_CORRECT, EXIT_ERROR, Mark, Marker, Report, Scenario, StoppedBy,
+    self, Config, EXIT_CORRECT, EXIT_ERROR, LoadError, Mark, Marker, Report, Scenario, StoppedBy,
 };
 use payments_tests::{AppOptions, Backend, TestApp, spawn_app};
 
@@ -16,7 +16,8 @@ use super::{non_idempotent_server, run_tool, sqlite_app};
 
 fn config_for(app: &TestApp, scenario: Scenario) -> Config {
     let mut config = Config::new(&app.base_url, app.token("cus_load"), scenario);
-    config.back_office_token = Some(app.back_office_token("ops_load", "refunds:write").into());
+    let back_office = app.back_office_token("ops_load", "refunds:write charges:capture");
+    config.back_office_token = Some(back_office.into());
     config.sandbox_url = Some(app.sandbox.url());
     config.database_url = Some(app.db.url.clone().into());
     config.timeout = Duration::from_secs(10);
@@ -104,6 +105,84 @@ async fn refunds_once_per_operation() {
         refunded
             .iter()
             .all(|c| c["amount_refunded"] == c["amount_cents"])
+    );
+}
+
+/// `capture`: every hold captured once, in full, at the provider and in the
+/// database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn captures_once_per_hold() {
+    let app = sqlite_app(AppOptions::default()).await;
+    let scenario = Scenario::Capture {
+        holds: 10,
+        concurrency: 4,
+    };
+
+    let report = load::run(&config_for(&app, scenario)).await.unwrap();
+
+    assert_correct(&report);
+    assert_eq!(report.operations.charged, 10);
+    assert_eq!(statuses(&report, "capture"), [(201, 10)]);
+    assert_eq!(report.charges.provider, Some(10));
+    assert_eq!(report.charges.database, Some(10));
+    // One capture per hold, of all of it.
+    let captures = app.sandbox_get("/_sandbox/captures").await["data"]
+        .as_array()
+        .cloned()
+        .unwrap();
+    let held: std::collections::BTreeSet<&str> = captures
+        .iter()
+        .map(|c| c["charge"].as_str().unwrap())
+        .collect();
+    assert_eq!((captures.len(), held.len()), (10, 10), "{captures:?}");
+    assert!(captures.iter().all(|c| c["amount"] == 100), "{captures:?}");
+    assert_eq!(app.db.charges_with_status("succeeded").await, 10);
+    let page = app.get_as("cus_load", "/api/charges?limit=100").await;
+    let charges = page.body["data"].as_array().unwrap();
+    assert!(charges.iter().all(|c| c["status"] == "succeeded"
+        && c["amount_captured"] == c["amount_cents"]
+        && c["amount_released"] == 0));
+}
+
+/// Captures are the back office's alone: without its token `capture` does
+/// not start (exit 2, naming the flag) and nothing is authorized.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn capture_needs_a_back_office_token() {
+    let app = sqlite_app(AppOptions::default()).await;
+    let mut config = config_for(
+        &app,
+        Scenario::Capture {
+            holds: 2,
+            concurrency: 1,
+        },
+    );
+    config.back_office_token = None;
+
+    let refused = load::run(&config).await.unwrap_err();
+
+    assert!(matches!(refused, LoadError::Usage(_)), "{refused:?}");
+    assert!(
+        refused.to_string().contains("--back-office-token"),
+        "{refused}"
+    );
+    let token = app.token("cus_load");
+    let (code, stdout, stderr) = load_binary(&[
+        "--base-url",
+        &app.base_url,
+        "--token",
+        &token,
+        "capture",
+        "--holds",
+        "2",
+        "--concurrency",
+        "1",
+    ])
+    .await;
+    assert_eq!(code, i32::from(EXIT_ERROR), "{stdout}{stderr}");
+    assert!(stderr.contains("--back-office-token"), "{stderr}");
+    assert!(
+        app.sandbox_attempts().await.is_empty(),
+        "nothing authorized"
     );
 }
 

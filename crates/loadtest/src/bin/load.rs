@@ -24,9 +24,10 @@ struct Args {
     /// A bearer token for a test customer (`payments-api token --customer cus_load`).
     #[arg(long, env = "LOAD_TOKEN", hide_env_values = true)]
     token: String,
-    /// A back-office token with refunds:write, for `refund`'s refunds.
-    /// Without it the customer's token refunds, which only a server with
-    /// REFUNDS_BY_CUSTOMER allows.
+    /// A back-office token with refunds:write and charges:capture, for
+    /// `refund`'s refunds and `capture`'s captures. Without it the
+    /// customer's token refunds, which only a server with
+    /// REFUNDS_BY_CUSTOMER allows, and `capture` refuses to run.
     #[arg(
         long,
         env = "LOAD_BACK_OFFICE_TOKEN",

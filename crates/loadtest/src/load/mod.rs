@@ -12,7 +12,8 @@
 //!   and what the answers named ([`Report::operations`]).
 //! - [`Marker`]: tells a caller where a run's measured part starts and ends.
 //! - `stream`: per-stream HDR histogram (µs), statuses, transport errors.
-//! - `scenarios`: `new`, `replay`, `storm`, `slow`, `refund`, `list`.
+//! - `scenarios`: `new`, `replay`, `storm`, `slow`, `refund`, `capture`,
+//!   `list`, `health`.
 //! - `sandbox`, `database`: the two counts.
 //! - `report`: [`Report`], as a table or JSON, and the exit statuses.
 //!
@@ -154,6 +155,23 @@ pub enum Scenario {
         #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
         concurrency: u64,
     },
+    /// Captures of holds, each its own operation: every one made once.
+    ///
+    /// `holds` holds authorized first (`"capture": false`); then each is
+    /// captured in full by the back office, every capture its own key driven
+    /// by the client's retry loop, `concurrency` at a time. Needs
+    /// [`Config::back_office_token`]. Every capture must end 201 with the
+    /// charge `succeeded` and all of it captured; with a sandbox, it must
+    /// hold exactly one capture per hold captured.
+    #[command(long_about = None)]
+    Capture {
+        /// Holds authorized first, then captured.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+        holds: u64,
+        /// Operations at a time.
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+        concurrency: u64,
+    },
     /// Reads of one page of `GET /api/charges`, timed: every answer 200.
     ///
     /// `requests` reads of a page of `limit` (after `starting_after` when
@@ -197,6 +215,7 @@ impl Scenario {
             Self::Storm { .. } => "storm",
             Self::Slow { .. } => "slow",
             Self::Refund { .. } => "refund",
+            Self::Capture { .. } => "capture",
             Self::List { .. } => "list",
             Self::Health { .. } => "health",
         }
@@ -236,6 +255,9 @@ impl Scenario {
                 per_charge,
                 concurrency,
             } => json!({"charges": charges, "per_charge": per_charge, "concurrency": concurrency}),
+            Self::Capture { holds, concurrency } => {
+                json!({"holds": holds, "concurrency": concurrency})
+            }
             Self::List {
                 requests,
                 concurrency,
@@ -293,6 +315,9 @@ impl Scenario {
                 ("per-charge", *per_charge),
                 ("concurrency", *concurrency),
             ],
+            Self::Capture { holds, concurrency } => {
+                &[("holds", *holds), ("concurrency", *concurrency)]
+            }
             Self::List {
                 requests,
                 concurrency,
@@ -317,8 +342,9 @@ pub struct Config {
     pub base_url: String,
     /// A bearer token for a test customer.
     pub token: SecretString,
-    /// A back-office token with `refunds:write`, for `refund`'s refunds;
-    /// `None`: the customer's token refunds (`REFUNDS_BY_CUSTOMER`).
+    /// A back-office token with `refunds:write` and `charges:capture`, for
+    /// `refund`'s refunds and `capture`'s captures; `None`: the customer's
+    /// token refunds (`REFUNDS_BY_CUSTOMER`), and `capture` cannot run.
     pub back_office_token: Option<SecretString>,
     /// The sandbox provider behind the API, to count its charges and (for
     /// `slow`) set its latency; loopback only.
@@ -342,10 +368,11 @@ pub struct Config {
 }
 
 /// An edge of a run's measured part: the scenario's own requests (`new`'s
-/// charges, `replay`'s re-sends, `refund`'s refunds, ...), after its setup
-/// (the preflight, the sandbox's reset and count, the charges a `replay`,
-/// `refund` or `slow` makes first) and before the accounting (the counts at
-/// the sandbox and in the database).
+/// charges, `replay`'s re-sends, `refund`'s refunds, `capture`'s captures,
+/// ...), after its setup (the preflight, the sandbox's reset and count, the
+/// charges a `replay`, `refund` or `slow` makes first, the holds of
+/// `capture`) and before the accounting (the counts at the sandbox and in
+/// the database).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mark {
     /// The first of the scenario's own requests is about to be sent.
@@ -449,8 +476,24 @@ pub async fn run(config: &Config) -> Result<Report, LoadError> {
             ));
         }
     }
+    if let (Scenario::Capture { .. }, None) = (&config.scenario, &config.back_office_token) {
+        return Err(LoadError::Usage(
+            "the capture scenario captures as the back office: it needs --back-office-token \
+             (LOAD_BACK_OFFICE_TOKEN), a token with charges:capture"
+                .into(),
+        ));
+    }
+    let retry = RetryPolicy {
+        // Only the deadline ends a retry loop.
+        max_attempts: u32::MAX,
+        deadline: config.duration,
+        backoff_base: Duration::from_millis(100),
+        backoff_cap: Duration::from_secs(5),
+    };
+    // Its own retry loop (`capture`'s) retries as the load generator's does.
     let client = Client::builder(&config.base_url, config.token.expose_secret())
         .attempt_timeout(config.timeout)
+        .retry_policy(retry)
         .build()?;
     let run_id = format!("load-{}", uuid::Uuid::new_v4().simple());
 
@@ -491,13 +534,7 @@ pub async fn run(config: &Config) -> Result<Report, LoadError> {
         deadline: started + config.duration,
         drain: config.drain,
         timeout: config.timeout,
-        retry: RetryPolicy {
-            // Only the deadline ends a retry loop.
-            max_attempts: u32::MAX,
-            deadline: config.duration,
-            backoff_base: Duration::from_millis(100),
-            backoff_cap: Duration::from_secs(5),
-        },
+        retry,
         amount_cents: config.amount_cents,
         marker: config.marker.clone(),
         violations: Violations::default(),
@@ -542,6 +579,9 @@ pub async fn run(config: &Config) -> Result<Report, LoadError> {
             per_charge,
             concurrency,
         } => scenarios::refunds(&run, sandbox.as_ref(), charges, per_charge, concurrency).await?,
+        Scenario::Capture { holds, concurrency } => {
+            scenarios::captures(&run, sandbox.as_ref(), holds, concurrency).await?
+        }
         Scenario::List {
             requests,
             concurrency,

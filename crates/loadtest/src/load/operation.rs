@@ -12,10 +12,12 @@ use std::collections::BTreeSet;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use payments_client::client::{Client, Exchange, REQUEST_ABANDONED, exchange};
+use payments_client::client::{Answer, Client, Exchange, REQUEST_ABANDONED, exchange};
 use payments_client::error::ClientError;
 use payments_client::key::IdempotencyKey;
-use payments_client::model::{ApiError, Charge, ChargeQuery, ChargeRequest, RefundRequest};
+use payments_client::model::{
+    ApiError, CaptureRequest, Charge, ChargeQuery, ChargeRequest, RefundRequest,
+};
 use payments_client::retry::RetryPolicy;
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -42,7 +44,7 @@ pub(crate) struct Run {
     pub id: String,
     /// The customer's: charges and reads.
     pub client: Client,
-    /// The back office's: refunds (or the customer's again).
+    /// The back office's: refunds (or the customer's again) and captures.
     pub back_office: Client,
     /// No operation, attempt, retry or probe starts after this.
     pub deadline: Instant,
@@ -73,12 +75,12 @@ pub(crate) enum Seen {
     NoAnswer(TransportError),
 }
 
-/// What a `GET /api/charges/{id}` got.
+/// What a `GET /api/charges/{id}` (or a capture's retry loop) got.
 #[derive(Debug)]
 pub(crate) enum Looked {
     Found(Box<Charge>),
-    /// Any status but a 200 with a charge (a 200 whose body is not a
-    /// charge is reported as 200 here too).
+    /// Any other final status (a 200 or 201 whose body is not a charge is
+    /// reported as that status here too).
     Answered(u16),
     NoAnswer(TransportError),
 }
@@ -197,10 +199,27 @@ impl Run {
         label: &str,
         index: u64,
     ) -> Result<Operation, serde_json::Error> {
-        let request = ChargeRequest::new(self.amount_cents, "GBP", "tok_visa")
-            .with_description(format!("payments-load {label}"))
-            .with_metadata("load_run", self.id.clone())
-            .with_metadata("load_op", format!("{label}-{index}"));
+        self.charge(label, index, None)
+    }
+
+    /// [`Run::operation`] as a hold (`"capture": false`), to be captured.
+    pub(crate) fn hold(&self, label: &str, index: u64) -> Result<Operation, serde_json::Error> {
+        self.charge(label, index, Some(false))
+    }
+
+    fn charge(
+        &self,
+        label: &str,
+        index: u64,
+        capture: Option<bool>,
+    ) -> Result<Operation, serde_json::Error> {
+        let request = ChargeRequest {
+            capture,
+            ..ChargeRequest::new(self.amount_cents, "GBP", "tok_visa")
+                .with_description(format!("payments-load {label}"))
+                .with_metadata("load_run", self.id.clone())
+                .with_metadata("load_op", format!("{label}-{index}"))
+        };
         Ok(Operation {
             key: IdempotencyKey::generate(),
             body: serde_json::to_vec(&request)?,
@@ -252,22 +271,58 @@ impl Run {
     /// `GET /api/charges/{id}` through [`Client::get_charge`], timed into
     /// `stream`.
     pub(crate) async fn get(&self, id: &str, stream: &Stream) -> Looked {
+        let get = async {
+            Ok(match self.client.get_charge(id).await? {
+                Some(charge) => Looked::Found(Box::new(charge)),
+                None => Looked::Answered(404),
+            })
+        };
+        self.called(stream, 200, get).await
+    }
+
+    /// Captures all of `charge_id` as the back office, under a fresh key,
+    /// through the client's own retry loop ([`Client::capture_with_key`]):
+    /// timed into `stream` as one request, from the first attempt to the
+    /// final answer (the client hides the attempts before it). The client's
+    /// loop does not know the run's deadline: it is cancelled at the
+    /// deadline plus the drain, and may retry until then.
+    pub(crate) async fn capture(&self, charge_id: &str, stream: &Stream) -> Looked {
+        let (key, request) = (IdempotencyKey::generate(), CaptureRequest::default());
+        let capture = async {
+            let outcome = self
+                .back_office
+                .capture_with_key(&key, charge_id, &request)
+                .await?;
+            Ok(match outcome.answer {
+                Answer::Done(charge) => Looked::Found(Box::new(charge)),
+                Answer::Declined(_) => Looked::Answered(402),
+            })
+        };
+        self.called(stream, 201, capture).await
+    }
+
+    /// Runs one client call to what it found (a charge, answered `found`)
+    /// or its final status, timed into `stream`; still running at the
+    /// deadline plus the drain, it is cancelled.
+    async fn called(
+        &self,
+        stream: &Stream,
+        found: u16,
+        call: impl Future<Output = Result<Looked, ClientError>>,
+    ) -> Looked {
         let started = Instant::now();
-        let looked =
-            match tokio::time::timeout_at(self.deadline + self.drain, self.client.get_charge(id))
-                .await
-            {
-                Ok(Ok(Some(charge))) => Looked::Found(Box::new(charge)),
-                Ok(Ok(None)) => Looked::Answered(404),
-                Ok(Err(
-                    ClientError::Rejected { status, .. } | ClientError::Unexpected { status, .. },
-                )) => Looked::Answered(status),
-                Ok(Err(ClientError::Transport(e))) => Looked::NoAnswer(TransportError::of(&e)),
-                Ok(Err(_)) => Looked::NoAnswer(TransportError::Other),
-                Err(_) => Looked::NoAnswer(TransportError::Cancelled),
-            };
+        let looked = match tokio::time::timeout_at(self.deadline + self.drain, call).await {
+            Ok(Ok(looked)) => looked,
+            Ok(Err(
+                ClientError::Rejected { status, .. } | ClientError::Unexpected { status, .. },
+            )) => Looked::Answered(status),
+            Ok(Err(ClientError::Abandoned { .. })) => Looked::Answered(500),
+            Ok(Err(ClientError::Transport(e))) => Looked::NoAnswer(TransportError::of(&e)),
+            Ok(Err(_)) => Looked::NoAnswer(TransportError::Other),
+            Err(_) => Looked::NoAnswer(TransportError::Cancelled),
+        };
         match &looked {
-            Looked::Found(_) => stream.answered(started, 200, false),
+            Looked::Found(_) => stream.answered(started, found, false),
             Looked::Answered(status) => stream.answered(started, *status, false),
             Looked::NoAnswer(error) => stream.failed(started, *error),
         }

@@ -1,6 +1,6 @@
 //! The sandbox provider's control API: what it charged (`GET
-//! /_sandbox/charges`), its fault injection (`GET`/`POST /_sandbox/config`)
-//! and `POST /_sandbox/reset`.
+//! /_sandbox/charges`) and captured (`GET /_sandbox/captures`), its fault
+//! injection (`GET`/`POST /_sandbox/config`) and `POST /_sandbox/reset`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -27,9 +27,17 @@ pub(crate) struct ProviderCharge {
     pub idempotency_key: Option<String>,
 }
 
+/// One line of `GET /_sandbox/captures`: the part the count needs.
 #[derive(Debug, Deserialize)]
-struct ChargeList {
-    data: Vec<ProviderCharge>,
+struct ProviderCapture {
+    /// The provider's id of the hold captured.
+    charge: String,
+}
+
+/// One of the sandbox's lists: `{"data": [..]}`.
+#[derive(Debug, Deserialize)]
+struct List<T> {
+    data: Vec<T>,
 }
 
 /// The provider's successful charges made during a run.
@@ -60,7 +68,7 @@ impl Sandbox {
 
     /// Every charge the sandbox recorded, declined ones too.
     pub(crate) async fn charges(&self) -> Result<Vec<ProviderCharge>, LoadError> {
-        let list: ChargeList = self.json(self.http.get(self.url("charges"))).await?;
+        let list: List<ProviderCharge> = self.json(self.http.get(self.url("charges"))).await?;
         Ok(list.data)
     }
 
@@ -101,6 +109,22 @@ impl Sandbox {
         stats["refunds"]
             .as_u64()
             .ok_or_else(|| LoadError::Sandbox(format!("no refunds count in {stats}")))
+    }
+
+    /// How many captures the sandbox made of each of `charges` (provider
+    /// charge ids) that it captured at all.
+    pub(crate) async fn captures_of(
+        &self,
+        charges: &BTreeSet<String>,
+    ) -> Result<BTreeMap<String, u64>, LoadError> {
+        let list: List<ProviderCapture> = self.json(self.http.get(self.url("captures"))).await?;
+        let mut per_charge = BTreeMap::new();
+        for capture in list.data {
+            if charges.contains(&capture.charge) {
+                *per_charge.entry(capture.charge).or_default() += 1;
+            }
+        }
+        Ok(per_charge)
     }
 
     /// Forgets every charge, key and counter (not the config).

@@ -3,6 +3,7 @@
 //! accounting. Each marks its measured part ([`Mark`]): its own requests,
 //! after its setup.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -50,15 +51,20 @@ async fn join_all<T: 'static>(mut tasks: JoinSet<T>) -> Result<Vec<T>, LoadError
     Ok(results)
 }
 
-/// Up to `count` operations labelled `label`, each driven to a final answer
-/// by the retry loop, on `concurrency` workers. Returns them in index order,
-/// and whether all `count` started.
+/// How a scenario makes its operation `index` labelled `label`: a charge
+/// ([`Run::operation`]) or a hold ([`Run::hold`]).
+type Make = fn(&Run, &str, u64) -> Result<Operation, serde_json::Error>;
+
+/// Up to `count` operations labelled `label`, made by `make`, each driven
+/// to a final answer by the retry loop, on `concurrency` workers. Returns
+/// them in index order, and whether all `count` started.
 async fn drive_many(
     run: &Arc<Run>,
     label: &'static str,
     count: u64,
     concurrency: u64,
     stream: &Arc<Stream>,
+    make: Make,
 ) -> Result<(Vec<(Operation, OpRecord)>, bool), LoadError> {
     let next = Arc::new(AtomicU64::new(0));
     let mut workers = JoinSet::new();
@@ -71,7 +77,7 @@ async fn drive_many(
                 if i >= count {
                     break;
                 }
-                let op = run.operation(label, i)?;
+                let op = make(&run, label, i)?;
                 let record = run.drive(&op, &stream).await;
                 done.push((i, op, record));
             }
@@ -88,6 +94,43 @@ async fn drive_many(
         all.into_iter().map(|(_, op, r)| (op, r)).collect(),
         completed,
     ))
+}
+
+/// `work(i)` for every `i` below `total`, on `concurrency` workers, none
+/// started after the deadline: how many made what they were after
+/// (`Ok(true)`), and whether all `total` started.
+async fn each<W, F>(
+    run: &Arc<Run>,
+    total: u64,
+    concurrency: u64,
+    work: W,
+) -> Result<(u64, bool), LoadError>
+where
+    W: Fn(u64) -> F + Clone + Send + 'static,
+    F: Future<Output = Result<bool, LoadError>> + Send + 'static,
+{
+    let (next, made) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut workers = JoinSet::new();
+    for _ in 0..concurrency.min(total) {
+        let (run, next, made, work) = (run.clone(), next.clone(), made.clone(), work.clone());
+        workers.spawn(async move {
+            while run.open() {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= total {
+                    break;
+                }
+                if work(i).await? {
+                    made.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok::<_, LoadError>(())
+        });
+    }
+    for done in join_all(workers).await? {
+        done?;
+    }
+    let all_started = next.load(Ordering::Relaxed) >= total;
+    Ok((made.load(Ordering::Relaxed), all_started))
 }
 
 /// The setup charges that ended 201, ready to be re-sent.
@@ -141,7 +184,8 @@ pub(crate) async fn new_charges(
 ) -> Result<Outcome, LoadError> {
     let charge = stream("charge", &[201, 409])?;
     run.mark(Mark::Start);
-    let (ops, completed) = drive_many(run, "new", requests, concurrency, &charge).await?;
+    let (ops, completed) =
+        drive_many(run, "new", requests, concurrency, &charge, Run::operation).await?;
     run.mark(Mark::End);
     Ok(Outcome {
         streams: vec![charge],
@@ -160,7 +204,8 @@ pub(crate) async fn replay(
 ) -> Result<Outcome, LoadError> {
     let setup = stream("setup", &[201, 409])?;
     let replays = stream("replay", &[201])?;
-    let (created, setup_done) = drive_many(run, "replay", keys, concurrency, &setup).await?;
+    let (created, setup_done) =
+        drive_many(run, "replay", keys, concurrency, &setup, Run::operation).await?;
     let targets = Arc::new(completed(run, &created, keys));
     let ops = created.into_iter().map(|(_, r)| r).collect();
     if targets.is_empty() {
@@ -291,11 +336,14 @@ pub(crate) async fn refunds(
 ) -> Result<Outcome, LoadError> {
     let setup = stream("setup", &[201, 409])?;
     let refund = stream("refund", &[201, 409])?;
-    let (created, setup_done) = drive_many(run, "refund", charges, concurrency, &setup).await?;
-    let targets: Vec<String> = completed(run, &created, charges)
-        .into_iter()
-        .map(|c| c.charge_id)
-        .collect();
+    let (created, setup_done) =
+        drive_many(run, "refund", charges, concurrency, &setup, Run::operation).await?;
+    let targets: Arc<Vec<String>> = Arc::new(
+        completed(run, &created, charges)
+            .into_iter()
+            .map(|c| c.charge_id)
+            .collect(),
+    );
     let ops = created.into_iter().map(|(_, r)| r).collect();
     let part = (run.amount_cents / i64::try_from(per_charge).unwrap_or(i64::MAX)).max(1);
     let total = targets.len() as u64 * per_charge;
@@ -303,34 +351,15 @@ pub(crate) async fn refunds(
         Some(sandbox) => Some(sandbox.refund_count().await?),
         None => None,
     };
-    run.mark(Mark::Start);
-    let (targets, next, made) = (
-        Arc::new(targets),
-        Arc::new(AtomicU64::new(0)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    let mut workers = JoinSet::new();
-    for _ in 0..concurrency.min(total) {
-        let (run, targets, next, made, refund) = (
-            run.clone(),
-            targets.clone(),
-            next.clone(),
-            made.clone(),
-            refund.clone(),
-        );
-        workers.spawn(async move {
-            while run.open() {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                if i >= total {
-                    break;
-                }
-                let charge = &targets[(i / per_charge) as usize];
-                let op = run.refund(charge, part)?;
+    let refund_one = {
+        let (run, refund) = (run.clone(), refund.clone());
+        move |i: u64| {
+            let (run, targets, refund) = (run.clone(), targets.clone(), refund.clone());
+            async move {
+                let op = run.refund(&targets[(i / per_charge) as usize], part)?;
                 let record = run.drive(&op, &refund).await;
                 match record.final_status {
-                    Some(201) if record.charge_ids.len() == 1 => {
-                        made.fetch_add(1, Ordering::Relaxed);
-                    }
+                    Some(201) if record.charge_ids.len() == 1 => return Ok(true),
                     Some(201) => run.violations.push(format!(
                         "refund: key {}: one key answered with {} refunds",
                         op.key,
@@ -341,15 +370,13 @@ pub(crate) async fn refunds(
                         .push(format!("refund: key {}: ended {status}, not 201", op.key)),
                     None => {}
                 }
+                Ok(false)
             }
-            Ok::<_, LoadError>(())
-        });
-    }
-    for done in join_all(workers).await? {
-        done?;
-    }
+        }
+    };
+    run.mark(Mark::Start);
+    let (made, all_started) = each(run, total, concurrency, refund_one).await?;
     run.mark(Mark::End);
-    let made = made.load(Ordering::Relaxed);
     if let (Some(sandbox), Some(before)) = (sandbox, before) {
         let at_provider = sandbox.refund_count().await? - before;
         if at_provider != made {
@@ -361,8 +388,85 @@ pub(crate) async fn refunds(
     Ok(Outcome {
         streams: vec![setup, refund],
         ops,
-        completed: setup_done && next.load(Ordering::Relaxed) >= total,
+        completed: setup_done && all_started,
     })
+}
+
+/// `capture`: `holds` holds authorized first, then each captured in full by
+/// the back office, every capture its own key driven by the client's retry
+/// loop, `concurrency` at a time. Each must end 201 with the charge
+/// `succeeded` and all of it captured; with a sandbox, it must hold exactly
+/// one capture of each hold captured, and none of the others.
+pub(crate) async fn captures(
+    run: &Arc<Run>,
+    sandbox: Option<&Sandbox>,
+    holds: u64,
+    concurrency: u64,
+) -> Result<Outcome, LoadError> {
+    let setup = stream("setup", &[201, 409])?;
+    let capture = stream("capture", &[201])?;
+    let (created, setup_done) =
+        drive_many(run, "capture", holds, concurrency, &setup, Run::hold).await?;
+    let targets = Arc::new(completed(run, &created, holds));
+    let provider_ids: BTreeSet<String> = created
+        .iter()
+        .filter(|(_, record)| record.charged())
+        .flat_map(|(_, record)| record.gateway_ids.iter().cloned())
+        .collect();
+    let ops = created.into_iter().map(|(_, r)| r).collect();
+    let capture_one = {
+        let (run, capture, targets) = (run.clone(), capture.clone(), targets.clone());
+        move |i: u64| {
+            let (run, capture, targets) = (run.clone(), capture.clone(), targets.clone());
+            async move {
+                let hold = &targets[i as usize].charge_id;
+                Ok(captured(&run, hold, run.capture(hold, &capture).await))
+            }
+        }
+    };
+    run.mark(Mark::Start);
+    let (made, all_started) = each(run, targets.len() as u64, concurrency, capture_one).await?;
+    run.mark(Mark::End);
+    if let Some(sandbox) = sandbox {
+        let per_hold = sandbox.captures_of(&provider_ids).await?;
+        let at_provider: u64 = per_hold.values().sum();
+        if at_provider != made || per_hold.len() as u64 != made {
+            run.violations.push(format!(
+                "capture: the provider made {at_provider} captures of {} holds for {made} answered",
+                per_hold.len()
+            ));
+        }
+    }
+    Ok(Outcome {
+        streams: vec![setup, capture],
+        ops,
+        completed: setup_done && all_started,
+    })
+}
+
+/// Whether a capture of `hold` ended as it must: 201 with the charge,
+/// `succeeded`, all of it captured. Anything else answered is a violation.
+fn captured(run: &Run, hold: &str, looked: Looked) -> bool {
+    match looked {
+        Looked::Found(charge)
+            if charge.id == hold
+                && charge.status == ChargeStatus::Succeeded
+                && charge.amount_captured == run.amount_cents =>
+        {
+            return true;
+        }
+        Looked::Found(charge) => run.violations.push(format!(
+            "capture: {hold}: answered charge {} in status {:?}, {} of {} captured",
+            charge.id, charge.status, charge.amount_captured, run.amount_cents
+        )),
+        Looked::Answered(status) => run.violations.push(format!(
+            "capture: {hold}: ended {status}, not 201 with the charge"
+        )),
+        // No final answer: the stream counts it, and the hold stays
+        // uncaptured (not `succeeded` in the database's count).
+        Looked::NoAnswer(_) => {}
+    }
+    false
 }
 
 /// `list` and `health`: `requests` reads of one page of `GET /api/charges`
@@ -424,6 +528,7 @@ pub(crate) async fn slow(
         settings.probe_keys,
         settings.probe_keys,
         &setup,
+        Run::operation,
     )
     .await?;
     let targets = Arc::new(completed(run, &created, settings.probe_keys));
