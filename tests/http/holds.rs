@@ -534,6 +534,31 @@ async fn a_capture_the_provider_finds_lapsed_expires_the_hold(backend: Backend) 
     assert_eq!(calls.iter().filter(|c| c.ends_with("/capture")).count(), 1);
 }
 
+/// A hold made without a key (`IDEMPOTENCY_KEY_MODE=optional`, a
+/// rollout) lapses `HOLD_EXPIRY` after its authorization like any other
+/// and is captured like one.
+async fn a_keyless_hold_in_rollout_mode_is_captured(backend: Backend) {
+    let options = AppOptions {
+        key_mode: payments_api::config::KeyMode::Optional,
+        ..AppOptions::default()
+    };
+    let Some(app) = spawn_app(backend, options).await else {
+        return;
+    };
+    app.configure_sandbox(json!({"send_capture_before": false}))
+        .await;
+    let body =
+        json!({"amount_cents": 800, "currency": "GBP", "card_token": "tok_visa", "capture": false});
+    let hold = Answer::of(app.post_charge("cus_alice", None, &body.to_string()).await).await;
+    assert_eq!(hold.status, 201, "{}", hold.body);
+    assert_eq!(hold.body["status"], "requires_capture");
+    assert!(hold.body["capture_before"].is_string(), "{}", hold.body);
+    let id = hold.body["id"].as_str().unwrap();
+    let captured = act(&app, "capture", "ops_bob", id, &new_key(), &json!({})).await;
+    assert_eq!(captured.status, 201, "{}", captured.body);
+    assert_eq!(captured.body["amount_captured"], 800);
+}
+
 /// `action` of the hold `id` under a new key: a 400 `code`, stored (the
 /// same key gets it again, byte for byte).
 async fn refused(app: &TestApp, action: &str, id: &str, code_: &str) {
@@ -576,6 +601,7 @@ backend_tests!(
     refunds_never_exceed_the_captured_part,
     lapsing_holds_are_refused_without_a_provider_call,
     a_capture_the_provider_finds_lapsed_expires_the_hold,
+    a_keyless_hold_in_rollout_mode_is_captured,
 );
 
 backend_tests!(all;

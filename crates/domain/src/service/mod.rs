@@ -500,7 +500,10 @@ impl ChargeService {
             .gateway
             .create_charge(&ProviderChargeRequest::from(&charge))
             .await;
-        match settle(&Operation::Charge(charge.clone()), outcome) {
+        match settle(
+            &self.with_hold_expiry(Operation::Charge(charge.clone())),
+            outcome,
+        ) {
             Ok((outcome, response)) => {
                 self.store.settle(&outcome).await?;
                 Ok(Reply {
