@@ -192,7 +192,6 @@ impl Capture {
     /// no longer `requires_capture`: 400 `charge_already_captured`,
     /// `charge_canceled` or `hold_expired` (also for a hold within its
     /// margin of lapsing, which is refused before the provider is called).
-    /// `None` for a status that refuses nothing final.
     pub fn refusal(charge_id: &str, status: HoldState) -> StoredResponse {
         let (code, message) = match status {
             HoldState::Captured => (

@@ -626,21 +626,17 @@ pub(super) fn settle_charge(
     let final_ = Final::of(outcome)?;
     charge.status = final_.status;
     charge.gateway_charge_id = final_.provider_id;
-    if final_.held.is_some() != charge.is_hold() {
-        // The gateway checks this; an answer that slipped past it is still
-        // not taken for what was asked.
-        let reason = format!(
-            "the provider's charge is {} where the charge asked to be {}",
-            if final_.held.is_some() {
-                "held uncaptured"
-            } else {
-                "captured"
-            },
-            if charge.is_hold() { "held" } else { "captured" }
-        );
-        if charge.status == ChargeStatus::Succeeded || final_.held.is_some() {
-            return Err((Doubt::Mismatch, reason));
-        }
+    // A success must be what was asked: held for a hold, captured
+    // otherwise. The gateway checks this; an answer that slipped past it is
+    // still not taken for what was asked.
+    if final_.status == ChargeStatus::Succeeded && final_.held.is_some() != charge.is_hold() {
+        let shown = if charge.is_hold() {
+            "captured"
+        } else {
+            "held uncaptured"
+        };
+        let reason = format!("the provider's charge is {shown}, not what the charge asked");
+        return Err((Doubt::Mismatch, reason));
     }
     if let Some(capture_before) = final_.held {
         charge.status = ChargeStatus::RequiresCapture;
@@ -843,4 +839,59 @@ pub fn log_abandoned(
         reason,
         "ABANDONED: {what}"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::charge::ChargeRequest;
+    use serde_json::json;
+
+    /// A pending charge made with `"capture": capture`.
+    fn charge(capture: bool) -> Charge {
+        let body = json!({"amount_cents": 500, "currency": "GBP", "card_token": "tok_visa",
+            "capture": capture});
+        let request = ChargeRequest::from_json(&body, 1_000_000).expect("valid");
+        let customer = CustomerId::parse("cus_1").expect("valid");
+        Charge::pending(&customer, &request)
+    }
+
+    fn authorized(capture_before: Option<i64>) -> ProviderOutcome {
+        ProviderOutcome::Authorized {
+            provider_id: "ch_gw".to_owned(),
+            capture_before,
+        }
+    }
+
+    fn captured() -> ProviderOutcome {
+        ProviderOutcome::Succeeded {
+            provider_id: "ch_gw".to_owned(),
+        }
+    }
+
+    /// A hold answered captured, or a charge answered held, is never taken
+    /// for what was asked; a hold answered held requires capture until the
+    /// provider's `capture_before`.
+    #[test]
+    fn a_success_must_be_held_exactly_when_a_hold_was_asked() {
+        let (hold, plain) = (charge(false), charge(true));
+        let doubt = |r: Result<(Outcome, StoredResponse), (Doubt, String)>| r.err().map(|e| e.0);
+        assert_eq!(
+            doubt(settle_charge(&plain, authorized(None))),
+            Some(Doubt::Mismatch)
+        );
+        assert_eq!(
+            doubt(settle_charge(&hold, captured())),
+            Some(Doubt::Mismatch)
+        );
+        assert_eq!(doubt(settle_charge(&plain, captured())), None);
+        let Ok((Outcome::Charge(outcome), _)) =
+            settle_charge(&hold, authorized(Some(1_800_000_000)))
+        else {
+            panic!("an authorized hold settles");
+        };
+        assert_eq!(outcome.status, ChargeStatus::RequiresCapture);
+        let lapses = outcome.capture_before.map(|t| t.timestamp());
+        assert_eq!(lapses, Some(1_800_000_000));
+    }
 }
