@@ -286,17 +286,20 @@ pub async fn sqlite_ceiling(charges: u64) -> Result<Ceiling> {
         let ClaimOutcome::Claimed { record_id, .. } = store.claim(&claim).await? else {
             anyhow::bail!("ceiling: key {n} was not claimed");
         };
+        let outcome = Outcome::Charge(ChargeOutcome {
+            charge_id: charge.id.clone(),
+            status: ChargeStatus::Succeeded,
+            gateway_charge_id: Some("ch_ceiling".into()),
+            decline_code: None,
+            capture_before: None,
+        });
         let finish = Finish {
             record_id,
             lease_token: claim.lease.token.clone(),
             state: RecordState::Complete,
-            outcome: Outcome::Charge(ChargeOutcome {
-                charge_id: charge.id.clone(),
-                status: ChargeStatus::Succeeded,
-                gateway_charge_id: Some("ch_ceiling".into()),
-                decline_code: None,
-                capture_before: None,
-            }),
+            // The event the API writes with the same finish.
+            event: payments_domain::events::NewEvent::of(&claim.operation, &outcome),
+            outcome,
             // A stored 201 of the size the API stores.
             response: StoredResponse {
                 status: 201,

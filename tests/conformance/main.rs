@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use payments_domain::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId};
+use payments_domain::events::{EventType, NewEvent, event_id};
 use payments_domain::idempotency::{
     CHARGES_ROUTE, IdempotencyKey, IdempotencyRecord, JSON, LeaseToken, REFUNDS_ROUTE, RecordId,
     RecordState, RequestFingerprint, StoredResponse,
@@ -68,17 +69,19 @@ fn charge_outcome(o: &Outcome) -> &ChargeOutcome {
 }
 
 fn finish(c: &Claim, record_id: RecordId, token: &LeaseToken, marker: &str) -> Finish {
+    let outcome = Outcome::Charge(ChargeOutcome {
+        charge_id: charge_of(c).id.clone(),
+        status: ChargeStatus::Succeeded,
+        gateway_charge_id: Some(marker.to_owned()),
+        decline_code: None,
+        capture_before: None,
+    });
     Finish {
         record_id,
         lease_token: token.clone(),
         state: RecordState::Complete,
-        outcome: Outcome::Charge(ChargeOutcome {
-            charge_id: charge_of(c).id.clone(),
-            status: ChargeStatus::Succeeded,
-            gateway_charge_id: Some(marker.to_owned()),
-            decline_code: None,
-            capture_before: None,
-        }),
+        event: NewEvent::of(&c.operation, &outcome),
+        outcome,
         response: StoredResponse {
             status: 201,
             body: format!(r#"{{"winner":"{marker}"}}"#),
@@ -744,12 +747,21 @@ async fn charges_round_trip(backend: Backend) {
         decline_code: Some("generic_decline".to_owned()),
         capture_before: None,
     };
-    assert!(
-        store
-            .settle(&Outcome::Charge(settled.clone()))
-            .await
-            .unwrap()
-    );
+    let settles = |outcome: ChargeOutcome| {
+        let outcome = Outcome::Charge(outcome);
+        let event = NewEvent::of(&Operation::Charge(keyless.clone()), &outcome);
+        let store = store.clone();
+        async move { store.settle(&outcome, event.as_ref()).await.unwrap() }
+    };
+    assert!(settles(settled.clone()).await);
+    // Its event, written with it.
+    let failed = event_id(&keyless.id, EventType::ChargeFailed);
+    let event = store
+        .event(&failed)
+        .await
+        .unwrap()
+        .expect("the settlement's event");
+    assert_eq!(event.event_type, "charge.failed");
     let read = store.charge(&keyless.id).await.unwrap().unwrap();
     assert_eq!(read.status, ChargeStatus::Failed);
     assert_eq!(read.decline_code.as_deref(), Some("generic_decline"));
@@ -758,7 +770,13 @@ async fn charges_round_trip(backend: Backend) {
         status: ChargeStatus::Unknown,
         ..settled.clone()
     };
-    assert!(!store.settle(&Outcome::Charge(again)).await.unwrap());
+    assert!(!settles(again).await);
+    let unknown = event_id(&keyless.id, EventType::ChargeUnknown);
+    assert_eq!(
+        store.event(&unknown).await.unwrap(),
+        None,
+        "no change, no event"
+    );
     assert_eq!(
         store.charge(&keyless.id).await.unwrap().unwrap().status,
         ChargeStatus::Failed
@@ -767,7 +785,7 @@ async fn charges_round_trip(backend: Backend) {
         charge_id: "ch_missing".to_owned(),
         ..settled
     };
-    assert!(!store.settle(&Outcome::Charge(missing)).await.unwrap());
+    assert!(!settles(missing).await);
     store.ready().await.unwrap();
 }
 
@@ -896,20 +914,252 @@ fn refusal_left(outcome: &ClaimOutcome) -> Option<i64> {
     body["error"]["refundable_amount_cents"].as_i64()
 }
 
+/// A finish writes its event in its transaction; a finish that lost its
+/// lease writes none; events list newest first, by type and by page.
+async fn events_are_written_with_their_change_only(backend: Backend) {
+    let Some(db) = db(backend).await else { return };
+    let store = db.store();
+    let mut ids = Vec::new();
+    for key in ["ev-1", "ev-2", "ev-3"] {
+        let c = claim(key, "cus_events", &body(500));
+        let record_id = claimed(&store, &c).await;
+        let f = finish(&c, record_id, &c.lease.token, "ch_gw_events");
+        assert_eq!(store.finish(&f).await.unwrap(), FinishOutcome::Finished);
+        // Finished again, under a lease that is gone: nothing changes, and
+        // no second event is written (the first stands, once).
+        assert_eq!(store.finish(&f).await.unwrap(), FinishOutcome::Lost);
+        ids.push(charge_of(&c).id.clone());
+    }
+    let id = event_id(&ids[0], EventType::ChargeSucceeded);
+    let event = store.event(&id).await.unwrap().expect("the finish's event");
+    assert_eq!(event.event_type, "charge.succeeded");
+    assert_eq!(event.object_id, ids[0]);
+    let shown: Value = serde_json::from_str(&event.to_json()).unwrap();
+    assert_eq!(shown["data"]["object"]["id"], ids[0].as_str());
+    assert_eq!(shown["data"]["object"]["status"], "succeeded");
+    assert_eq!(shown["data"]["object"]["gateway_charge_id"], "ch_gw_events");
+    let now = store.now().await.unwrap();
+    assert!(
+        (now - event.created).num_seconds().abs() < 60,
+        "the database's clock"
+    );
+
+    // A claim that is never finished has no event.
+    let pending = claim("ev-pending", "cus_events", &body(500));
+    claimed(&store, &pending).await;
+    let query = |pairs: &[(&str, &str)]| {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        payments_domain::events::EventQuery::parse(&pairs).unwrap()
+    };
+    let all = store.list_events(&query(&[])).await.unwrap();
+    assert_eq!(all.len(), 3, "one event per finished change: {all:?}");
+    let listed: Vec<&str> = all.iter().map(|e| e.object_id.as_str()).collect();
+    assert!(!listed.contains(&charge_of(&pending).id.as_str()));
+    let page = store.list_events(&query(&[("limit", "1")])).await.unwrap();
+    assert_eq!(page.len(), 2, "limit + 1");
+    let after = store
+        .list_events(&query(&[("limit", "5"), ("starting_after", &page[0].id)]))
+        .await
+        .unwrap();
+    assert_eq!(after.len(), 2);
+    assert!(after.iter().all(|e| e.id != page[0].id));
+    let failed = store
+        .list_events(&query(&[("type", "charge.failed")]))
+        .await
+        .unwrap();
+    assert!(failed.is_empty());
+    let later = store
+        .list_events(&query(&[(
+            "created[gte]",
+            &(now.timestamp() + 120).to_string(),
+        )]))
+        .await
+        .unwrap();
+    assert!(later.is_empty());
+}
+
+/// Dispatch makes one delivery per endpoint that wants the event; two
+/// runners never lease the same delivery; a failure is retried, then given
+/// up after the window; a re-send makes it pending again; pruning keeps
+/// every event with a delivery still to make.
+async fn deliveries_are_leased_once_retried_given_up_and_resent(backend: Backend) {
+    use payments_domain::store::AttemptRecorded;
+    use payments_domain::webhook::{Attempted, DeliveryState, Endpoint};
+    let Some(db) = db(backend).await else { return };
+    let store = db.store();
+    let endpoint = |url: &str, types: &[EventType]| Endpoint {
+        url: url.to_owned(),
+        secrets: vec!["whsec_conformance_secret_0123456789".to_owned()],
+        types: types.iter().copied().collect(),
+    };
+    let endpoints = [
+        endpoint("https://all.example/hook", &[]),
+        endpoint("https://refunds.example/hook", &[EventType::RefundFailed]),
+    ];
+    for key in ["dl-1", "dl-2", "dl-3", "dl-4"] {
+        let c = claim(key, "cus_deliveries", &body(700));
+        let record_id = claimed(&store, &c).await;
+        store
+            .finish(&finish(&c, record_id, &c.lease.token, "ch_gw"))
+            .await
+            .unwrap();
+    }
+    assert_eq!(store.dispatch_events(&endpoints, 100).await.unwrap(), 4);
+    assert_eq!(
+        store.dispatch_events(&endpoints, 100).await.unwrap(),
+        0,
+        "dispatched once"
+    );
+
+    // Two runners at once: every delivery leased by one of them.
+    let lease = || NewLease::new(secs(30));
+    let runner = |i: usize| {
+        let store = db.racer(i);
+        tokio::spawn(async move { store.claim_deliveries(&NewLease::new(secs(30)), 3).await })
+    };
+    let (a, b) = (runner(0), runner(1));
+    let (a, b) = (a.await.unwrap().unwrap(), b.await.unwrap().unwrap());
+    let mut leased: Vec<String> = a.iter().chain(&b).map(|d| d.id.clone()).collect();
+    leased.sort();
+    leased.dedup();
+    assert_eq!(
+        leased.len(),
+        4,
+        "4 deliveries (the refunds endpoint wants none): {a:?} {b:?}"
+    );
+    assert_eq!(a.len() + b.len(), 4, "none leased twice");
+    assert!(
+        a.iter()
+            .chain(&b)
+            .all(|d| d.endpoint == "https://all.example/hook")
+    );
+    assert!(
+        store
+            .claim_deliveries(&lease(), 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "all leased"
+    );
+
+    let deliveries: Vec<_> = a.into_iter().chain(b).collect();
+    let token = |d: &payments_domain::webhook::Delivery| d.lease_token.clone().unwrap();
+    let failed = |retry_in: Duration, give_up_after: Duration| Attempted::Failed {
+        status: Some(500),
+        error: "answered 500".to_owned(),
+        retry_in,
+        give_up_after,
+    };
+    let delivered = Attempted::Delivered { status: 200 };
+    let (d0, d1, d2) = (&deliveries[0], &deliveries[1], &deliveries[2]);
+    assert_eq!(
+        store
+            .attempted(&d0.id, &token(d0), &delivered)
+            .await
+            .unwrap(),
+        AttemptRecorded::Delivered
+    );
+    assert_eq!(
+        store
+            .attempted(&d0.id, &token(d0), &delivered)
+            .await
+            .unwrap(),
+        AttemptRecorded::Lost
+    );
+    let day = secs(86_400);
+    assert_eq!(
+        store
+            .attempted(&d1.id, &token(d1), &failed(secs(0), day))
+            .await
+            .unwrap(),
+        AttemptRecorded::Retrying
+    );
+    // Retried at once (no backoff here): due again, attempts counted.
+    let again = store.claim_deliveries(&lease(), 10).await.unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(
+        (again[0].id.as_str(), again[0].attempts),
+        (d1.id.as_str(), 1)
+    );
+    // Older than its window: given up.
+    db.age_outbox(secs(2 * 86_400)).await;
+    assert_eq!(
+        store
+            .attempted(&again[0].id, &token(&again[0]), &failed(secs(60), day))
+            .await
+            .unwrap(),
+        AttemptRecorded::GaveUp
+    );
+    let failed_list = store.deliveries(DeliveryState::Failed, 10).await.unwrap();
+    assert_eq!(failed_list.len(), 1);
+    assert_eq!(failed_list[0].last_status, Some(500));
+    assert_eq!(failed_list[0].attempts, 2);
+
+    // Pruning with a retention of one day: the delivered event goes; the
+    // failed one, the leased ones and the ones retrying stay.
+    let before = store.list_events(&events_page()).await.unwrap().len();
+    assert_eq!(store.prune_events(day, 100).await.unwrap(), 1);
+    let left = store.list_events(&events_page()).await.unwrap();
+    assert_eq!(left.len(), before - 1);
+    assert!(left.iter().all(|e| e.id != d0.event.id));
+    assert!(store.oldest_undelivered().await.unwrap().unwrap() >= day);
+
+    // A re-send of every failed delivery: pending from now, attempts reset.
+    assert_eq!(store.resend(None, &endpoints).await.unwrap(), 1);
+    assert!(
+        store
+            .deliveries(DeliveryState::Failed, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let resent = store.claim_deliveries(&lease(), 10).await.unwrap();
+    assert!(
+        resent.iter().any(|d| d.id == d1.id && d.attempts == 0),
+        "{resent:?}"
+    );
+    // One event re-sent by id, to an endpoint it had no delivery to as well.
+    let wider = [
+        endpoint("https://all.example/hook", &[]),
+        endpoint("https://late.example/hook", &[]),
+    ];
+    assert_eq!(
+        store.resend(Some(&d2.event.id), &wider).await.unwrap(),
+        1,
+        "d2 is leased: only the new one"
+    );
+    assert_eq!(
+        store
+            .resend(Some("evt_00000000000000000000000000000000"), &wider)
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+fn events_page() -> payments_domain::events::EventQuery {
+    payments_domain::events::EventQuery::parse(&[("limit".to_owned(), "100".to_owned())]).unwrap()
+}
+
 /// Finishes a claimed refund with `status`.
 fn refund_finish(record_id: RecordId, c: &Claim, refund: &Refund, status: ChargeStatus) -> Finish {
+    let outcome = Outcome::Refund(RefundOutcome {
+        refund_id: refund.id.clone(),
+        charge_id: refund.charge_id.clone(),
+        amount_cents: refund.amount_cents,
+        status,
+        gateway_refund_id: Some("re_provider".to_owned()),
+        failure_code: (status == ChargeStatus::Failed).then(|| "declined".to_owned()),
+    });
     Finish {
         record_id,
         lease_token: c.lease.token.clone(),
         state: RecordState::Complete,
-        outcome: Outcome::Refund(RefundOutcome {
-            refund_id: refund.id.clone(),
-            charge_id: refund.charge_id.clone(),
-            amount_cents: refund.amount_cents,
-            status,
-            gateway_refund_id: Some("re_provider".to_owned()),
-            failure_code: (status == ChargeStatus::Failed).then(|| "declined".to_owned()),
-        }),
+        event: NewEvent::of(&Operation::Refund(refund.clone()), &outcome),
+        outcome,
         response: StoredResponse {
             status: 201,
             body: refund.to_json(),
@@ -1173,11 +1423,23 @@ async fn reconcile_settles_a_refund_pending_at_the_provider(backend: Backend) {
             gateway_refund_id: Some("re_provider".to_owned()),
             failure_code: (status == ChargeStatus::Failed).then(|| "canceled".to_owned()),
         });
-        assert!(store.reconcile(&outcome, &answer, TTL).await.unwrap());
+        let event = NewEvent::of(&Operation::Refund(refund.clone()), &outcome);
+        let event = event.as_ref();
         assert!(
-            !store.reconcile(&outcome, &answer, TTL).await.unwrap(),
+            store
+                .reconcile(&outcome, event, &answer, TTL)
+                .await
+                .unwrap()
+        );
+        assert!(
+            !store
+                .reconcile(&outcome, event, &answer, TTL)
+                .await
+                .unwrap(),
             "settled once"
         );
+        let written = store.event(&event.unwrap().id).await.unwrap();
+        assert!(written.is_some(), "the reconciliation's event");
         let read = store.refund(&refund.id).await.unwrap().unwrap();
         assert_eq!(read.status, status);
         let record = existing(store.claim(c).await.unwrap());
@@ -1394,6 +1656,8 @@ backend_tests!(
     refund_outcomes_move_the_reservation,
     unsettled_reads_the_least_recently_looked_at_first,
     reconcile_settles_a_refund_pending_at_the_provider,
+    events_are_written_with_their_change_only,
+    deliveries_are_leased_once_retried_given_up_and_resent,
 );
 
 /// SQLite's group commit: concurrent claims and finishes share commits,

@@ -730,6 +730,35 @@ impl TestDb {
         records_aged
     }
 
+    /// Moves time for every event and webhook delivery by ageing their
+    /// rows `by` into the past (their creation, next attempt and lease),
+    /// as [`TestDb::age`] does for records.
+    pub async fn age_outbox(&self, by: Duration) {
+        let sql = |minus: String| {
+            let shift = |columns: &[&str]| {
+                columns
+                    .iter()
+                    .map(|c| format!("{c} = {c} - {minus}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            [
+                format!("UPDATE events SET {}", shift(&["created_at"])),
+                format!(
+                    "UPDATE webhook_deliveries SET {}",
+                    shift(&["created_at", "next_attempt_at", "locked_until"])
+                ),
+            ]
+        };
+        let ms = by.as_millis();
+        let sqlite = sql(ms.to_string());
+        let pg = sql(format!("interval '{ms} milliseconds'"));
+        let my = sql(format!("INTERVAL {} MICROSECOND", ms * 1000));
+        for i in 0..sqlite.len() {
+            self.execute(&sqlite[i], &pg[i], &my[i]).await;
+        }
+    }
+
     /// Holds a lock that blocks every write to `idempotent_requests` for
     /// `hold`, from its own connection, as a long migration or a busy
     /// writer would. Returns once the lock is held; the task ends when it

@@ -52,6 +52,8 @@
 //! - [`model`]: the wire types ([`ChargeRequest`], [`Charge`],
 //!   [`RefundRequest`], [`Refund`], [`List`], [`ApiError`]).
 //! - [`error`]: [`ClientError`], split by what the caller should do next.
+//! - [`webhook`]: the `Payments-Signature` scheme of webhook deliveries:
+//!   [`webhook::sign`] for the server, [`webhook::verify`] for a receiver.
 //!
 //! Tools that judge every single attempt themselves (the smoke checks, the
 //! load generator) build it with [`Client::post_charge`] and read it with
@@ -69,6 +71,7 @@ pub mod error;
 pub mod key;
 pub mod model;
 pub mod retry;
+pub mod webhook;
 
 pub use client::{Answer, ChargeOutcome, Client, ClientBuilder, Outcome, RefundOutcome};
 pub use error::ClientError;

@@ -25,6 +25,10 @@
 //! - [`store`]: the [`store::Store`] port; its backends (SQLite,
 //!   PostgreSQL, MySQL/MariaDB) are the `payments-store` crate. Time is the
 //!   database's.
+//! - [`events`]: the event each change writes in its own transaction (the
+//!   outbox), its derived id, `GET /api/events`' query.
+//! - [`webhook`]: the merchant's endpoints, delivery attempts, their
+//!   backoff, and the [`webhook::WebhookSender`] port.
 //! - [`envelope`]: the JSON error envelope shared by stored and live answers.
 #![forbid(unsafe_code)]
 
@@ -32,6 +36,7 @@ pub mod answers;
 pub mod charge;
 pub mod derive;
 pub mod envelope;
+pub mod events;
 pub mod hold;
 pub mod idempotency;
 pub mod limits;
@@ -42,3 +47,4 @@ pub mod scope;
 pub mod service;
 pub mod store;
 pub mod time;
+pub mod webhook;

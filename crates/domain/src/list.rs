@@ -161,9 +161,18 @@ impl ChargeQuery {
 
 /// A parsed page-only query (`GET /api/charges/{id}/refunds`).
 pub fn parse_page(pairs: &[(String, String)]) -> Result<Page, InvalidRequest> {
+    parse_page_with(pairs, |_, _| Ok(false))
+}
+
+/// A page, and the other parameters `other` takes (true when it knew the
+/// name); a parameter neither knows, or one given twice, is refused.
+pub(crate) fn parse_page_with(
+    pairs: &[(String, String)],
+    mut other: impl FnMut(&str, &str) -> Result<bool, InvalidRequest>,
+) -> Result<Page, InvalidRequest> {
     let mut page = PageParams::default();
     for (name, value) in unique(pairs)? {
-        if !page.take(name, value)? {
+        if !page.take(name, value)? && !other(name, value)? {
             return Err(unknown(name));
         }
     }
@@ -248,7 +257,7 @@ fn unknown(name: &str) -> InvalidRequest {
 /// `DATETIME`. With 0 (1970), a range every backend can compare with.
 pub const MAX_CREATED: i64 = 253_402_300_799;
 
-fn unix_seconds(name: &str, value: &str) -> Result<DateTime<Utc>, InvalidRequest> {
+pub(crate) fn unix_seconds(name: &str, value: &str) -> Result<DateTime<Utc>, InvalidRequest> {
     value
         .parse::<i64>()
         .ok()

@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 
 use crate::charge::{Charge, ChargeStatus, CustomerId};
 use crate::derive::Derivation;
+use crate::events::{Event, EventQuery, NewEvent};
 use crate::hold::{Capture, HoldAction};
 use crate::idempotency::{
     IdempotencyKey, IdempotencyRecord, LeaseToken, RecordId, RecordState, RequestFingerprint,
@@ -24,6 +25,7 @@ use crate::idempotency::{
 use crate::list::{ChargeQuery, Page};
 use crate::provider::{OperationKind, ProviderObject};
 use crate::refund::{Refund, RefundStatus};
+use crate::webhook::{Attempted, Delivery, DeliveryState, Endpoint};
 
 /// A backend's error, boxed: the domain knows no database driver.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -296,6 +298,22 @@ pub struct Finish {
     pub state: RecordState,
     pub outcome: Outcome,
     pub response: StoredResponse,
+    /// The change's event, written in the same transaction
+    /// ([`NewEvent::of`]).
+    pub event: Option<NewEvent>,
+}
+
+/// What an attempt's record did to its delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptRecorded {
+    Delivered,
+    /// To be tried again.
+    Retrying,
+    /// Its retry window is over: `failed`, until re-sent.
+    GaveUp,
+    /// The delivery was not under this lease any more (another runner took
+    /// it after the lease ran out): nothing recorded.
+    Lost,
 }
 
 /// A charge or refund whose provider outcome is unknown, or a refund
@@ -370,7 +388,8 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn now(&self) -> Result<DateTime<Utc>, StoreError>;
 
     /// Records a provider object with no operation row here as an orphan,
-    /// found now (the database's clock); false if it is recorded already.
+    /// found now (the database's clock), with its `orphan.found` event in
+    /// the same transaction; false if it is recorded already.
     async fn record_orphan(&self, object: &ProviderObject) -> Result<bool, StoreError>;
 
     /// Marks settled every open orphan whose operation has its row again
@@ -415,7 +434,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// finish: a keyless charge, or the operation of a driver that lost its
     /// record. False when it is not pending (another driver settled it) or
     /// absent.
-    async fn settle(&self, outcome: &Outcome) -> Result<bool, StoreError>;
+    /// The change's `event` is written in the same transaction.
+    async fn settle(&self, outcome: &Outcome, event: Option<&NewEvent>)
+    -> Result<bool, StoreError>;
 
     /// Charges and refunds in `unknown`, and refunds `pending` at the
     /// provider (it answered `pending` and gave its id), at most `limit` of
@@ -446,9 +467,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// `abandoned`; a pending refund's record is complete, and its stored
     /// `201` stays. False when the operation was no longer unsettled
     /// (another reconciler settled it).
+    /// The change's `event` is written in the same transaction.
     async fn reconcile(
         &self,
         outcome: &Outcome,
+        event: Option<&NewEvent>,
         answer: &StoredResponse,
         keep_for: Duration,
     ) -> Result<bool, StoreError>;
@@ -512,8 +535,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn capture(&self, capture_id: &str) -> Result<Option<Capture>, StoreError>;
 
     /// Marks at most `batch` holds whose `capture_before` has passed by the
-    /// database's clock `expired`, in one short statement; how many. Never
-    /// a hold a capture or cancel has taken (its outcome decides).
+    /// database's clock `expired`, each with its `charge.expired` event, in
+    /// one transaction; how many. Never a hold a capture or cancel has
+    /// taken (its outcome decides).
     async fn expire_holds(&self, batch: u32) -> Result<u64, StoreError>;
 
     /// Holds by status (`requires_capture`, `succeeded` once captured,
@@ -533,6 +557,64 @@ pub trait Store: Send + Sync + std::fmt::Debug {
 
     /// A page of a charge's refunds, as [`Store::list_charges`] pages.
     async fn list_refunds(&self, charge_id: &str, page: &Page) -> Result<Vec<Refund>, StoreError>;
+
+    /// An event by id.
+    async fn event(&self, event_id: &str) -> Result<Option<Event>, StoreError>;
+
+    /// A page of events matching the query, as [`Store::list_charges`]
+    /// pages (newest first, at most `limit + 1`). The cursor's event must
+    /// exist (the caller checks).
+    async fn list_events(&self, query: &EventQuery) -> Result<Vec<Event>, StoreError>;
+
+    /// Makes the deliveries of at most `batch` events not dispatched yet,
+    /// one per endpoint that wants each, and marks them dispatched, in one
+    /// transaction (several runners at once take different events); how
+    /// many events. With no endpoints, events are only marked.
+    async fn dispatch_events(&self, endpoints: &[Endpoint], batch: u32) -> Result<u64, StoreError>;
+
+    /// Leases at most `batch` pending deliveries that are due and not
+    /// leased (or whose lease ran out), by the database's clock, with their
+    /// events; several runners at once never get the same one.
+    async fn claim_deliveries(
+        &self,
+        lease: &NewLease,
+        batch: u32,
+    ) -> Result<Vec<Delivery>, StoreError>;
+
+    /// Records an attempt's end under its lease.
+    async fn attempted(
+        &self,
+        delivery_id: &str,
+        lease_token: &LeaseToken,
+        attempt: &Attempted,
+    ) -> Result<AttemptRecorded, StoreError>;
+
+    /// Deliveries in `state`, most recently changed first (at most `limit`).
+    async fn deliveries(
+        &self,
+        state: DeliveryState,
+        limit: u32,
+    ) -> Result<Vec<Delivery>, StoreError>;
+
+    /// Sends again: every failed delivery (`event_id` `None`), or every
+    /// delivery of one event, whatever its state, and to each of
+    /// `endpoints` that wants it and has none; each pending from now with
+    /// a new retry window. How many deliveries.
+    async fn resend(
+        &self,
+        event_id: Option<&str>,
+        endpoints: &[Endpoint],
+    ) -> Result<u64, StoreError>;
+
+    /// Deletes at most `batch` events created `retention` ago or longer
+    /// whose every delivery was delivered (with those deliveries), in
+    /// short statements; how many events. Never an event with a pending or
+    /// failed delivery, never one not dispatched.
+    async fn prune_events(&self, retention: Duration, batch: u32) -> Result<u64, StoreError>;
+
+    /// How long ago the oldest event with a delivery still to make (or not
+    /// dispatched yet) was created, by the database's clock.
+    async fn oldest_undelivered(&self) -> Result<Option<Duration>, StoreError>;
 
     /// The operation a record drives: its refund, else its charge.
     async fn operation(&self, record: &IdempotencyRecord) -> Result<Operation, StoreError> {

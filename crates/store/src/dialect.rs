@@ -87,7 +87,9 @@ pub trait Dialect: Send + Sync + Sized + std::fmt::Debug + 'static {
 ///   record, the twelve of a new charge and the eleven of a new refund, in the
 ///   order the store binds them;
 /// - `{returning cols}`, `{skip_locked}`, `{for_update}`, `{metadata col}`,
-///   `{customer_id col}`: where the backend has them.
+///   `{customer_id col}`: where the backend has them;
+/// - `{ignore_duplicate cols}`: an insert whose key `cols` exists already
+///   changes nothing (`ON CONFLICT .. DO NOTHING`, MySQL's no-op update).
 pub(crate) fn render<D: Dialect>(template: &str) -> String {
     let mut out = String::with_capacity(template.len() * 2);
     expand::<D>(template, &mut out, &mut 1);
@@ -130,6 +132,14 @@ fn expand<D: Dialect>(template: &str, out: &mut String, next: &mut usize) {
                 out.push_str(columns);
             }
             ("returning", _) => {}
+            // A row whose key exists already is left as it is.
+            ("ignore_duplicate", columns) if D::RETURNING => {
+                out.push_str(&format!(" ON CONFLICT ({columns}) DO NOTHING"));
+            }
+            ("ignore_duplicate", columns) => {
+                let first = columns.split(',').next().unwrap_or(columns).trim();
+                out.push_str(&format!(" ON DUPLICATE KEY UPDATE {first} = {first}"));
+            }
             ("skip_locked", _) => out.push_str(D::SKIP_LOCKED),
             ("for_update", _) => out.push_str(D::FOR_UPDATE),
             ("metadata", column) => out.push_str(&D::metadata(column)),

@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use payments_domain::charge::CustomerId;
 use payments_domain::charge::{Charge, ChargeStatus};
+use payments_domain::events::{Event, EventQuery, NewEvent};
 use payments_domain::hold::{Capture, HoldAction, HoldState};
 use payments_domain::idempotency::{
     IdempotencyKey, IdempotencyRecord, LeaseToken, RecordId, RecordState, StoredResponse,
@@ -20,9 +21,10 @@ use payments_domain::list::{ChargeQuery, Cursor, Page};
 use payments_domain::provider::{OperationKind, ProviderObject};
 use payments_domain::refund::Refund;
 use payments_domain::store::{
-    CaptureOutcome, ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease,
-    Operation, Orphan, Outcome, Store, StoreError, Unsettled,
+    AttemptRecorded, CaptureOutcome, ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish,
+    FinishOutcome, NewLease, Operation, Orphan, Outcome, Store, StoreError, Unsettled,
 };
+use payments_domain::webhook::{Attempted, Delivery, DeliveryState, Endpoint};
 use sqlx::migrate::Migrate;
 use sqlx::query::Query;
 use sqlx::{
@@ -178,7 +180,6 @@ pub(crate) struct Statements {
     settle_capture: [String; 3],
     unsettled_captures: String,
     capture: String,
-    expire_holds: String,
     count_holds: String,
     refundable: String,
     reserve: String,
@@ -219,6 +220,7 @@ pub(crate) struct Statements {
     claim_or_read: Option<String>,
     finish_one: Option<String>,
     write_probe: Option<String>,
+    outbox: outbox::OutboxStatements,
 }
 
 impl Statements {
@@ -321,20 +323,6 @@ impl Statements {
                 "SELECT {CAPTURE_ROW} FROM captures k JOIN charges c ON c.id = k.charge_id \
                  WHERE k.id = $1"
             )),
-            // Lapsed holds no capture or cancel has taken, by the
-            // database's clock, a batch at a time.
-            expire_holds: r(&if D::DELETE_LIMIT {
-                "UPDATE charges SET hold = 'expired', updated_at = {now} \
-                 WHERE hold = 'requires_capture' AND status = 'succeeded' \
-                 AND hold_action IS NULL AND capture_before <= {now} LIMIT $1"
-                    .to_owned()
-            } else {
-                "UPDATE charges SET hold = 'expired', updated_at = {now} WHERE id IN \
-                 (SELECT id FROM charges WHERE hold = 'requires_capture' \
-                 AND status = 'succeeded' AND hold_action IS NULL \
-                 AND capture_before <= {now} LIMIT $1{skip_locked})"
-                    .to_owned()
-            }),
             count_holds: r("SELECT status, hold, COUNT(*) FROM charges \
                 WHERE hold IS NOT NULL GROUP BY status, hold"),
             insert_claimed_refund: r(&format!(
@@ -521,7 +509,8 @@ impl Statements {
                      UNION ALL SELECT false, * FROM existing"
                 ))
             }),
-            // The record (only under this lease) and its charge together.
+            // The record (only under this lease), its charge and the
+            // charge's event together.
             finish_one: D::ONE_STATEMENT.then(|| {
                 r(&format!(
                     "WITH done AS ({finish_record} RETURNING charge_id), \
@@ -529,7 +518,10 @@ impl Statements {
                        decline_code = $10, capture_before = COALESCE({{at_ms}}, capture_before), \
                        updated_at = {{now}} FROM done \
                        WHERE charges.id = done.charge_id AND charges.id = $12 \
-                       RETURNING charges.id) \
+                       RETURNING charges.id), \
+                     event AS (INSERT INTO events (id, type, object_id, api_version, \
+                       created_at, data) SELECT $13, $14, $15, $16, {{now}}, $17 FROM settled \
+                       ON CONFLICT (id) DO NOTHING) \
                      SELECT (SELECT count(*) FROM done), (SELECT count(*) FROM settled)"
                 ))
             }),
@@ -537,6 +529,7 @@ impl Statements {
             // SQLite's readiness while its writer is failing: a committed
             // write that changes nothing (the row keeps its values), to a
             // row every migrated database has.
+            outbox: outbox::OutboxStatements::render::<D>(),
             write_probe: D::SINGLE_WRITER.then(|| {
                 r("UPDATE _sqlx_migrations SET success = success \
                    WHERE version = (SELECT MAX(version) FROM _sqlx_migrations)")
@@ -704,6 +697,8 @@ macro_rules! sql_impl {
         }
     };
 }
+
+mod outbox;
 
 sql_impl! {{
     /// The same store, its claims and finishes committed in batches of at
@@ -1100,8 +1095,9 @@ sql_impl! {{
     }
 
     async fn finish(&self, f: &Finish) -> Result<FinishOutcome, Error> {
-        if let (Some(sql), Outcome::Charge(outcome)) = (&self.sql.finish_one, &f.outcome) {
-            let row = Self::settle(Self::finishing(sql, f), outcome).fetch_one(&self.pool).await?;
+        if let (Some(sql), Outcome::Charge(outcome), Some(event)) = (&self.sql.finish_one, &f.outcome, &f.event) {
+            let q = Self::settle(Self::finishing(sql, f), outcome);
+            let row = Self::event_values(q, event).fetch_one(&self.pool).await?;
             return Self::finished(f, Self::count(&row, 0)?, Self::count(&row, 1)?);
         }
         let (store, f) = (self.clone(), f.clone());
@@ -1128,6 +1124,9 @@ sql_impl! {{
         } else {
             0
         };
+        if let (1, Some(event)) = (settled, &f.event) {
+            self.insert_event_in(conn, event).await?;
+        }
         Self::finished(f, finished, settled)
     }
 
@@ -1375,6 +1374,7 @@ sql_impl! {#[async_trait] Store for {
 
     async fn record_orphan(&self, o: &ProviderObject) -> Result<bool, StoreError> {
         run(|| async {
+            let mut tx = self.begin_write().await?;
             let q = Self::q(&self.sql.insert_orphan)
                 .bind(o.provider_id.as_str())
                 .bind(o.kind.as_str())
@@ -1383,11 +1383,17 @@ sql_impl! {#[async_trait] Store for {
                 .bind(o.currency.as_str())
                 .bind(o.status.as_str())
                 .bind(o.created);
-            match q.execute(&self.writer).await {
-                Ok(_) => Ok(true),
-                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(false),
-                Err(e) => Err(e.into()),
+            match q.execute(&mut *tx).await {
+                Ok(_) => {}
+                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                    tx.rollback().await?;
+                    return Ok(false);
+                }
+                Err(e) => return Err(e.into()),
             }
+            self.insert_event_in(&mut *tx, &NewEvent::orphan_found(o)).await?;
+            tx.commit().await?;
+            Ok(true)
         })
         .await
     }
@@ -1476,10 +1482,13 @@ sql_impl! {#[async_trait] Store for {
         .await
     }
 
-    async fn settle(&self, outcome: &Outcome) -> Result<bool, StoreError> {
+    async fn settle(&self, outcome: &Outcome, event: Option<&NewEvent>) -> Result<bool, StoreError> {
         run(|| async {
             let mut tx = self.begin_write().await?;
             let settled = self.settle_in(&mut *tx, outcome, Guard::Pending).await?;
+            if let (1, Some(event)) = (settled, event) {
+                self.insert_event_in(&mut *tx, event).await?;
+            }
             tx.commit().await?;
             Ok(settled > 0)
         })
@@ -1516,6 +1525,7 @@ sql_impl! {#[async_trait] Store for {
     async fn reconcile(
         &self,
         outcome: &Outcome,
+        event: Option<&NewEvent>,
         answer: &StoredResponse,
         keep_for: Duration,
     ) -> Result<bool, StoreError> {
@@ -1525,6 +1535,9 @@ sql_impl! {#[async_trait] Store for {
             if self.settle_in(&mut *tx, outcome, Guard::Unsettled).await? == 0 {
                 tx.rollback().await?;
                 return Ok(false);
+            }
+            if let Some(event) = event {
+                self.insert_event_in(&mut *tx, event).await?;
             }
             let q = Self::answer(rewrite, RecordState::Complete, answer).bind(millis(keep_for));
             q.bind(RecordState::Abandoned.as_str()).bind(outcome.id()).execute(&mut *tx).await?;
@@ -1673,7 +1686,48 @@ sql_impl! {#[async_trait] Store for {
     }
 
     async fn expire_holds(&self, batch: u32) -> Result<u64, StoreError> {
-        run(|| self.write(Self::q(&self.sql.expire_holds).bind(i64::from(batch)))).await
+        run(|| self.expire_lapsed(batch)).await
+    }
+
+    async fn event(&self, event_id: &str) -> Result<Option<Event>, StoreError> {
+        run(|| self.read_event(event_id)).await
+    }
+
+    async fn list_events(&self, query: &EventQuery) -> Result<Vec<Event>, StoreError> {
+        run(|| self.read_events(query)).await
+    }
+
+    async fn dispatch_events(&self, endpoints: &[Endpoint], batch: u32) -> Result<u64, StoreError> {
+        run(|| self.dispatch(endpoints, batch)).await
+    }
+
+    async fn claim_deliveries(&self, lease: &NewLease, batch: u32) -> Result<Vec<Delivery>, StoreError> {
+        run(|| self.claim_due(lease, batch)).await
+    }
+
+    async fn attempted(
+        &self,
+        delivery_id: &str,
+        lease_token: &LeaseToken,
+        attempt: &Attempted,
+    ) -> Result<AttemptRecorded, StoreError> {
+        run(|| self.record_attempt(delivery_id, lease_token, attempt)).await
+    }
+
+    async fn deliveries(&self, state: DeliveryState, limit: u32) -> Result<Vec<Delivery>, StoreError> {
+        run(|| self.deliveries_in(state, limit)).await
+    }
+
+    async fn resend(&self, event_id: Option<&str>, endpoints: &[Endpoint]) -> Result<u64, StoreError> {
+        run(|| self.send_again(event_id, endpoints)).await
+    }
+
+    async fn prune_events(&self, retention: Duration, batch: u32) -> Result<u64, StoreError> {
+        run(|| self.prune_old_events(retention, batch)).await
+    }
+
+    async fn oldest_undelivered(&self) -> Result<Option<Duration>, StoreError> {
+        run(|| self.oldest_age()).await
     }
 
     async fn count_holds(&self) -> Result<Vec<(ChargeStatus, u64)>, StoreError> {

@@ -373,6 +373,7 @@ impl ChargeService {
             record_id,
             lease_token: lease_token.clone(),
             state: RecordState::Complete,
+            event: NewEvent::of(&operation, &outcome),
             outcome,
             response,
         };
@@ -438,6 +439,7 @@ impl ChargeService {
             record_id,
             lease_token: lease_token.clone(),
             state: RecordState::Abandoned,
+            event: NewEvent::of(operation, &outcome),
             outcome,
             response: envelope.stored(500),
         };
@@ -501,7 +503,10 @@ impl ChargeService {
                     Err(ChargeError::InProgress)
                 }
                 other => {
-                    let settled = self.store.settle(&finish.outcome).await?;
+                    let settled = self
+                        .store
+                        .settle(&finish.outcome, finish.event.as_ref())
+                        .await?;
                     tracing::warn!(
                         %record_id,
                         operation = operation_id,

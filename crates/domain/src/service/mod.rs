@@ -24,6 +24,7 @@ use crate::answers::{self, AnswerCache};
 use crate::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId, InvalidRequest};
 use crate::derive::Derivation;
 use crate::envelope::ErrorEnvelope;
+use crate::events::NewEvent;
 use crate::hold::HoldState;
 use crate::hold::{Capture, HoldAction, HoldRequest};
 use crate::idempotency::{
@@ -500,12 +501,11 @@ impl ChargeService {
             .gateway
             .create_charge(&ProviderChargeRequest::from(&charge))
             .await;
-        match settle(
-            &self.with_hold_expiry(Operation::Charge(charge.clone())),
-            outcome,
-        ) {
+        let operation = self.with_hold_expiry(Operation::Charge(charge.clone()));
+        match settle(&operation, outcome) {
             Ok((outcome, response)) => {
-                self.store.settle(&outcome).await?;
+                let event = NewEvent::of(&operation, &outcome);
+                self.store.settle(&outcome, event.as_ref()).await?;
                 Ok(Reply {
                     response,
                     replayed: false,
@@ -513,15 +513,15 @@ impl ChargeService {
             }
             Err((doubt, reason)) => {
                 tracing::error!(charge_id = %charge.id, doubt = doubt.as_str(), %reason, "keyless charge outcome unknown; marked unknown for reconciliation");
-                self.store
-                    .settle(&Outcome::Charge(ChargeOutcome {
-                        charge_id: charge.id.clone(),
-                        status: ChargeStatus::Unknown,
-                        gateway_charge_id: None,
-                        decline_code: None,
-                        capture_before: None,
-                    }))
-                    .await?;
+                let outcome = Outcome::Charge(ChargeOutcome {
+                    charge_id: charge.id.clone(),
+                    status: ChargeStatus::Unknown,
+                    gateway_charge_id: None,
+                    decline_code: None,
+                    capture_before: None,
+                });
+                let event = NewEvent::of(&operation, &outcome);
+                self.store.settle(&outcome, event.as_ref()).await?;
                 Err(ChargeError::ProviderUnavailable { doubt, reason })
             }
         }

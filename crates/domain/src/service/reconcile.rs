@@ -201,8 +201,9 @@ impl ChargeService {
         let decision = self.reconciliation(unsettled).await;
         let applied = match &decision {
             Decision::Settle { outcome, answer } => {
+                let event = NewEvent::of(&unsettled.operation, outcome);
                 self.store
-                    .reconcile(outcome, answer, self.policy.ttl)
+                    .reconcile(outcome, event.as_ref(), answer, self.policy.ttl)
                     .await?
             }
             _ => {
