@@ -468,6 +468,15 @@ pub struct Refunding;
 /// `POST /api/charges/{id}/capture` and `/cancel`: `charges:capture`.
 #[derive(Debug)]
 pub struct Capturing;
+/// `GET /api/events` and `/api/events/{id}`: `events:read`.
+#[derive(Debug)]
+pub struct ReadingEvents;
+
+impl Access for ReadingEvents {
+    fn check(actor: &Actor) -> Result<(), Denied> {
+        actor.may_read_events()
+    }
+}
 
 impl Access for Capturing {
     fn check(actor: &Actor) -> Result<(), Denied> {

@@ -148,6 +148,8 @@ pub fn router(state: AppState) -> Router {
             post(routes::cancel_charge).layer(key_ttl),
         )
         .route("/api/refunds/{id}", get(routes::get_refund))
+        .route("/api/events", get(routes::list_events))
+        .route("/api/events/{id}", get(routes::get_event))
         .route("/", get(routes::index))
         .route(routes::OPENAPI, get(routes::openapi))
         .route(routes::HEALTHZ, get(routes::healthz))

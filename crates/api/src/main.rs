@@ -15,7 +15,7 @@ use payments_api::config::{Cli, Command, Settings};
 use payments_api::{AppState, serve};
 use payments_app::settings::{DatabaseArgs, LogFormat};
 use payments_app::{init_logging, log_format, report_exit_error, shutdown_signal};
-use payments_jobs::runner::Jobs;
+use payments_jobs::runner::{Job, Jobs};
 use secrecy::{ExposeSecret, SecretString};
 
 /// `--version`: the version and the git commit, `0.1.0 (abc1234)`.
@@ -100,28 +100,35 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     let provider = settings.validate()?;
     let app = payments_app::build(&settings.core, provider).await?;
     let (stop_jobs, jobs_stopped) = tokio::sync::oneshot::channel::<()>();
-    let jobs = settings.with_jobs().then(|| {
-        let reaper = settings
-            .jobs
-            .reaper(app.service.clone(), settings.core.gateway.lease);
-        let pruner = settings.jobs.pruner(app.store.clone());
-        let reconciler = settings.jobs.reconciler(app.service.clone());
-        let expirer = payments_jobs::expirer::Expirer::new(app.store.clone());
-        let jobs = Jobs::new(
-            Some(reaper),
-            Some(pruner),
-            Some(reconciler),
-            Some(expirer),
-            &settings.jobs,
-        );
-        tracing::info!(
-            "running the reaper, the pruner, the reconciler and the expirer in this process \
-             (--with-jobs)"
-        );
-        tokio::spawn(jobs.run_until_stopped(async move {
-            let _ = jobs_stopped.await;
-        }))
-    });
+    let jobs = match settings.with_jobs() {
+        false => None,
+        true => Some({
+            let reaper = settings
+                .jobs
+                .reaper(app.service.clone(), settings.core.gateway.lease);
+            let pruner = settings.jobs.pruner(app.store.clone());
+            let reconciler = settings.jobs.reconciler(app.service.clone());
+            let expirer = payments_jobs::expirer::Expirer::new(app.store.clone());
+            let deliverer = settings.jobs.deliverer(app.store.clone())?;
+            let jobs = Jobs::new(
+                [
+                    Job::Reap(reaper),
+                    Job::Prune(pruner),
+                    Job::Reconcile(reconciler),
+                    Job::Expire(expirer),
+                    Job::Deliver(deliverer),
+                ],
+                &settings.jobs,
+            );
+            tracing::info!(
+                "running the reaper, the pruner, the reconciler, the expirer and the deliverer in \
+             this process (--with-jobs)"
+            );
+            tokio::spawn(jobs.run_until_stopped(async move {
+                let _ = jobs_stopped.await;
+            }))
+        }),
+    };
     let state = AppState::new(&settings, app.service)?;
     // With JWT_JWKS_URL: the keys are fetched before serving (a failure is
     // logged and retried; tokens are refused until keys arrive).

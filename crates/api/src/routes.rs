@@ -6,6 +6,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use payments_domain::charge::Charge;
+use payments_domain::events::Event;
 use payments_domain::hold::HoldAction;
 use payments_domain::idempotency::IdempotencyKey;
 use payments_domain::refund::Refund;
@@ -14,7 +15,7 @@ use serde_json::json;
 use tracing::Instrument;
 
 use crate::AppState;
-use crate::auth::{Caller, Capturing, Charging, Reading, Refunding};
+use crate::auth::{Caller, Capturing, Charging, Reading, ReadingEvents, Refunding};
 use crate::config::KeyMode;
 use crate::error::ApiError;
 use crate::extract::{IdPath, JsonBody, KeyHeader, QueryPairs};
@@ -213,6 +214,26 @@ pub async fn list_refunds(
         .list_refunds(&actor, &charge_id, &query)
         .await?;
     Ok(json(list.to_json(Refund::to_json)))
+}
+
+/// `GET /api/events`: a page of events, newest first (`events:read`).
+pub async fn list_events(
+    State(state): State<AppState>,
+    Caller(actor, _): Caller<ReadingEvents>,
+    QueryPairs(query): QueryPairs,
+) -> Result<Response, ApiError> {
+    let list = state.service.list_events(&actor, &query).await?;
+    Ok(json(list.to_json(Event::to_json)))
+}
+
+/// `GET /api/events/{id}`: one event (`events:read`), else 404.
+pub async fn get_event(
+    State(state): State<AppState>,
+    Caller(actor, _): Caller<ReadingEvents>,
+    IdPath(id): IdPath,
+) -> Result<Response, ApiError> {
+    let event = state.service.event_for(&actor, &id).await?;
+    Ok(json(event.ok_or(ApiError::NotFound)?.to_json()))
 }
 
 fn json(body: String) -> Response {

@@ -31,6 +31,8 @@
 //! | [`RATE_LIMITED_TOTAL`] (429) | route | payments-domain |
 //! | [`REAPER_RECORDS_TOTAL`] | result | payments-jobs |
 //! | [`PRUNED_RECORDS_TOTAL`] | | payments-jobs |
+//! | [`WEBHOOK_DELIVERIES_TOTAL`] | outcome | payments-jobs |
+//! | [`WEBHOOK_OLDEST_UNDELIVERED_SECONDS`] (gauge) | | payments-jobs |
 //! | [`WRITE_BATCH_SIZE`] (SQLite) | | payments-store |
 //! | [`BUILD_INFO`] (gauge, always 1) | version, commit | payments-app |
 
@@ -49,6 +51,7 @@ use payments_domain::service::{
 use payments_gateway::{
     PROVIDER_MISMATCH_TOTAL, PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS,
 };
+use payments_jobs::deliverer::{WEBHOOK_DELIVERIES_TOTAL, WEBHOOK_OLDEST_UNDELIVERED_SECONDS};
 use payments_jobs::pruner::PRUNED_RECORDS_TOTAL;
 use payments_jobs::reaper::REAPER_RECORDS_TOTAL;
 use payments_store::WRITE_BATCH_SIZE;
@@ -60,7 +63,7 @@ pub use payments_app::telemetry::{
 };
 
 /// Every counter the binaries export.
-pub const COUNTERS: [&str; 17] = [
+pub const COUNTERS: [&str; 18] = [
     HTTP_REQUESTS_TOTAL,
     IDEMPOTENT_REPLAYS_TOTAL,
     IDEMPOTENCY_CONFLICTS_TOTAL,
@@ -78,6 +81,7 @@ pub const COUNTERS: [&str; 17] = [
     PRUNED_RECORDS_TOTAL,
     CAPTURES_TOTAL,
     EXPIRED_HOLDS_TOTAL,
+    WEBHOOK_DELIVERIES_TOTAL,
 ];
 
 /// Every histogram (read as `_bucket`, `_sum` and `_count`).
@@ -88,7 +92,12 @@ pub const HISTOGRAMS: [&str; 3] = [
 ];
 
 /// Every gauge.
-pub const GAUGES: [&str; 3] = [BUILD_INFO, ORPHANS, HOLDS];
+pub const GAUGES: [&str; 4] = [
+    BUILD_INFO,
+    ORPHANS,
+    HOLDS,
+    WEBHOOK_OLDEST_UNDELIVERED_SECONDS,
+];
 
 /// Installs the recorder with the API's metrics registered
 /// ([`payments_app::telemetry::install`]).

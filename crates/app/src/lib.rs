@@ -8,6 +8,8 @@
 //!   ([`Settings`]: database, provider and lease, charge limits, logs), each
 //!   validated into one [`ConfigError`].
 //! - [`telemetry`]: the process-wide Prometheus recorder.
+//! - [`webhooks`]: `WEBHOOK_ENDPOINTS`, the merchant's webhook endpoints,
+//!   read and checked ([`webhooks::parse_endpoints`]).
 //! - [`build`] / [`assemble`]: store + gateway + [`ChargeService`].
 //! - [`shutdown_signal`]: SIGINT or SIGTERM.
 #![forbid(unsafe_code)]
@@ -16,6 +18,7 @@ pub mod answers;
 pub mod limits;
 pub mod settings;
 pub mod telemetry;
+pub mod webhooks;
 
 use std::sync::Arc;
 

@@ -45,6 +45,11 @@ pub const REAPER_RECORDS_TOTAL: &str = "payments_reaper_records_total";
 pub const PRUNED_RECORDS_TOTAL: &str = "payments_pruned_records_total";
 /// Holds the jobs runner marked `expired`.
 pub const EXPIRED_HOLDS_TOTAL: &str = "payments_expired_holds_total";
+/// Webhook delivery attempts by `outcome` (delivered, retrying, failed:
+/// given up, lost: another runner took the lease).
+pub const WEBHOOK_DELIVERIES_TOTAL: &str = "payments_webhook_deliveries_total";
+/// How long ago the oldest event still to deliver was created.
+pub const WEBHOOK_OLDEST_UNDELIVERED_SECONDS: &str = "payments_webhook_oldest_undelivered_seconds";
 /// Always 1, labelled with the binary's `version` and git `commit`.
 pub const BUILD_INFO: &str = "payments_build_info";
 
@@ -249,6 +254,24 @@ pub const METRICS: &[Metric] = &[
             "status",
             &["requires_capture", "succeeded", "canceled", "expired"],
         )]),
+        in_jobs: true,
+    },
+    Metric {
+        name: WEBHOOK_DELIVERIES_TOTAL,
+        kind: Kind::Counter,
+        help: "Webhook delivery attempts by outcome: delivered (2xx), retrying (anything else, \
+               tried again with backoff), failed (given up after WEBHOOK_RETRY_FOR; re-send with \
+               payments-jobs webhooks --resend), lost (its lease ran out and another runner \
+               took it).",
+        series: Series::Each(&[("outcome", &["delivered", "retrying", "failed", "lost"])]),
+        in_jobs: true,
+    },
+    Metric {
+        name: WEBHOOK_OLDEST_UNDELIVERED_SECONDS,
+        kind: Kind::Gauge,
+        help: "How long ago the oldest event with a delivery still to make was created (0: \
+               none); set by each deliver pass of payments-jobs.",
+        series: Series::One,
         in_jobs: true,
     },
     Metric {

@@ -297,6 +297,12 @@ impl Actor {
         self.require(Scope::ChargesCapture)
     }
 
+    /// Read events (`GET /api/events`): `events:read`, which back-office
+    /// tokens only hold (an event may be about any customer's charge).
+    pub fn may_read_events(&self) -> Result<(), Denied> {
+        self.require(Scope::EventsRead)
+    }
+
     /// Whether it reads any customer's charges and refunds.
     pub fn reads_all(&self) -> bool {
         self.scopes.contains(Scope::ChargesReadAll)

@@ -1,6 +1,6 @@
 //! Webhooks out: the merchant's endpoints, what one delivery attempt is,
-//! and the [`WebhookSender`] port that makes it (an HTTP client, in
-//! `payments-app`). The jobs runner delivers (`payments-jobs deliver`).
+//! and the [`WebhookSender`] port that makes it (an HTTP client with an
+//! address guard, `payments_gateway::webhook`). The jobs runner delivers (`payments-jobs deliver`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -141,6 +141,18 @@ pub fn backoff(attempts: u32, base: Duration, cap: Duration, jitter: f64) -> Dur
     let exp = base.saturating_mul(2u32.saturating_pow(attempts.saturating_sub(1).min(30)));
     let full = exp.min(cap);
     full / 2 + full.mul_f64(jitter.clamp(0.0, 1.0) / 2.0)
+}
+
+/// A delivery's jitter for its attempt `attempts`, in [0, 1): a function
+/// of both, so deliveries that failed together spread out, and a test can
+/// know it.
+pub fn jitter(delivery_id: &str, attempts: u32) -> f64 {
+    let mut hash = Sha256::new();
+    hash.update(delivery_id.as_bytes());
+    hash.update(attempts.to_be_bytes());
+    let digest = hash.finalize();
+    let bits = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
+    f64::from(bits) / (f64::from(u32::MAX) + 1.0)
 }
 
 #[cfg(test)]

@@ -20,7 +20,12 @@
 //!   page by page (`starting_after`, `has_more`) up to a bound, fields Stripe
 //!   documents as nullable may be null, and an unreadable page names the
 //!   field. "Not found" is concluded only from a complete, readable read.
+//! - [`webhook`]: [`webhook::HttpWebhookSender`], the domain's
+//!   `WebhookSender` port: one signed POST per attempt, no redirects, and a
+//!   guard against requests to private and metadata addresses.
 #![forbid(unsafe_code)]
+
+pub mod webhook;
 
 use std::time::Duration;
 

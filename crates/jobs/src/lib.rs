@@ -14,6 +14,8 @@
 //!   batches.
 //! - [`expirer`]: marks holds that lapsed uncaptured `expired`, and
 //!   counts holds by status.
+//! - [`deliverer`]: events to the merchant's endpoints, signed, at least
+//!   once, with backoff; re-sends.
 //! - [`reconciler`]: settles charges and refunds left `unknown` from the
 //!   provider's records, and replaces their abandoned answers.
 //! - [`progress`]: a long pass's progress lines (and bar, at a terminal).
@@ -27,6 +29,7 @@
 //! PostgreSQL), and deletes take disjoint batches.
 #![forbid(unsafe_code)]
 
+pub mod deliverer;
 pub mod expirer;
 pub mod progress;
 pub mod pruner;

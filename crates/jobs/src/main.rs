@@ -1,5 +1,7 @@
-//! `payments-jobs reap|prune|reconcile|run [--once] [--dry-run]`: the
-//! reaper, the pruner and the reconciler, for ops. Exit code 1 when a `--once` pass failed or the
+//! `payments-jobs reap|prune|reconcile|expire|deliver|run [--once]
+//! [--dry-run]`: the reaper, the pruner, the reconciler, the expirer and the
+//! deliverer, for ops; `payments-jobs webhooks [--resend EVENT_ID |
+//! --resend-failed]` lists failed webhook deliveries and sends them again. Exit code 1 when a `--once` pass failed or the
 //! configuration is refused; `run` stops cleanly on SIGTERM/SIGINT after the
 //! pass in hand.
 
@@ -11,8 +13,9 @@ use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 use payments_app::settings::LogFormat;
 use payments_app::telemetry::{self, Binary};
 use payments_app::{Settings, init_logging, report_exit_error, shutdown_signal};
+use payments_domain::webhook::DeliveryState;
 use payments_jobs::reaper;
-use payments_jobs::runner::Jobs;
+use payments_jobs::runner::{Job as RunnerJob, Jobs};
 use payments_jobs::settings::JobArgs;
 
 /// `--version`: the version and the git commit, `0.1.0 (abc1234)`.
@@ -40,6 +43,14 @@ struct Cli {
     /// served, with --once or --dry-run.
     #[arg(long, env = "METRICS_ADDR")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// `webhooks`: send this event again to every endpoint that wants it
+    /// (whatever its deliveries did before).
+    #[arg(long, value_name = "EVENT_ID", conflicts_with = "resend_failed")]
+    resend: Option<String>,
+    /// `webhooks`: send every failed delivery again (after a receiver's
+    /// outage), each with a new WEBHOOK_RETRY_FOR window.
+    #[arg(long)]
+    resend_failed: bool,
     #[command(flatten)]
     settings: Settings,
     #[command(flatten)]
@@ -58,7 +69,13 @@ enum Job {
     /// Mark holds that lapsed uncaptured expired, and count holds by
     /// status (every --expire-every).
     Expire,
-    /// All four, each on its timer.
+    /// Dispatch new events and deliver due webhooks (every
+    /// --deliver-every).
+    Deliver,
+    /// List failed webhook deliveries; with --resend or --resend-failed,
+    /// send them again.
+    Webhooks,
+    /// All five jobs, each on its timer.
     Run,
 }
 
@@ -93,6 +110,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let prune = matches!(cli.job, Job::Prune | Job::Run);
     let reconcile = matches!(cli.job, Job::Reconcile | Job::Run);
     let expire = matches!(cli.job, Job::Expire | Job::Run);
+    let deliver = matches!(cli.job, Job::Deliver | Job::Run);
+    if (cli.resend.is_some() || cli.resend_failed) && cli.job != Job::Webhooks {
+        anyhow::bail!("--resend and --resend-failed go with `payments-jobs webhooks`");
+    }
     cli.settings.validate()?;
     cli.jobs.validate(&cli.settings.gateway)?;
     // The reaper and the reconciler talk to the provider, so they need one;
@@ -134,6 +155,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         None => None,
     };
     let store = cli.settings.database.open().await?;
+    if cli.job == Job::Webhooks {
+        return webhooks(&cli, store).await;
+    }
     let service = match provider.filter(|_| reap || reconcile) {
         Some(provider) => {
             let app = payments_app::assemble(store.clone(), &cli.settings, provider).await?;
@@ -150,6 +174,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .map(|service| cli.jobs.reconciler(service));
     let pruner = prune.then(|| cli.jobs.pruner(store.clone()));
     let expirer = expire.then(|| payments_jobs::expirer::Expirer::new(store.clone()));
+    let deliverer = match deliver {
+        true => Some(cli.jobs.deliverer(store.clone())?),
+        false => None,
+    };
 
     if cli.dry_run {
         if reap {
@@ -167,9 +195,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let holds = expirer.dry_run().await?;
             tracing::info!(?holds, "expire dry run: holds by status");
         }
+        if let Some(deliverer) = &deliverer {
+            let oldest = deliverer.oldest().await?;
+            tracing::info!(
+                ?oldest,
+                "deliver dry run: the oldest event still to deliver"
+            );
+        }
         return Ok(());
     }
-    let jobs = Jobs::new(reaper, pruner, reconciler, expirer, &cli.jobs);
+    let jobs = [
+        reaper.map(RunnerJob::Reap),
+        pruner.map(RunnerJob::Prune),
+        reconciler.map(RunnerJob::Reconcile),
+        expirer.map(RunnerJob::Expire),
+        deliverer.map(RunnerJob::Deliver),
+    ];
+    let jobs = Jobs::new(jobs.into_iter().flatten(), &cli.jobs);
     if cli.once {
         let outcome = jobs.run_once().await.map_err(anyhow::Error::msg)?;
         tracing::info!(?outcome, "pass complete");
@@ -186,6 +228,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         prune,
         reconcile,
         expire,
+        deliver,
         "payments-jobs running; SIGTERM or SIGINT stops it after the pass in hand"
     );
     jobs.run_until_stopped(shutdown_signal()).await;
@@ -196,6 +239,43 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(Err(e)) => tracing::warn!(error = %e, "the /metrics server failed"),
             Err(e) => tracing::warn!(error = %e, "the /metrics server task failed"),
         }
+    }
+    Ok(())
+}
+
+/// `payments-jobs webhooks`: the failed deliveries, one line each on
+/// stdout; with `--resend` or `--resend-failed`, sent again (the next
+/// `deliver` pass attempts them).
+async fn webhooks(
+    cli: &Cli,
+    store: std::sync::Arc<dyn payments_domain::store::Store>,
+) -> anyhow::Result<()> {
+    let deliverer = cli.jobs.deliverer(store)?;
+    if cli.resend_failed || cli.resend.is_some() {
+        let resent = deliverer.resend(cli.resend.as_deref()).await?;
+        match &cli.resend {
+            Some(event) if resent == 0 => {
+                anyhow::bail!("no event {event:?}, or no endpoint in WEBHOOK_ENDPOINTS wants it")
+            }
+            Some(event) => println!("{event}: {resent} deliveries to make again"),
+            None => println!("{resent} failed deliveries to make again"),
+        }
+        return Ok(());
+    }
+    let failed = deliverer.list(DeliveryState::Failed, 1000).await?;
+    if failed.is_empty() {
+        println!("no failed deliveries");
+    }
+    for d in &failed {
+        println!(
+            "{}\t{}\t{}\tattempts={}\tlast_status={}\tlast_error={}",
+            d.event.id,
+            d.event.event_type,
+            d.endpoint,
+            d.attempts,
+            d.last_status.map_or("-".to_owned(), |s| s.to_string()),
+            d.last_error.as_deref().unwrap_or("-")
+        );
     }
     Ok(())
 }

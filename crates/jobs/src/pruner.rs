@@ -33,6 +33,8 @@ pub use payments_app::telemetry::PRUNED_RECORDS_TOTAL;
 pub struct PruneReport {
     pub deleted: u64,
     pub batches: u64,
+    /// Events deleted (past EVENT_RETENTION, every delivery made).
+    pub events_deleted: u64,
     pub elapsed: Duration,
     /// Dry run: rows a pass would delete.
     pub would_delete: u64,
@@ -66,6 +68,8 @@ pub struct Pruner {
     batch: u32,
     pause: Pause,
     progress: ProgressSettings,
+    /// How long events are kept; `None`: events are not pruned.
+    event_retention: Option<Duration>,
 }
 
 impl Pruner {
@@ -78,7 +82,15 @@ impl Pruner {
             batch: batch.max(1),
             pause: Pause::AsLongAsTheBatch,
             progress: ProgressSettings::default(),
+            event_retention: None,
         }
+    }
+
+    /// Prunes events too, `retention` after they were created (never one
+    /// with a delivery still to make).
+    pub fn with_event_retention(mut self, retention: Duration) -> Self {
+        self.event_retention = Some(retention);
+        self
     }
 
     /// How a long pass reports its progress.
@@ -122,29 +134,50 @@ impl Pruner {
                 progress.set_total(left.ok().map(|left| report.deleted + left));
             }
             progress.update(report.deleted);
-            // Let the API's transactions in between batches.
-            let pause = match self.pause {
-                Pause::AsLongAsTheBatch => {
-                    batch_started.elapsed().max(self.store.batch_pause_floor())
-                }
-                Pause::Fixed(pause) => pause,
-            };
-            if pause.is_zero() {
-                tokio::task::yield_now().await;
-            } else {
-                tokio::time::sleep(pause).await;
-            }
+            self.rest(batch_started).await;
         }
         progress.finish();
+        if let Some(retention) = self.event_retention {
+            report.events_deleted = self.prune_events(retention).await?;
+        }
         report.elapsed = started.elapsed();
         tracing::info!(
             deleted = report.deleted,
+            events_deleted = report.events_deleted,
             batches = report.batches,
             elapsed_ms = report.elapsed.as_millis() as u64,
             rows_per_sec = report.rate().round() as u64,
             "prune pass"
         );
         Ok(report)
+    }
+
+    /// Deletes the events past their retention whose deliveries are all
+    /// made, one batch at a time, with the same pauses.
+    async fn prune_events(&self, retention: Duration) -> Result<u64, StoreError> {
+        let mut deleted = 0;
+        loop {
+            let batch_started = Instant::now();
+            let n = self.store.prune_events(retention, self.batch).await?;
+            deleted += n;
+            if n < u64::from(self.batch) {
+                return Ok(deleted);
+            }
+            self.rest(batch_started).await;
+        }
+    }
+
+    /// The rest between batches, which lets the API's transactions in.
+    async fn rest(&self, batch_started: Instant) {
+        let pause = match self.pause {
+            Pause::AsLongAsTheBatch => batch_started.elapsed().max(self.store.batch_pause_floor()),
+            Pause::Fixed(pause) => pause,
+        };
+        if pause.is_zero() {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(pause).await;
+        }
     }
 
     /// How many rows a pass would delete now, changing nothing.

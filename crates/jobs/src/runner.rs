@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::Outcome;
+use crate::deliverer::Deliverer;
 use crate::expirer::Expirer;
 use crate::pruner::Pruner;
 use crate::reaper::Reaper;
@@ -21,6 +22,7 @@ pub enum Job {
     Prune(Pruner),
     Reconcile(Reconciler),
     Expire(Expirer),
+    Deliver(Deliverer),
 }
 
 impl Job {
@@ -30,6 +32,7 @@ impl Job {
             Self::Prune(_) => "pruner",
             Self::Reconcile(_) => "reconciler",
             Self::Expire(_) => "expirer",
+            Self::Deliver(_) => "deliverer",
         }
     }
 
@@ -58,6 +61,11 @@ impl Job {
                 .await
                 .map(|r| r.expired)
                 .map_err(|e| e.to_string()),
+            Self::Deliver(deliverer) => deliverer
+                .try_run_once()
+                .await
+                .map(|r| r.total())
+                .map_err(|e| e.to_string()),
         }
     }
 }
@@ -70,22 +78,24 @@ pub struct Jobs {
 
 impl Jobs {
     /// Runs whichever jobs are given, each every `--reap-every`,
-    /// `--prune-every`, `--reconcile-every` or `--expire-every` of `args`.
-    pub fn new(
-        reaper: Option<Reaper>,
-        pruner: Option<Pruner>,
-        reconciler: Option<Reconciler>,
-        expirer: Option<Expirer>,
-        args: &JobArgs,
-    ) -> Self {
-        let jobs = [
-            reaper.map(|r| (Job::Reap(r), args.reap_every)),
-            pruner.map(|p| (Job::Prune(p), args.prune_every)),
-            reconciler.map(|r| (Job::Reconcile(r), args.reconcile_every)),
-            expirer.map(|e| (Job::Expire(e), args.expire_every)),
-        ];
+    /// `--prune-every`, `--reconcile-every`, `--expire-every` or
+    /// `--deliver-every` of `args`.
+    pub fn new(jobs: impl IntoIterator<Item = Job>, args: &JobArgs) -> Self {
+        let every = |job: &Job| match job {
+            Job::Reap(_) => args.reap_every,
+            Job::Prune(_) => args.prune_every,
+            Job::Reconcile(_) => args.reconcile_every,
+            Job::Expire(_) => args.expire_every,
+            Job::Deliver(_) => args.deliver_every,
+        };
         Self {
-            jobs: jobs.into_iter().flatten().collect(),
+            jobs: jobs
+                .into_iter()
+                .map(|job| {
+                    let every = every(&job);
+                    (job, every)
+                })
+                .collect(),
         }
     }
 

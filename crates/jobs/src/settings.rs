@@ -10,6 +10,7 @@ use payments_app::settings::GatewayArgs;
 use payments_domain::service::ChargeService;
 use payments_domain::store::Store;
 
+use crate::deliverer::{Deliverer, DelivererSettings};
 use crate::progress::ProgressSettings;
 use crate::pruner::{Pause, Pruner};
 use crate::reaper::{Reaper, ReaperSettings};
@@ -73,6 +74,54 @@ pub struct JobArgs {
     /// `0s`: after every batch.
     #[arg(long, env = "PROGRESS_EVERY", default_value = "5s", value_parser = humantime::parse_duration)]
     pub progress_every: Duration,
+    /// The merchant's webhook endpoints, a JSON array: `[{"url":
+    /// "https://shop.example/hooks", "secret": "whsec_...", "events":
+    /// ["charge.succeeded"]}]` (`secrets: [new, old]` during a rotation;
+    /// no `events`: all). Empty: events are kept and listed, not sent
+    /// (docs/webhooks.md).
+    #[arg(
+        long,
+        env = "WEBHOOK_ENDPOINTS",
+        default_value = "",
+        hide_env_values = true,
+        hide_default_value = true
+    )]
+    pub webhook_endpoints: String,
+    /// How long a webhook attempt may take before it counts as failed.
+    #[arg(long, env = "WEBHOOK_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub webhook_timeout: Duration,
+    /// How long a runner holds a delivery while it attempts it; longer than
+    /// WEBHOOK_TIMEOUT, so a slow attempt is never made twice at once.
+    #[arg(long, env = "WEBHOOK_LEASE", default_value = "1m", value_parser = humantime::parse_duration)]
+    pub webhook_lease: Duration,
+    /// How long a delivery is retried before it is given up (failed, until
+    /// `payments-jobs webhooks --resend-failed`).
+    #[arg(long, env = "WEBHOOK_RETRY_FOR", default_value = "3days", value_parser = humantime::parse_duration)]
+    pub webhook_retry_for: Duration,
+    /// The first retry's delay, doubled per attempt (with jitter) up to
+    /// WEBHOOK_BACKOFF_MAX.
+    #[arg(long, env = "WEBHOOK_BACKOFF", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub webhook_backoff: Duration,
+    #[arg(long, env = "WEBHOOK_BACKOFF_MAX", default_value = "1h", value_parser = humantime::parse_duration)]
+    pub webhook_backoff_max: Duration,
+    /// Deliver to private, link-local and other internal addresses too
+    /// (checked when connecting); only for a receiver on the merchant's own
+    /// private network. Loopback URLs are always allowed.
+    #[arg(long, env = "WEBHOOK_ALLOW_PRIVATE_NETWORKS", default_value_t = false)]
+    pub webhook_allow_private_networks: bool,
+    /// How often `run` dispatches and delivers events.
+    #[arg(long, env = "DELIVER_EVERY", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub deliver_every: Duration,
+    /// Deliveries one runner leases at a time.
+    #[arg(long, env = "DELIVER_BATCH", default_value_t = 100)]
+    pub deliver_batch: u32,
+    /// Webhook attempts one runner makes at once.
+    #[arg(long, env = "DELIVER_CONCURRENCY", default_value_t = 8)]
+    pub deliver_concurrency: u32,
+    /// How long events are kept (`GET /api/events`, re-sends); longer than
+    /// WEBHOOK_RETRY_FOR. An event with a delivery still to make is kept.
+    #[arg(long, env = "EVENT_RETENTION", default_value = "30days", value_parser = humantime::parse_duration)]
+    pub event_retention: Duration,
     /// Draw a progress bar on stderr as well (`payments-jobs` sets it when
     /// stderr is a terminal and the logs are text).
     #[arg(skip)]
@@ -123,6 +172,27 @@ impl JobArgs {
         Pruner::new(store, self.prune_batch)
             .with_pause(pause)
             .with_progress(self.progress())
+            .with_event_retention(self.event_retention)
+    }
+
+    /// The deliverer these settings describe (WEBHOOK_ENDPOINTS parsed
+    /// again: [`JobArgs::validate`] has refused a bad one already).
+    pub fn deliverer(&self, store: Arc<dyn Store>) -> Result<Deliverer, ConfigError> {
+        let sender = payments_gateway::webhook::HttpWebhookSender::new(
+            self.webhook_timeout,
+            self.webhook_allow_private_networks,
+        )
+        .map_err(|e| ConfigError(format!("the webhook HTTP client: {e}")))?;
+        let settings = DelivererSettings {
+            endpoints: payments_app::webhooks::parse_endpoints(&self.webhook_endpoints)?,
+            lease: self.webhook_lease,
+            retry_for: self.webhook_retry_for,
+            backoff: self.webhook_backoff,
+            backoff_max: self.webhook_backoff_max,
+            batch: self.deliver_batch,
+            concurrency: usize::try_from(self.deliver_concurrency).unwrap_or(usize::MAX),
+        };
+        Ok(Deliverer::new(store, Arc::new(sender), settings))
     }
 
     /// The jobs' rules, against the provider's key retention and the lease.
@@ -157,10 +227,11 @@ impl JobArgs {
             || self.prune_every.is_zero()
             || self.reconcile_every.is_zero()
             || self.expire_every.is_zero()
+            || self.deliver_every.is_zero()
         {
             return Err(
-                "--reap-every, --prune-every, --reconcile-every and --expire-every must \
-                 be greater than 0"
+                "--reap-every, --prune-every, --reconcile-every, --expire-every and \
+                 --deliver-every must be greater than 0"
                     .into(),
             );
         }
@@ -168,16 +239,54 @@ impl JobArgs {
             || self.prune_batch == Some(0)
             || self.reap_concurrency == 0
             || self.reconcile_batch == 0
+            || self.deliver_batch == 0
+            || self.deliver_concurrency == 0
         {
             return Err(
-                "--reap-batch, --reap-concurrency, --prune-batch and --reconcile-batch \
-                        must be at least 1"
+                "--reap-batch, --reap-concurrency, --prune-batch, --reconcile-batch, \
+                 --deliver-batch and --deliver-concurrency must be at least 1"
                     .into(),
             );
+        }
+        self.validate_webhooks()
+    }
+
+    /// The webhooks' rules: the endpoints parse, the lease outlasts an
+    /// attempt, events outlive their deliveries.
+    fn validate_webhooks(&self) -> Result<(), ConfigError> {
+        payments_app::webhooks::parse_endpoints(&self.webhook_endpoints)?;
+        let show = humantime::format_duration;
+        if self.webhook_lease < self.webhook_timeout + LEASE_OVER_TIMEOUT {
+            return Err(ConfigError(format!(
+                "WEBHOOK_LEASE ({}) must be at least WEBHOOK_TIMEOUT ({}) plus {}: a delivery \
+                 still being attempted must not be leased to another runner",
+                show(self.webhook_lease),
+                show(self.webhook_timeout),
+                show(LEASE_OVER_TIMEOUT)
+            )));
+        }
+        if self.event_retention <= self.webhook_retry_for {
+            return Err(ConfigError(format!(
+                "EVENT_RETENTION ({}) must be longer than WEBHOOK_RETRY_FOR ({}): an event must \
+                 outlive its deliveries' retries, and be there to re-send after",
+                show(self.event_retention),
+                show(self.webhook_retry_for)
+            )));
+        }
+        if self.webhook_backoff.is_zero() || self.webhook_backoff > self.webhook_backoff_max {
+            return Err(ConfigError(format!(
+                "WEBHOOK_BACKOFF ({}) must be greater than 0 and at most WEBHOOK_BACKOFF_MAX ({})",
+                show(self.webhook_backoff),
+                show(self.webhook_backoff_max)
+            )));
         }
         Ok(())
     }
 }
+
+/// How much longer than an attempt's timeout a delivery's lease is, at
+/// least: the attempt's recording, and a slow runner.
+const LEASE_OVER_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[cfg(test)]
 mod tests {
@@ -204,6 +313,27 @@ mod tests {
         let long = refused(&["--abandon-after=23h"]).expect("refused");
         assert!(long.contains("PROVIDER_KEY_RETENTION"), "{long}");
         assert_eq!(refused(&["--abandon-after=22h59m"]), None);
+    }
+
+    #[test]
+    fn webhook_settings_are_refused_where_they_would_lose_or_double_deliveries() {
+        let lease = refused(&["--webhook-lease=10s", "--webhook-timeout=10s"]).expect("refused");
+        assert!(lease.contains("WEBHOOK_LEASE"), "{lease}");
+        assert_eq!(
+            refused(&["--webhook-lease=15s", "--webhook-timeout=10s"]),
+            None
+        );
+        let retention = refused(&["--event-retention=3days"]).expect("refused");
+        assert!(retention.contains("EVENT_RETENTION"), "{retention}");
+        assert_eq!(refused(&["--event-retention=4days"]), None);
+        let backoff = refused(&["--webhook-backoff=2h"]).expect("refused");
+        assert!(backoff.contains("WEBHOOK_BACKOFF"), "{backoff}");
+        let private = refused(&[
+            "--webhook-endpoints",
+            r#"[{"url":"http://10.0.0.1/h","secret":"whsec_0123456789abcdefghijkl"}]"#,
+        ])
+        .expect("refused");
+        assert!(private.contains("WEBHOOK_ENDPOINTS"), "{private}");
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::answers::{self, AnswerCache};
 use crate::charge::{Charge, ChargeRequest, ChargeStatus, CustomerId, InvalidRequest};
 use crate::derive::Derivation;
 use crate::envelope::ErrorEnvelope;
-use crate::events::NewEvent;
+use crate::events::{Event, EventQuery, NewEvent};
 use crate::hold::HoldState;
 use crate::hold::{Capture, HoldAction, HoldRequest};
 use crate::idempotency::{

@@ -106,6 +106,40 @@ impl ChargeService {
     }
 }
 
+impl ChargeService {
+    /// `GET /api/events`: a page of events, newest first. A cursor must
+    /// name an event.
+    pub async fn list_events(
+        &self,
+        actor: &Actor,
+        query: &[(String, String)],
+    ) -> Result<List<Event>, ChargeError> {
+        actor.may_read_events()?;
+        let query = EventQuery::parse(query)?;
+        if let Some(cursor) = &query.page.cursor
+            && self.event_for(actor, cursor.id()).await?.is_none()
+        {
+            return Err(no_such(cursor, "event").into());
+        }
+        let rows = self.store.list_events(&query).await?;
+        Ok(List::from_rows(rows, &query.page, "/api/events".to_owned()))
+    }
+
+    /// `GET /api/events/{id}`: the event, if there is one.
+    pub async fn event_for(
+        &self,
+        actor: &Actor,
+        event_id: &str,
+    ) -> Result<Option<Event>, ChargeError> {
+        actor.may_read_events()?;
+        // An id no event can have is not looked up.
+        if !crate::events::is_event_id(event_id) {
+            return Ok(None);
+        }
+        Ok(self.store.event(event_id).await?)
+    }
+}
+
 /// A cursor that names no object the caller may page from.
 pub(super) fn no_such(cursor: &Cursor, what: &str) -> InvalidRequest {
     InvalidRequest {
