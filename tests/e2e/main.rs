@@ -7,6 +7,7 @@ mod cache;
 mod dev_sandbox;
 mod group_commit;
 mod mismatch;
+mod outbox;
 mod provider;
 mod restore;
 mod skew;

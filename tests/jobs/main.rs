@@ -18,6 +18,7 @@ mod reaper;
 mod reconcile_in_turn;
 mod reconciler;
 mod runner;
+mod webhooks;
 
 /// The app these tests run: they age records by SQL, which shortens a
 /// record's TTL behind the back of a copy in memory, so no replay cache.

@@ -730,6 +730,32 @@ impl TestDb {
         records_aged
     }
 
+    /// Runs backend-specific SQL over the text protocol (MySQL refuses
+    /// `CREATE TRIGGER` as a prepared statement). The SQL is the test's own.
+    pub async fn execute_raw(&self, sqlite_sql: &str, pg_sql: &str, mysql_sql: &str) {
+        let sql = |sql: &str| sqlx::AssertSqlSafe(sql.to_owned());
+        match &self.concrete {
+            Concrete::Mysql(s) => drop(
+                sqlx::raw_sql(sql(mysql_sql))
+                    .execute(s.pool())
+                    .await
+                    .expect("execute"),
+            ),
+            Concrete::Sqlite(s) => drop(
+                sqlx::raw_sql(sql(sqlite_sql))
+                    .execute(s.pool())
+                    .await
+                    .expect("execute"),
+            ),
+            Concrete::Postgres(s) => drop(
+                sqlx::raw_sql(sql(pg_sql))
+                    .execute(s.pool())
+                    .await
+                    .expect("execute"),
+            ),
+        }
+    }
+
     /// Moves time for every event and webhook delivery by ageing their
     /// rows `by` into the past (their creation, next attempt and lease),
     /// as [`TestDb::age`] does for records.
