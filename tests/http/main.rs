@@ -3,6 +3,7 @@
 //! sandbox, database-side charges in the test's own database.
 #![allow(clippy::unwrap_used)]
 
+mod events;
 mod hardening;
 mod holds;
 mod idempotency;

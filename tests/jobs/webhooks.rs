@@ -19,7 +19,9 @@ use payments_domain::store::Store;
 use payments_domain::webhook::WebhookSender;
 use payments_gateway::webhook::HttpWebhookSender;
 use payments_jobs::deliverer::{Deliverer, DelivererSettings};
-use payments_tests::{Answer, Backend, Process, TestApp, backend_tests, new_key, spawn_app};
+use payments_tests::{
+    Answer, Backend, Process, TestApp, backend_tests, new_key, run_binary, spawn_app,
+};
 use serde_json::{Value, json};
 use sha2::Sha256;
 
@@ -468,7 +470,98 @@ async fn futures_like_pool(app: &TestApp, n: usize, concurrency: usize) -> Vec<S
     ids
 }
 
+/// `payments-jobs` as ops run it: a failed attempt waits out its backoff;
+/// past WEBHOOK_RETRY_FOR the delivery is given up and listed by
+/// `payments-jobs webhooks`; `--resend-failed` and `--resend EVENT_ID` send
+/// it again; an endpoint on a private address is refused at start.
+async fn backoff_give_up_and_resend_through_payments_jobs(backend: Backend) {
+    let Some(app) = spawn_app(backend, aged()).await else {
+        return;
+    };
+    let (url, receiver) = Receiver::start(100).await;
+    let paid = charge(&app, "tok_visa", true).await;
+    assert_eq!(paid.status, 201, "{}", paid.body);
+    let hooks = endpoints(&url);
+    let env = [
+        ("DATABASE_URL", app.db.url.as_str()),
+        ("WEBHOOK_ENDPOINTS", hooks.as_str()),
+        ("WEBHOOK_BACKOFF", "1h"),
+        ("WEBHOOK_BACKOFF_MAX", "1h"),
+        ("WEBHOOK_RETRY_FOR", "2h"),
+    ];
+    let jobs = |args: &'static [&'static str]| {
+        let env = env;
+        async move {
+            let (ok, stdout, stderr) = run_binary("payments-jobs", args, &env).await;
+            assert!(ok, "payments-jobs {args:?}:\n{stderr}");
+            stdout
+        }
+    };
+    let attempts = || receiver.attempts.load(Ordering::Relaxed);
+    jobs(&["deliver", "--once"]).await;
+    assert_eq!(attempts(), 1, "attempted once, answered 500");
+    jobs(&["deliver", "--once"]).await;
+    assert_eq!(attempts(), 1, "not again within its backoff");
+    // Three hours later: due again, and older than WEBHOOK_RETRY_FOR.
+    app.db.age_outbox(Duration::from_secs(3 * 3600)).await;
+    jobs(&["deliver", "--once"]).await;
+    assert_eq!(attempts(), 2);
+    let listed = jobs(&["webhooks"]).await;
+    let event = event_of(&receiver.got()[0]);
+    let id = event["id"].as_str().unwrap();
+    assert!(
+        listed.contains(id) && listed.contains("last_status=500") && listed.contains("attempts=2"),
+        "{listed}"
+    );
+    jobs(&["deliver", "--once"]).await;
+    assert_eq!(attempts(), 2, "given up: not attempted again");
+
+    // The receiver is back: every failed delivery sent again.
+    receiver.fail_percent.store(0, Ordering::Relaxed);
+    let resent = jobs(&["webhooks", "--resend-failed"]).await;
+    assert!(resent.contains("1 failed deliveries"), "{resent}");
+    jobs(&["deliver", "--once"]).await;
+    assert_eq!(receiver.accepted().get(id), Some(&1));
+    assert!(jobs(&["webhooks"]).await.contains("no failed deliveries"));
+    // One event sent again on request, delivered or not: the same event.
+    let (ok, stdout, stderr) =
+        run_binary("payments-jobs", &["webhooks", "--resend", id], &env).await;
+    assert!(ok && stdout.contains("1 deliveries"), "{stdout}{stderr}");
+    jobs(&["deliver", "--once"]).await;
+    assert_eq!(receiver.accepted().get(id), Some(&2));
+    let (ok, _, stderr) = run_binary(
+        "payments-jobs",
+        &[
+            "webhooks",
+            "--resend",
+            "evt_00000000000000000000000000000000",
+        ],
+        &env,
+    )
+    .await;
+    assert!(!ok && stderr.contains("no event"), "{stderr}");
+
+    // Aimed at the internal network: refused before anything runs.
+    for internal in [
+        "http://10.0.0.7/hook",
+        "http://169.254.169.254/latest",
+        "http://shop.example/hook",
+    ] {
+        let hooks = endpoints(internal);
+        let env = [
+            ("DATABASE_URL", app.db.url.as_str()),
+            ("WEBHOOK_ENDPOINTS", hooks.as_str()),
+        ];
+        let (ok, _, stderr) = run_binary("payments-jobs", &["deliver", "--once"], &env).await;
+        assert!(
+            !ok && stderr.contains("WEBHOOK_ENDPOINTS"),
+            "{internal}: {stderr}"
+        );
+    }
+}
+
 backend_tests!(
     every_change_arrives_signed_and_once_delivered_is_not_sent_again,
     deliveries_survive_a_failing_receiver_and_five_kills,
+    backoff_give_up_and_resend_through_payments_jobs,
 );
