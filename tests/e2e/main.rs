@@ -85,7 +85,7 @@ async fn mint_back_office(subject: &str) -> String {
             "--subject",
             subject,
             "--scope",
-            "refunds:write charges:capture charges:read_all",
+            "refunds:write charges:capture charges:read_all events:read",
             "--audience",
             payments_tests::BACK_OFFICE_AUDIENCE,
         ],

@@ -181,3 +181,91 @@ async fn a_kill_mid_finish_leaves_no_change_without_its_event_nor_an_event_witho
 }
 
 backend_tests!(a_kill_mid_finish_leaves_no_change_without_its_event_nor_an_event_without_it);
+
+/// The README's webhook session: `payments-receiver` listening, `make run`
+/// (the in-process sandbox, `--with-jobs`) pointed at it by
+/// WEBHOOK_ENDPOINTS; a charge's event arrives, its signature verified by
+/// the receiver; a receiver that refuses a wrong secret answers 400.
+#[tokio::test]
+async fn the_readme_receiver_gets_a_charges_event() {
+    let dir = std::env::temp_dir().join(format!(
+        "payments-e2e-hooks-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let url = format!("sqlite://{}/payments.db", dir.display());
+    let secret = "whsec_dev_only_0123456789abcdef";
+    let receiver = Process::start(
+        "payments-receiver",
+        &["--listen", "127.0.0.1:0", "--secret", secret],
+        &[],
+    )
+    .await;
+    let hooks = json!([{"url": receiver.url, "secret": secret}]).to_string();
+    let env = [
+        ("DATABASE_URL", url.as_str()),
+        ("LISTEN_ADDR", "127.0.0.1:0"),
+        ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
+        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+        (
+            "JWT_BACKOFFICE_AUDIENCE",
+            payments_tests::BACK_OFFICE_AUDIENCE,
+        ),
+        ("WEBHOOK_ENDPOINTS", hooks.as_str()),
+        ("DELIVER_EVERY", "200ms"),
+    ];
+    let api = Process::start("payments-api", &[], &env).await;
+    let token = super::mint("cus_hooks").await;
+    let charged = super::post(
+        &api,
+        &token,
+        "hooked",
+        &payments_tests::charge_body(2500, "tok_visa"),
+    )
+    .await;
+    assert_eq!(charged.status(), 201);
+    let charged: Value = charged.json().await.unwrap();
+    let id = charged["id"].as_str().unwrap();
+    let line = format!("charge.succeeded {id} succeeded -> 200, signature verified");
+    assert!(
+        receiver.wait_for_log(&[&line]).await,
+        "{}\n{}",
+        receiver.log(),
+        api.log()
+    );
+
+    // A receiver with another secret refuses the next delivery.
+    let wrong = Process::start(
+        "payments-receiver",
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--secret",
+            "whsec_someone_else_0123456789",
+        ],
+        &[],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let event = client
+        .get(format!("{}/api/events?limit=1", api.url))
+        .bearer_auth(super::mint_back_office("ops_hooks").await)
+        .send()
+        .await
+        .unwrap()
+        .json::<Value>()
+        .await
+        .unwrap();
+    let body = event["data"][0].to_string();
+    let signature =
+        payments_client::webhook::sign(&[secret], chrono::Utc::now().timestamp(), body.as_bytes());
+    let refused = client
+        .post(&wrong.url)
+        .header("Payments-Signature", signature)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    drop(api);
+    let _ = std::fs::remove_dir_all(&dir);
+}
