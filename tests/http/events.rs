@@ -59,7 +59,10 @@ async fn events_are_the_back_offices_paged_and_filtered(backend: Backend) {
     let data = all.body["data"].as_array().unwrap();
     assert_eq!(data.len(), 3);
     // Newest first.
-    let created: Vec<i64> = data.iter().map(|e| e["created"].as_i64().unwrap()).collect();
+    let created: Vec<i64> = data
+        .iter()
+        .map(|e| e["created"].as_i64().unwrap())
+        .collect();
     assert!(created.windows(2).all(|w| w[0] >= w[1]), "{created:?}");
     let failed = data.iter().find(|e| e["type"] == "charge.failed").unwrap();
     assert_eq!(failed["data"]["object"]["id"], charges[2].as_str());
