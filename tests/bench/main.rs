@@ -250,6 +250,10 @@ impl Bench {
             results.pgbench = self.keep("pgbench", ceiling);
             progress!("pgbench: {:?}", results.pgbench);
         }
+        // The outbox's cost is in the figures: events are delivered while
+        // the scenarios run (the processes stop when dropped).
+        let webhooks = self.start_webhooks(&db).await;
+        let _webhooks = self.keep(&format!("{name} webhooks"), webhooks);
         self.main_group(&db, &mut results).await;
         if self.settings.runs_on("slow", backend) {
             let slow = self.slow(&db).await;
@@ -430,6 +434,41 @@ impl Bench {
         let api = api.map_err(anyhow::Error::msg)?;
         progress!("{name}: payments-api (pool {pool}) on {}", api.url);
         Ok(api)
+    }
+
+    /// `BENCH_WEBHOOK_ENDPOINTS` receivers, and a `payments-jobs deliver`
+    /// that delivers every event to each of them, on `db`.
+    async fn start_webhooks(&self, db: &TestDb) -> Result<Vec<Process>> {
+        let secret = "whsec_bench_0123456789abcdefghij";
+        let mut processes = Vec::new();
+        let mut endpoints = Vec::new();
+        for _ in 0..self.settings.webhook_endpoints {
+            let args = ["--listen", "127.0.0.1:0", "--secret", secret];
+            let receiver = Process::try_start("payments-receiver", &args, &[], None).await;
+            let receiver = receiver.map_err(anyhow::Error::msg)?;
+            endpoints.push(serde_json::json!({"url": receiver.url, "secret": secret}));
+            processes.push(receiver);
+        }
+        if endpoints.is_empty() {
+            return Ok(processes);
+        }
+        let name = db.backend.name();
+        let endpoints = serde_json::Value::from(endpoints).to_string();
+        let env = [
+            ("DATABASE_URL", db.url.as_str()),
+            ("WEBHOOK_ENDPOINTS", endpoints.as_str()),
+            ("DELIVER_EVERY", "1s"),
+            ("RUST_LOG", "warn"),
+        ];
+        let log = self.out_dir.join(format!("{name}-jobs-deliver.log"));
+        let (jobs, _stdout) = Process::spawn_logged("payments-jobs", &["deliver"], &env, Some(log))
+            .map_err(anyhow::Error::msg)?;
+        progress!(
+            "{name}: payments-jobs deliver to {} endpoint(s)",
+            processes.len()
+        );
+        processes.push(jobs);
+        Ok(processes)
     }
 
     /// One load run against `api`, capped at `cap`, its JSON kept as

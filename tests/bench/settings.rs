@@ -82,6 +82,7 @@ knobs! {
     prune_seconds: Duration = duration("BENCH_PRUNE_SECONDS", "5s"), "`prune`: length of each `new` run (without, then with the pruner); at most the pruner's time, so the pruner covers the run";
     pgbench_seconds: u64 = count("BENCH_PGBENCH_SECONDS", "20"), "pgbench ceiling: seconds (`-T`)";
     run_cap: Duration = duration("BENCH_RUN_CAP", "300s"), "hard cap on one load run (`slow`: latency x 2 + 60 s)";
+    webhook_endpoints: u64 = number("BENCH_WEBHOOK_ENDPOINTS", "1"), "webhook endpoints configured (each a `payments-receiver`), delivered to by a `payments-jobs deliver` beside the API while its scenarios run, so the outbox's cost is in the figures (0: none)";
     log_level: String = text("BENCH_RUST_LOG", "info"), "the API's RUST_LOG (`info` as shipped: per-request lines to a file)";
     out: String = text("BENCH_OUT", "docs/benchmarks.md"), "the markdown written (relative to the workspace)";
 }
