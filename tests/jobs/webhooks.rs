@@ -560,8 +560,9 @@ async fn backoff_give_up_and_resend_through_payments_jobs(backend: Backend) {
     }
 }
 
-backend_tests!(
+backend_tests!(all;
     every_change_arrives_signed_and_once_delivered_is_not_sent_again,
     deliveries_survive_a_failing_receiver_and_five_kills,
-    backoff_give_up_and_resend_through_payments_jobs,
 );
+
+backend_tests!(backoff_give_up_and_resend_through_payments_jobs);
