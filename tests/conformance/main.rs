@@ -19,7 +19,7 @@ use payments_domain::store::{
     ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish, FinishOutcome, NewLease, Operation,
     Outcome, RefundOutcome, Store, StoreError,
 };
-use payments_tests::{Backend, TestDb, backend_tests};
+use payments_tests::{Backend, TestDb, backend_tests, query_pairs};
 use serde_json::{Value, json};
 
 const RACERS: usize = 16;
@@ -948,11 +948,7 @@ async fn events_are_written_with_their_change_only(backend: Backend) {
     let pending = claim("ev-pending", "cus_events", &body(500));
     claimed(&store, &pending).await;
     let query = |pairs: &[(&str, &str)]| {
-        let pairs: Vec<(String, String)> = pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        payments_domain::events::EventQuery::parse(&pairs).unwrap()
+        payments_domain::events::EventQuery::parse(&query_pairs(pairs)).unwrap()
     };
     let all = store.list_events(&query(&[])).await.unwrap();
     assert_eq!(all.len(), 3, "one event per finished change: {all:?}");
@@ -1141,7 +1137,7 @@ async fn deliveries_are_leased_once_retried_given_up_and_resent(backend: Backend
 }
 
 fn events_page() -> payments_domain::events::EventQuery {
-    payments_domain::events::EventQuery::parse(&[("limit".to_owned(), "100".to_owned())]).unwrap()
+    payments_domain::events::EventQuery::parse(&query_pairs(&[("limit", "100")])).unwrap()
 }
 
 /// Finishes a claimed refund with `status`.
@@ -1563,13 +1559,8 @@ async fn customer_ids_compare_exactly(backend: Backend) {
         charge.idempotency_key = Some("victim-key".to_owned());
     }
     claimed(&store, &victim_claim).await;
-    let query = |q: &[(&str, &str)]| {
-        let pairs: Vec<(String, String)> = q
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        payments_domain::list::ChargeQuery::parse(&pairs).unwrap()
-    };
+    let query =
+        |q: &[(&str, &str)]| payments_domain::list::ChargeQuery::parse(&query_pairs(q)).unwrap();
     let filters = [
         query(&[]),
         query(&[("idempotency_key", "victim-key")]),

@@ -713,7 +713,11 @@ fn every_metric_the_crates_name_is_listed() {
             // A gauge of an age or a duration ends in `_seconds` too.
             let listed =
                 COUNTERS.contains(&name) || HISTOGRAMS.contains(&name) || GAUGES.contains(&name);
-            assert!(listed, "{} names {name}: not in COUNTERS, HISTOGRAMS or GAUGES", path.display());
+            assert!(
+                listed,
+                "{} names {name}: not in COUNTERS, HISTOGRAMS or GAUGES",
+                path.display()
+            );
         }
     }
 }

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use payments_api::config::DEV_JWT_SECRET;
 use payments_domain::charge::ChargeStatus;
-use payments_domain::events::{EventQuery, EventType};
-use payments_domain::list::ChargeQuery;
+use payments_domain::events::EventType;
 use payments_domain::store::Store;
 use payments_tests::{Backend, Process, TestDb, backend_tests};
 use serde_json::{Value, json};
@@ -21,64 +20,27 @@ const CLIENTS: usize = 24;
 /// Bound on each client's requests, whatever happens to the kill.
 const PER_CLIENT: usize = 200;
 
-fn pairs(q: &[(&str, String)]) -> Vec<(String, String)> {
-    q.iter()
-        .map(|(k, v)| ((*k).to_owned(), v.clone()))
-        .collect()
-}
-
-/// Every charge's id and shown status (pages of 100).
+/// Every charge's id and shown status.
 async fn charges(store: &Arc<dyn Store>) -> BTreeMap<String, ChargeStatus> {
-    let mut found = BTreeMap::new();
-    let mut after: Option<String> = None;
-    loop {
-        let mut q = vec![("limit", "100".to_owned())];
-        if let Some(id) = &after {
-            q.push(("starting_after", id.clone()));
-        }
-        let query = ChargeQuery::parse(&pairs(&q)).unwrap();
-        let page = store.list_charges(None, &query).await.unwrap();
-        for c in page.iter().take(100) {
-            found.insert(c.id.clone(), c.status);
-        }
-        if page.len() <= 100 {
-            return found;
-        }
-        after = page.get(99).map(|c| c.id.clone());
-    }
+    let all = payments_tests::all_charges(store).await;
+    all.into_iter().map(|c| (c.id, c.status)).collect()
 }
 
-/// Every event's (object, type), and each event's object as it shows it.
+/// Every event's types, by object; each event shows its object as the
+/// change left it.
 async fn events(store: &Arc<dyn Store>) -> BTreeMap<String, BTreeSet<String>> {
     let mut found: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let mut after: Option<String> = None;
-    loop {
-        let mut q = vec![("limit", "100".to_owned())];
-        if let Some(id) = &after {
-            q.push(("starting_after", id.clone()));
-        }
-        let page = store
-            .list_events(&EventQuery::parse(&pairs(&q)).unwrap())
-            .await
-            .unwrap();
-        for e in page.iter().take(100) {
-            let shown: Value = serde_json::from_str(&e.data).unwrap();
-            let status = shown["status"].as_str().unwrap_or_default();
-            assert_eq!(
-                format!("charge.{status}"),
-                e.event_type,
-                "an event shows its object as the change left it"
-            );
-            found
-                .entry(e.object_id.clone())
-                .or_default()
-                .insert(e.event_type.clone());
-        }
-        if page.len() <= 100 {
-            return found;
-        }
-        after = page.get(99).map(|e| e.id.clone());
+    for e in payments_tests::all_events(store).await {
+        let shown: Value = serde_json::from_str(&e.data).unwrap();
+        let status = shown["status"].as_str().unwrap_or_default();
+        assert_eq!(
+            format!("charge.{status}"),
+            e.event_type,
+            "an event shows its object as the change left it"
+        );
+        found.entry(e.object_id).or_default().insert(e.event_type);
     }
+    found
 }
 
 async fn a_kill_mid_finish_leaves_no_change_without_its_event_nor_an_event_without_it(

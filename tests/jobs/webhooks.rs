@@ -14,7 +14,6 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use hmac::{Hmac, Mac};
-use payments_domain::events::EventQuery;
 use payments_domain::store::Store;
 use payments_domain::webhook::WebhookSender;
 use payments_gateway::webhook::HttpWebhookSender;
@@ -145,29 +144,11 @@ fn deliverer(store: Arc<dyn Store>, url: &str) -> Deliverer {
     Deliverer::new(store, sender, settings)
 }
 
-/// Every event in the database, by id (pages of 100).
+/// Every event in the database, by id, as the API shows it.
 async fn stored_events(store: &Arc<dyn Store>) -> BTreeMap<String, Value> {
-    let mut events = BTreeMap::new();
-    let mut after: Option<String> = None;
-    loop {
-        let mut pairs = vec![("limit".to_owned(), "100".to_owned())];
-        if let Some(id) = &after {
-            pairs.push(("starting_after".to_owned(), id.clone()));
-        }
-        let page = store
-            .list_events(&EventQuery::parse(&pairs).unwrap())
-            .await
-            .unwrap();
-        let more = page.len() > 100;
-        for event in page.iter().take(100) {
-            let json: Value = serde_json::from_str(&event.to_json()).unwrap();
-            events.insert(event.id.clone(), json);
-        }
-        if !more {
-            return events;
-        }
-        after = page.get(99).map(|e| e.id.clone());
-    }
+    let all = payments_tests::all_events(store).await;
+    let json = |e: &payments_domain::events::Event| serde_json::from_str(&e.to_json()).unwrap();
+    all.iter().map(|e| (e.id.clone(), json(e))).collect()
 }
 
 async fn charge(app: &TestApp, card: &str, capture: bool) -> Answer {

@@ -1080,6 +1080,58 @@ pub fn charge_body(amount_cents: i64, card_token: &str) -> String {
     format!(r#"{{"amount_cents":{amount_cents},"currency":"GBP","card_token":"{card_token}"}}"#)
 }
 
+/// A query string's pairs, as the API's extractor hands them to the
+/// domain's parsers (`ChargeQuery::parse`, `EventQuery::parse`).
+pub fn query_pairs(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Every row of a keyset-paged list, newest first: `page` reads a page of
+/// at most 101 after the cursor it is given (`None`: the first), `id`
+/// names a row, pages of 100.
+pub async fn all_pages<T>(
+    mut page: impl AsyncFnMut(Vec<(String, String)>) -> Vec<T>,
+    id: impl Fn(&T) -> String,
+) -> Vec<T> {
+    let mut rows: Vec<T> = Vec::new();
+    loop {
+        let mut pairs = query_pairs(&[("limit", "100")]);
+        if let Some(last) = rows.last() {
+            pairs.push(("starting_after".to_owned(), id(last)));
+        }
+        let mut found = page(pairs).await;
+        let more = found.len() > 100;
+        found.truncate(100);
+        rows.extend(found);
+        if !more {
+            return rows;
+        }
+    }
+}
+
+/// Every event in `store`, newest first.
+pub async fn all_events(store: &Arc<dyn Store>) -> Vec<payments_domain::events::Event> {
+    use payments_domain::events::EventQuery;
+    let page = async |pairs: Vec<(String, String)>| {
+        let query = EventQuery::parse(&pairs).expect("a valid page");
+        store.list_events(&query).await.expect("events")
+    };
+    all_pages(page, |e| e.id.clone()).await
+}
+
+/// Every customer's charges in `store`, newest first.
+pub async fn all_charges(store: &Arc<dyn Store>) -> Vec<payments_domain::charge::Charge> {
+    use payments_domain::list::ChargeQuery;
+    let page = async |pairs: Vec<(String, String)>| {
+        let query = ChargeQuery::parse(&pairs).expect("a valid page");
+        store.list_charges(None, &query).await.expect("charges")
+    };
+    all_pages(page, |c| c.id.clone()).await
+}
+
 /// A fresh idempotency key.
 pub fn new_key() -> String {
     uuid::Uuid::new_v4().to_string()
