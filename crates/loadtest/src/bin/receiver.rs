@@ -72,8 +72,7 @@ async fn receive(State(args): State<Arc<Args>>, headers: HeaderMap, body: Bytes)
     let event: Value = serde_json::from_slice(&body).unwrap_or_default();
     let text = |v: &Value| v.as_str().unwrap_or("?").to_owned();
     let object = &event["data"]["object"];
-    let fail =
-        u8::try_from(uuid::Uuid::new_v4().as_bytes()[0] % 100).unwrap_or(0) < args.fail_percent;
+    let fail = uuid::Uuid::new_v4().as_bytes()[0] % 100 < args.fail_percent;
     eprintln!(
         "{} {} {} {} -> {}",
         text(&event["id"]),
