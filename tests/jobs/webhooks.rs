@@ -471,7 +471,6 @@ async fn backoff_give_up_and_resend_through_payments_jobs(backend: Backend) {
         ("WEBHOOK_RETRY_FOR", "2h"),
     ];
     let jobs = |args: &'static [&'static str]| {
-        let env = env;
         async move {
             let (ok, stdout, stderr) = run_binary("payments-jobs", args, &env).await;
             assert!(ok, "payments-jobs {args:?}:\n{stderr}");
