@@ -470,12 +470,10 @@ async fn backoff_give_up_and_resend_through_payments_jobs(backend: Backend) {
         ("WEBHOOK_BACKOFF_MAX", "1h"),
         ("WEBHOOK_RETRY_FOR", "2h"),
     ];
-    let jobs = |args: &'static [&'static str]| {
-        async move {
-            let (ok, stdout, stderr) = run_binary("payments-jobs", args, &env).await;
-            assert!(ok, "payments-jobs {args:?}:\n{stderr}");
-            stdout
-        }
+    let jobs = |args: &'static [&'static str]| async move {
+        let (ok, stdout, stderr) = run_binary("payments-jobs", args, &env).await;
+        assert!(ok, "payments-jobs {args:?}:\n{stderr}");
+        stdout
     };
     let attempts = || receiver.attempts.load(Ordering::Relaxed);
     jobs(&["deliver", "--once"]).await;

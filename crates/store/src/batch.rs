@@ -15,6 +15,10 @@
 //!   Work not yet run when a batch broke waits for the next one.
 //! - A batch is what queued while the writer was busy, up to a bound: under
 //!   no load every batch is one caller, with only a channel hop added.
+//! - What callers defer to the batch ([`BeforeCommit`]: the events of their
+//!   changes) is written once, in one statement, after the last caller and
+//!   before the commit, in the same transaction: it commits with them, or
+//!   fails the batch.
 //!
 //! The batch runs on the store's writer pool (one connection), so the other
 //! writes (a takeover, the reaper's, the pruner's) queue with the batches
@@ -102,6 +106,16 @@ fn not_committed(why: &str) -> Error {
     Error::Sql(sqlx::Error::Io(std::io::Error::other(why)))
 }
 
+/// What a batch writes for its callers after they ran and before it
+/// commits: what they deferred to it, in one statement instead of one each
+/// (every statement is a round trip to SQLite's worker thread).
+pub(crate) trait BeforeCommit<DB: Database>: Send + Sync + 'static {
+    /// A batch starts: what a batch that did not commit deferred is dropped.
+    fn begin(&self);
+    /// Writes what the batch's callers deferred, in its transaction.
+    fn run<'c>(&'c self, conn: &'c mut Conn<DB>) -> BoxFut<'c, Result<(), Error>>;
+}
+
 /// The queue in front of the writer, and the task that drains it.
 pub(crate) struct Batcher<DB: Database> {
     queue: mpsc::Sender<Box<dyn Pending<DB>>>,
@@ -135,19 +149,23 @@ impl<DB: Database> Batcher<DB> {
     /// Starts the task that runs batches of at most `most` callers on
     /// `writer`, each opened by `begin`. It ends when the last store
     /// holding this batcher is dropped.
-    pub(crate) fn start(writer: Pool<DB>, begin: &'static str, most: usize) -> Self
+    pub(crate) fn start(
+        writer: Pool<DB>,
+        begin: &'static str,
+        most: usize,
+        before_commit: Arc<dyn BeforeCommit<DB>>,
+    ) -> Self
     where
         for<'c> &'c mut Conn<DB>: Executor<'c, Database = DB>,
     {
         let (queue, waiting) = mpsc::channel(QUEUE);
         let committed = Arc::new(Committed::default());
-        tokio::spawn(serve(
-            writer,
+        let batches = Batches {
             begin,
-            most.max(1),
-            waiting,
-            committed.clone(),
-        ));
+            most: most.max(1),
+            before_commit,
+        };
+        tokio::spawn(serve(writer, batches, waiting, committed.clone()));
         Self { queue, committed }
     }
 
@@ -174,11 +192,18 @@ impl<DB: Database> Batcher<DB> {
     }
 }
 
+/// How every batch is run: opened by `begin`, at most `most` callers, and
+/// `before_commit` after them.
+struct Batches<DB: Database> {
+    begin: &'static str,
+    most: usize,
+    before_commit: Arc<dyn BeforeCommit<DB>>,
+}
+
 /// The writer's loop: takes what waits, runs it as one batch, repeats.
 async fn serve<DB>(
     writer: Pool<DB>,
-    begin: &'static str,
-    most: usize,
+    batches: Batches<DB>,
     mut queue: mpsc::Receiver<Box<dyn Pending<DB>>>,
     committed: Arc<Committed>,
 ) where
@@ -195,7 +220,7 @@ async fn serve<DB>(
         }
         let conn = writer.acquire().await;
         // Whoever queued while the writer was busy joins this batch.
-        while waiting.len() < most {
+        while waiting.len() < batches.most {
             match queue.try_recv() {
                 Ok(work) => waiting.push_back(work),
                 Err(_) => break,
@@ -203,7 +228,7 @@ async fn serve<DB>(
         }
         match conn {
             Ok(mut conn) => {
-                if let Some(writes) = batch(&mut *conn, begin, most, &mut waiting).await {
+                if let Some(writes) = batch(&mut *conn, &batches, &mut waiting).await {
                     committed.batches.fetch_add(1, Ordering::Relaxed);
                     committed.writes.fetch_add(writes, Ordering::Relaxed);
                 }
@@ -224,15 +249,16 @@ fn refuse<DB: Database>(waiting: &mut VecDeque<Box<dyn Pending<DB>>>, why: &sqlx
 /// many it carried, when it committed.
 async fn batch<DB>(
     conn: &mut Conn<DB>,
-    begin: &'static str,
-    most: usize,
+    batches: &Batches<DB>,
     waiting: &mut VecDeque<Box<dyn Pending<DB>>>,
 ) -> Option<u64>
 where
     DB: Database,
     for<'c> &'c mut Conn<DB>: Executor<'c, Database = DB>,
 {
-    let mut tx = match conn.begin_with(AssertSqlSafe(begin)).await {
+    let most = batches.most;
+    batches.before_commit.begin();
+    let mut tx = match conn.begin_with(AssertSqlSafe(batches.begin)).await {
         Ok(tx) => tx,
         Err(e) => {
             refuse(waiting, &e);
@@ -267,6 +293,14 @@ where
         }
     }
     metrics::histogram!(WRITE_BATCH_SIZE).record(ran.len() as f64);
+    if broken.is_none()
+        && let Err(e) = batches.before_commit.run(&mut tx).await
+    {
+        broken = Some(match e {
+            Error::Sql(e) => e,
+            other => sqlx::Error::Protocol(format!("{other:?}")),
+        });
+    }
     let failure: Option<Failure> = match broken {
         Some(e) => {
             let _ = tx.rollback().await;

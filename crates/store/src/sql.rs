@@ -549,6 +549,9 @@ pub struct SqlStore<D: Dialect> {
     batch: Option<Batcher<D::Db>>,
     /// SQLite: whether its writer failed (see [`WriterHealth`]).
     writer_health: Arc<WriterHealth>,
+    /// SQLite's batches: the events of their finishes, written by the batch
+    /// in one statement.
+    deferred: Option<Arc<outbox::DeferredEvents>>,
 }
 
 /// Whether the writer connection was found inside a transaction that
@@ -582,6 +585,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
             cluster: self.cluster,
             batch: self.batch.clone(),
             writer_health: self.writer_health.clone(),
+            deferred: self.deferred.clone(),
         }
     }
 }
@@ -604,6 +608,7 @@ impl<D: Dialect> SqlStore<D> {
             cluster: None,
             batch: None,
             writer_health: Arc::default(),
+            deferred: None,
         }
     }
 
@@ -705,8 +710,11 @@ sql_impl! {{
     /// most `most` (see [`crate::batch`]); 1 commits each on its own.
     pub(crate) fn batched(self, most: u32) -> Self {
         let most = usize::try_from(most).unwrap_or(usize::MAX);
-        let batch = (most > 1).then(|| Batcher::start(self.writer.clone(), D::BEGIN_WRITE, most));
-        Self { batch, ..self }
+        let deferred = outbox::DeferredEvents::new::<D>().filter(|_| most > 1).map(Arc::new);
+        let batch = deferred.clone().map(|deferred| {
+            Batcher::start(self.writer.clone(), D::BEGIN_WRITE, most, deferred)
+        });
+        Self { batch, deferred, ..self }
     }
 
     fn q<'q>(sql: &'q str) -> Q<'q, D> {
@@ -1124,8 +1132,10 @@ sql_impl! {{
         } else {
             0
         };
-        if let (1, Some(event)) = (settled, &f.event) {
-            self.insert_event_in(conn, event).await?;
+        match (settled, &f.event, &self.deferred) {
+            (1, Some(event), Some(deferred)) => deferred.defer(event),
+            (1, Some(event), None) => self.insert_event_in(conn, event).await?,
+            _ => {}
         }
         Self::finished(f, finished, settled)
     }

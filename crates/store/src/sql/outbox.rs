@@ -59,6 +59,9 @@ pub(crate) struct OutboxStatements {
     oldest: [String; 2],
     lapsed: String,
     expire_one: String,
+    /// SQLite's group commit: a batch's deferred events in one statement,
+    /// from a JSON array of `[id, type, object_id, data]`.
+    insert_deferred: Option<String>,
 }
 
 impl OutboxStatements {
@@ -169,7 +172,89 @@ impl OutboxStatements {
                 "UPDATE charges SET hold = 'expired', updated_at = {{now}} \
                  WHERE id = $1 AND {LAPSED}"
             )),
+            insert_deferred: D::SINGLE_WRITER.then(|| {
+                r(
+                    "INSERT INTO events (id, type, object_id, api_version, created_at, data) \
+                   SELECT value ->> 0, value ->> 1, value ->> 2, $1, {now}, value ->> 3 \
+                   FROM json_each($2) WHERE TRUE{ignore_duplicate id}",
+                )
+            }),
         }
+    }
+}
+
+/// The events of the finishes in a SQLite write batch, written by the
+/// batch in one statement before it commits ([`crate::batch::BeforeCommit`]):
+/// in the same transaction as their changes, with one round trip to
+/// SQLite's worker thread for the batch instead of one per finish.
+#[derive(Debug)]
+pub(crate) struct DeferredEvents {
+    events: std::sync::Mutex<Vec<NewEvent>>,
+    sql: String,
+}
+
+impl DeferredEvents {
+    /// `None` where the dialect has no statement for it (only SQLite
+    /// batches its writes).
+    pub(crate) fn new<D: Dialect>() -> Option<Self> {
+        let sql = OutboxStatements::render::<D>().insert_deferred?;
+        Some(Self {
+            events: std::sync::Mutex::default(),
+            sql,
+        })
+    }
+
+    /// The event of a change the batch in progress made.
+    pub(crate) fn defer(&self, event: &NewEvent) {
+        self.lock().push(event.clone());
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<NewEvent>> {
+        // A panic while holding it leaves a list that is still a list.
+        self.events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl<DB: Database> crate::batch::BeforeCommit<DB> for DeferredEvents
+where
+    for<'c> &'c mut <DB as Database>::Connection: Executor<'c, Database = DB>,
+    <DB as Database>::Arguments: IntoArguments<DB>,
+    for<'a> &'a str: Encode<'a, DB> + Type<DB>,
+    for<'a> String: Encode<'a, DB> + Type<DB>,
+{
+    fn begin(&self) {
+        self.lock().clear();
+    }
+
+    fn run<'c>(
+        &'c self,
+        conn: &'c mut <DB as Database>::Connection,
+    ) -> crate::batch::BoxFut<'c, Result<(), Error>> {
+        let events = std::mem::take(&mut *self.lock());
+        Box::pin(async move {
+            if events.is_empty() {
+                return Ok(());
+            }
+            let rows: Vec<[&str; 4]> = events
+                .iter()
+                .map(|e| {
+                    [
+                        e.id.as_str(),
+                        e.event_type.as_str(),
+                        e.object_id.as_str(),
+                        e.data.as_str(),
+                    ]
+                })
+                .collect();
+            let rows = serde_json::to_string(&rows).expect("an array of strings always serialises");
+            let q = sqlx::query(sqlx::AssertSqlSafe(self.sql.as_str()))
+                .bind(API_VERSION)
+                .bind(rows);
+            q.execute(&mut *conn).await?;
+            Ok(())
+        })
     }
 }
 
