@@ -1140,16 +1140,22 @@ fn events_page() -> payments_domain::events::EventQuery {
     payments_domain::events::EventQuery::parse(&query_pairs(&[("limit", "100")])).unwrap()
 }
 
-/// Finishes a claimed refund with `status`.
-fn refund_finish(record_id: RecordId, c: &Claim, refund: &Refund, status: ChargeStatus) -> Finish {
-    let outcome = Outcome::Refund(RefundOutcome {
+/// A refund's outcome at the provider (`re_provider`), failed with
+/// `failure` when `status` is failed.
+fn refund_outcome(refund: &Refund, status: ChargeStatus, failure: &str) -> Outcome {
+    Outcome::Refund(RefundOutcome {
         refund_id: refund.id.clone(),
         charge_id: refund.charge_id.clone(),
         amount_cents: refund.amount_cents,
         status,
         gateway_refund_id: Some("re_provider".to_owned()),
-        failure_code: (status == ChargeStatus::Failed).then(|| "declined".to_owned()),
-    });
+        failure_code: (status == ChargeStatus::Failed).then(|| failure.to_owned()),
+    })
+}
+
+/// Finishes a claimed refund with `status`.
+fn refund_finish(record_id: RecordId, c: &Claim, refund: &Refund, status: ChargeStatus) -> Finish {
+    let outcome = refund_outcome(refund, status, "declined");
     Finish {
         record_id,
         lease_token: c.lease.token.clone(),
@@ -1411,14 +1417,7 @@ async fn reconcile_settles_a_refund_pending_at_the_provider(backend: Backend) {
         .iter()
         .zip([ChargeStatus::Succeeded, ChargeStatus::Failed])
     {
-        let outcome = Outcome::Refund(RefundOutcome {
-            refund_id: refund.id.clone(),
-            charge_id: refund.charge_id.clone(),
-            amount_cents: refund.amount_cents,
-            status,
-            gateway_refund_id: Some("re_provider".to_owned()),
-            failure_code: (status == ChargeStatus::Failed).then(|| "canceled".to_owned()),
-        });
+        let outcome = refund_outcome(refund, status, "canceled");
         let event = NewEvent::of(&Operation::Refund(refund.clone()), &outcome);
         let event = event.as_ref();
         assert!(

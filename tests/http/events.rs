@@ -6,14 +6,7 @@ use payments_tests::{Answer, Backend, TestApp, backend_tests, new_key, spawn_app
 use serde_json::json;
 
 async fn get(app: &TestApp, token: &str, path: &str) -> Answer {
-    let response = app
-        .http
-        .get(format!("{}{path}", app.base_url))
-        .bearer_auth(token)
-        .send()
-        .await
-        .unwrap();
-    Answer::of(response).await
+    app.get_with(token, path).await
 }
 
 async fn events_are_the_back_offices_paged_and_filtered(backend: Backend) {

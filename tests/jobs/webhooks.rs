@@ -203,14 +203,7 @@ async fn every_change_arrives_signed_and_once_delivered_is_not_sent_again(backen
 
     // What the API lists: one event per change, of the right types.
     let token = app.back_office_token("ops_hooks", "events:read");
-    let listed = app
-        .http
-        .get(format!("{}/api/events?limit=100", app.base_url))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
-    let listed = Answer::of(listed).await;
+    let listed = app.get_with(&token, "/api/events?limit=100").await;
     assert_eq!(listed.status, 200, "{}", listed.body);
     let mut types: Vec<&str> = listed.body["data"]
         .as_array()

@@ -1292,14 +1292,7 @@ impl TestApp {
 
     /// `GET {path_and_query}` as `customer`.
     pub async fn get_as(&self, customer: &str, path_and_query: &str) -> Answer {
-        let response = self
-            .http
-            .get(format!("{}{path_and_query}", self.base_url))
-            .bearer_auth(self.token(customer))
-            .send()
-            .await
-            .expect("request");
-        Answer::of(response).await
+        self.get_with(&self.token(customer), path_and_query).await
     }
 
     /// A charge made for `customer` (201 asserted): its JSON.
