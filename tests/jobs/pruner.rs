@@ -246,8 +246,62 @@ async fn a_long_prune_logs_its_progress(backend: Backend) {
     assert!(stderr.contains("prune pass deleted=600"), "{stderr}");
 }
 
+/// Events past EVENT_RETENTION delivered to two endpoints: one pass
+/// prunes them all, in batches of 4, although a full batch of deliveries
+/// frees only two events; an event with a delivery still pending stays.
+async fn one_pass_prunes_every_old_event_delivered_to_several_endpoints(backend: Backend) {
+    use payments_domain::store::NewLease;
+    use payments_domain::webhook::{Attempted, Endpoint};
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let store = app.db.store();
+    for _ in 0..11 {
+        let charged = app
+            .post_charge("cus_1", Some(&new_key()), &charge_body(700, "tok_visa"))
+            .await;
+        assert_eq!(charged.status(), 201);
+    }
+    let endpoint = |url: &str| Endpoint {
+        url: url.to_owned(),
+        secrets: vec!["whsec_pruner_test_0123456789abcdef".to_owned()],
+        types: Default::default(),
+    };
+    let endpoints = [
+        endpoint("https://a.example/hook"),
+        endpoint("https://b.example/hook"),
+    ];
+    assert_eq!(store.dispatch_events(&endpoints, 100).await.unwrap(), 11);
+    let leased = store
+        .claim_deliveries(&NewLease::new(Duration::from_secs(60)), 100)
+        .await
+        .unwrap();
+    assert_eq!(leased.len(), 22);
+    // Every delivery made, but one: its event stays.
+    for delivery in leased.iter().skip(1) {
+        let token = delivery.lease_token.clone().unwrap();
+        let delivered = Attempted::Delivered { status: 200 };
+        store
+            .attempted(&delivery.id, &token, &delivered)
+            .await
+            .unwrap();
+    }
+    app.db.age_outbox(Duration::from_secs(2 * 86_400)).await;
+    let report = Pruner::new(store.clone(), Some(4))
+        .with_pause(Pause::Fixed(Duration::ZERO))
+        .with_event_retention(Duration::from_secs(86_400))
+        .try_run_once()
+        .await
+        .unwrap();
+    assert_eq!(report.events_deleted, 10, "{report:?}");
+    let left = payments_tests::all_events(&store).await;
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].id, leased[0].event.id);
+}
+
 backend_tests!(
     prune_deletes_only_expired_complete_records,
     pruner_batches_and_rests_as_configured,
     a_long_prune_logs_its_progress,
+    one_pass_prunes_every_old_event_delivered_to_several_endpoints,
 );

@@ -758,6 +758,7 @@ mod tests {
             ("idp.example/jwks", "not a URL"),
             ("", "not a URL"),
             ("https://user:pass@idp.example/jwks", "user info"),
+            (r"https://idp.example\@localhost/jwks", "backslash"),
         ] {
             let message = key(url).expect_err(url).0;
             assert!(

@@ -502,17 +502,9 @@ impl GatewayArgs {
 /// GATEWAY_URL, parsed as the HTTP client will parse it (WHATWG, the `url`
 /// crate), by the rule every URL we send a secret to follows
 /// ([`https_or_loopback`]: https, plain http only on loopback, a host, no
-/// user info). A backslash is refused too: parsers disagree on the host of
-/// `https://a.example\@localhost` (`a.example` for the `url` crate,
-/// `localhost` for others), and the host decides whether development
-/// secrets are allowed.
+/// user info, no backslash); the host decides whether development secrets
+/// are allowed.
 pub fn parse_gateway_url(raw: &str) -> Result<url::Url, ConfigError> {
-    if raw.contains('\\') {
-        return Err(ConfigError(format!(
-            "GATEWAY_URL {raw:?} contains a backslash: parsers disagree on which host it names; \
-             write the URL without it"
-        )));
-    }
     https_or_loopback(
         "GATEWAY_URL",
         raw,
@@ -524,16 +516,25 @@ pub fn parse_gateway_url(raw: &str) -> Result<url::Url, ConfigError> {
 }
 
 /// The rule for every URL this server sends a secret to or trusts what it
-/// fetches from (`GATEWAY_URL`, `JWT_JWKS_URL`): a URL, `https`, or plain
-/// `http` only on loopback ([`host_is_loopback`]), with a host and no user
-/// info. `setting` names it in every message; `why_https` says what plain
-/// http would expose, `why_no_user_info` why user info is refused.
+/// fetches from (`GATEWAY_URL`, `JWT_JWKS_URL`, `WEBHOOK_ENDPOINTS`): a
+/// URL, `https`, or plain `http` only on loopback ([`host_is_loopback`]),
+/// with a host, no user info and no backslash (parsers disagree on the host
+/// of `https://a.example\@localhost`: `a.example` for the `url` crate,
+/// `localhost` for others, and the host decides what is allowed).
+/// `setting` names it in every message; `why_https` says what plain http
+/// would expose, `why_no_user_info` why user info is refused.
 pub fn https_or_loopback(
     setting: &str,
     raw: &str,
     why_https: &str,
     why_no_user_info: &str,
 ) -> Result<url::Url, ConfigError> {
+    if raw.contains('\\') {
+        return Err(ConfigError(format!(
+            "{setting} {raw:?} contains a backslash: parsers disagree on which host it names; \
+             write the URL without it"
+        )));
+    }
     let url = url::Url::parse(raw)
         .map_err(|e| ConfigError(format!("{setting} {raw:?} is not a URL: {e}")))?;
     let loopback = url.host().is_some_and(|host| host_is_loopback(&host));

@@ -118,15 +118,6 @@ fn url(at: &str, fields: &Map<String, Value>) -> Result<String, ConfigError> {
     if chars > MAX_URL_LEN {
         return Err(too_long(chars));
     }
-    // As for GATEWAY_URL: parsers disagree on the host of
-    // `https://a.example\@localhost`, and the host decides whether plain
-    // http is allowed.
-    if raw.contains('\\') {
-        return Err(ConfigError(format!(
-            "{at}.url {raw:?} contains a backslash: parsers disagree on which host it names; \
-             write the URL without it"
-        )));
-    }
     let setting = format!("{at}.url");
     let url = https_or_loopback(
         &setting,

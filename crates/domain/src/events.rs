@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 
 use crate::charge::{Charge, ChargeStatus, InvalidRequest};
 use crate::hold::HoldAction;
+use crate::idempotency::StoredResponse;
 use crate::list::Page;
 use crate::provider::ProviderObject;
 use crate::refund::Refund;
@@ -125,6 +126,29 @@ impl NewEvent {
     /// cancel that failed and gave the hold back; a capture in doubt,
     /// whose hold stays as it was until it is known).
     pub fn of(operation: &Operation, outcome: &Outcome) -> Option<Self> {
+        Self::shown_as(operation, outcome, None)
+    }
+
+    /// [`NewEvent::of`] the change `answer` answers: a 201's body is the
+    /// object as the change left it (the charge, refund or hold the answer
+    /// was rendered from), so it is the event's data as it is, not
+    /// rendered a second time on the request's path.
+    pub fn answered(
+        operation: &Operation,
+        outcome: &Outcome,
+        answer: &StoredResponse,
+    ) -> Option<Self> {
+        let shown = (answer.status == 201).then_some(answer.body.as_str());
+        Self::shown_as(operation, outcome, shown)
+    }
+
+    /// The event, its data `shown` when the caller has it rendered.
+    fn shown_as(operation: &Operation, outcome: &Outcome, shown: Option<&str>) -> Option<Self> {
+        // The object after the change, rendered only when not shown.
+        let render = |object_id: &str, event_type, after: &dyn Fn() -> String| {
+            let data = shown.map_or_else(after, str::to_owned);
+            Some(Self::new(event_type, object_id, data))
+        };
         match (operation, outcome) {
             (Operation::Charge(charge), Outcome::Charge(o)) => {
                 let event_type = match o.status {
@@ -134,14 +158,17 @@ impl NewEvent {
                     ChargeStatus::Unknown => EventType::ChargeUnknown,
                     _ => return None,
                 };
-                let after = Charge {
-                    status: o.status,
-                    gateway_charge_id: o.gateway_charge_id.clone(),
-                    decline_code: o.decline_code.clone(),
-                    capture_before: o.capture_before.or(charge.capture_before),
-                    ..charge.clone()
+                let after = || {
+                    let after = Charge {
+                        status: o.status,
+                        gateway_charge_id: o.gateway_charge_id.clone(),
+                        decline_code: o.decline_code.clone(),
+                        capture_before: o.capture_before.or(charge.capture_before),
+                        ..charge.clone()
+                    };
+                    after.to_json()
                 };
-                Some(Self::of_charge(event_type, &after))
+                render(&charge.id, event_type, &after)
             }
             (Operation::Refund(refund), Outcome::Refund(o)) => {
                 let event_type = match o.status {
@@ -151,14 +178,17 @@ impl NewEvent {
                     ChargeStatus::Unknown => EventType::RefundUnknown,
                     _ => return None,
                 };
-                let after = Refund {
-                    status: o.status,
-                    gateway_refund_id: o.gateway_refund_id.clone(),
-                    failure_code: o.failure_code.clone(),
-                    amount_cents: o.amount_cents,
-                    ..refund.clone()
+                let after = || {
+                    let after = Refund {
+                        status: o.status,
+                        gateway_refund_id: o.gateway_refund_id.clone(),
+                        failure_code: o.failure_code.clone(),
+                        amount_cents: o.amount_cents,
+                        ..refund.clone()
+                    };
+                    after.to_json()
                 };
-                Some(Self::new(event_type, &after.id, after.to_json()))
+                render(&refund.id, event_type, &after)
             }
             (Operation::Capture(capture), Outcome::Capture(o)) => {
                 let (event_type, status) = match (o.status, o.action) {
@@ -173,7 +203,8 @@ impl NewEvent {
                     }
                     _ => return None,
                 };
-                Some(Self::of_charge(event_type, &capture.hold_after(status)))
+                let after = || capture.hold_after(status).to_json();
+                render(&capture.charge_id, event_type, &after)
             }
             // An outcome is always of its own operation.
             _ => None,

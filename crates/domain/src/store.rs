@@ -303,6 +303,13 @@ pub struct Finish {
     pub event: Option<NewEvent>,
 }
 
+/// What one [`Store::prune_events`] deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PrunedEvents {
+    pub events: u64,
+    pub deliveries: u64,
+}
+
 /// What an attempt's record did to its delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttemptRecorded {
@@ -606,11 +613,15 @@ pub trait Store: Send + Sync + std::fmt::Debug {
         endpoints: &[Endpoint],
     ) -> Result<u64, StoreError>;
 
-    /// Deletes at most `batch` events created `retention` ago or longer
-    /// whose every delivery was delivered (with those deliveries), in
-    /// short statements; how many events. Never an event with a pending or
-    /// failed delivery, never one not dispatched.
-    async fn prune_events(&self, retention: Duration, batch: u32) -> Result<u64, StoreError>;
+    /// Deletes at most `batch` delivered deliveries of events created
+    /// `retention` ago or longer, then at most `batch` of those events left
+    /// with no delivery, in short statements. Never an event with a pending
+    /// or failed delivery, never one not dispatched.
+    async fn prune_events(
+        &self,
+        retention: Duration,
+        batch: u32,
+    ) -> Result<PrunedEvents, StoreError>;
 
     /// How long ago the oldest event with a delivery still to make (or not
     /// dispatched yet) was created, by the database's clock.

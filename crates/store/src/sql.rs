@@ -22,7 +22,8 @@ use payments_domain::provider::{OperationKind, ProviderObject};
 use payments_domain::refund::Refund;
 use payments_domain::store::{
     AttemptRecorded, CaptureOutcome, ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish,
-    FinishOutcome, NewLease, Operation, Orphan, Outcome, Store, StoreError, Unsettled,
+    FinishOutcome, NewLease, Operation, Orphan, Outcome, PrunedEvents, Store, StoreError,
+    Unsettled,
 };
 use payments_domain::webhook::{Attempted, Delivery, DeliveryState, Endpoint};
 use sqlx::migrate::Migrate;
@@ -710,7 +711,8 @@ sql_impl! {{
     /// most `most` (see [`crate::batch`]); 1 commits each on its own.
     pub(crate) fn batched(self, most: u32) -> Self {
         let most = usize::try_from(most).unwrap_or(usize::MAX);
-        let deferred = outbox::DeferredEvents::new::<D>().filter(|_| most > 1).map(Arc::new);
+        let sql = self.sql.outbox.insert_deferred.clone().filter(|_| most > 1);
+        let deferred = sql.map(|sql| Arc::new(outbox::DeferredEvents::new(sql)));
         let batch = deferred.clone().map(|deferred| {
             Batcher::start(self.writer.clone(), D::BEGIN_WRITE, most, deferred)
         });
@@ -1732,7 +1734,7 @@ sql_impl! {#[async_trait] Store for {
         run(|| self.send_again(event_id, endpoints)).await
     }
 
-    async fn prune_events(&self, retention: Duration, batch: u32) -> Result<u64, StoreError> {
+    async fn prune_events(&self, retention: Duration, batch: u32) -> Result<PrunedEvents, StoreError> {
         run(|| self.prune_old_events(retention, batch)).await
     }
 

@@ -373,7 +373,7 @@ impl ChargeService {
             record_id,
             lease_token: lease_token.clone(),
             state: RecordState::Complete,
-            event: NewEvent::of(&operation, &outcome),
+            event: NewEvent::answered(&operation, &outcome, &response),
             outcome,
             response,
         };
@@ -898,5 +898,63 @@ mod tests {
         assert_eq!(outcome.status, ChargeStatus::RequiresCapture);
         let lapses = outcome.capture_before.map(|t| t.timestamp());
         assert_eq!(lapses, Some(1_800_000_000));
+    }
+
+    /// A 201's body is the event's data as it is (`NewEvent::answered`):
+    /// it must be what the event renders of the object after the change,
+    /// for a charge, a hold, a capture and a refund.
+    #[test]
+    fn a_created_answer_shows_the_object_as_its_event_does() {
+        let stored = |mut charge: Charge| {
+            charge.created_at = chrono::DateTime::from_timestamp(1_800_000_000, 0).expect("a time");
+            charge
+        };
+        let (plain, hold) = (stored(charge(true)), stored(charge(false)));
+        let mut cases = vec![
+            (
+                Operation::Charge(plain.clone()),
+                settle_charge(&plain, captured()),
+            ),
+            (
+                Operation::Charge(hold.clone()),
+                settle_charge(&hold, authorized(Some(1_800_000_000))),
+            ),
+        ];
+        let mut held = hold.clone();
+        (held.status, held.gateway_charge_id) =
+            (ChargeStatus::RequiresCapture, Some("ch_gw".into()));
+        held.capture_before = chrono::DateTime::from_timestamp(1_800_000_000, 0);
+        let office = crate::scope::Scopes::from_names(["charges:capture", "refunds:write"]);
+        let actor = crate::scope::Actor::new(
+            CustomerId::parse("ops_1").expect("valid"),
+            crate::scope::Role::BackOffice,
+            office,
+            false,
+        );
+        let body = json!({"amount_cents": 300});
+        let request = HoldRequest::from_json(HoldAction::Capture, &body, 1_000_000).expect("valid");
+        let capture = Capture::pending(&actor, &held, &request, 300);
+        let capture_op = Operation::Capture(capture.clone());
+        cases.push((capture_op, settle_capture(&capture, captured())));
+        let mut paid = plain.clone();
+        (paid.status, paid.gateway_charge_id) = (ChargeStatus::Succeeded, Some("ch_gw".into()));
+        let refund_body = json!({"amount_cents": 200});
+        let refund_request =
+            crate::refund::RefundRequest::from_json(&refund_body, 1_000_000).expect("valid");
+        let refund = Refund::pending(&actor, &paid, &refund_request);
+        let refunded = ProviderOutcome::Succeeded {
+            provider_id: "re_gw".to_owned(),
+        };
+        cases.push((
+            Operation::Refund(refund.clone()),
+            settle_refund(&refund, refunded),
+        ));
+        for (operation, settled) in cases {
+            let (outcome, answer) = settled.expect("final");
+            assert_eq!(answer.status, 201);
+            let rendered = NewEvent::of(&operation, &outcome).expect("an event");
+            let answered = NewEvent::answered(&operation, &outcome, &answer).expect("an event");
+            assert_eq!(rendered, answered, "{}", operation.label());
+        }
     }
 }

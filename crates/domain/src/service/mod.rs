@@ -504,7 +504,7 @@ impl ChargeService {
         let operation = self.with_hold_expiry(Operation::Charge(charge.clone()));
         match settle(&operation, outcome) {
             Ok((outcome, response)) => {
-                let event = NewEvent::of(&operation, &outcome);
+                let event = NewEvent::answered(&operation, &outcome, &response);
                 self.store.settle(&outcome, event.as_ref()).await?;
                 Ok(Reply {
                     response,

@@ -201,7 +201,7 @@ impl ChargeService {
         let decision = self.reconciliation(unsettled).await;
         let applied = match &decision {
             Decision::Settle { outcome, answer } => {
-                let event = NewEvent::of(&unsettled.operation, outcome);
+                let event = NewEvent::answered(&unsettled.operation, outcome, answer);
                 self.store
                     .reconcile(outcome, event.as_ref(), answer, self.policy.ttl)
                     .await?

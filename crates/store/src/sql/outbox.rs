@@ -8,7 +8,7 @@ use std::time::Duration;
 use payments_domain::charge::Charge;
 use payments_domain::events::{API_VERSION, Event, EventQuery, EventType, NewEvent};
 use payments_domain::idempotency::LeaseToken;
-use payments_domain::store::{AttemptRecorded, NewLease};
+use payments_domain::store::{AttemptRecorded, NewLease, PrunedEvents};
 use payments_domain::webhook::{Attempted, Delivery, DeliveryState, Endpoint, delivery_id};
 // The bounds `sql_impl!` writes name these.
 use sqlx::migrate::Migrate;
@@ -61,7 +61,7 @@ pub(crate) struct OutboxStatements {
     expire_one: String,
     /// SQLite's group commit: a batch's deferred events in one statement,
     /// from a JSON array of `[id, type, object_id, data]`.
-    insert_deferred: Option<String>,
+    pub(super) insert_deferred: Option<String>,
 }
 
 impl OutboxStatements {
@@ -194,14 +194,12 @@ pub(crate) struct DeferredEvents {
 }
 
 impl DeferredEvents {
-    /// `None` where the dialect has no statement for it (only SQLite
-    /// batches its writes).
-    pub(crate) fn new<D: Dialect>() -> Option<Self> {
-        let sql = OutboxStatements::render::<D>().insert_deferred?;
-        Some(Self {
+    /// Written by `sql` (`insert_deferred`).
+    pub(crate) fn new(sql: String) -> Self {
+        Self {
             events: std::sync::Mutex::default(),
             sql,
-        })
+        }
     }
 
     /// The event of a change the batch in progress made.
@@ -429,10 +427,11 @@ sql_impl! {{
         Ok(D::rows_affected(&again) + made)
     }
 
-    pub(super) async fn prune_old_events(&self, retention: Duration, batch: u32) -> Result<u64, Error> {
+    pub(super) async fn prune_old_events(&self, retention: Duration, batch: u32) -> Result<PrunedEvents, Error> {
         let (ms, batch) = (millis(retention), i64::from(batch));
-        self.write(Self::q(&self.outbox().prune_deliveries).bind(ms).bind(batch)).await?;
-        self.write(Self::q(&self.outbox().prune_events).bind(ms).bind(batch)).await
+        let deliveries = self.write(Self::q(&self.outbox().prune_deliveries).bind(ms).bind(batch)).await?;
+        let events = self.write(Self::q(&self.outbox().prune_events).bind(ms).bind(batch)).await?;
+        Ok(PrunedEvents { events, deliveries })
     }
 
     pub(super) async fn oldest_age(&self) -> Result<Option<Duration>, Error> {
