@@ -22,6 +22,8 @@ use payments_domain::store::{
 use payments_tests::{Backend, TestDb, backend_tests, query_pairs};
 use serde_json::{Value, json};
 
+mod inbox;
+
 const RACERS: usize = 16;
 const LEASE: Duration = Duration::from_secs(10);
 const TTL: Duration = Duration::from_secs(3600);

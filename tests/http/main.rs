@@ -15,6 +15,7 @@ mod lost_tail;
 mod mismatch;
 mod observability;
 mod provider;
+mod provider_webhooks;
 mod roles;
 mod time;
 mod validation;

@@ -894,6 +894,9 @@ impl TestDb {
     }
 }
 
+/// The secret test apps verify provider webhooks with (GATEWAY_WEBHOOK_SECRET).
+pub const TEST_WEBHOOK_SECRET: &str = "whsec_test_0123456789abcdef0123456789";
+
 /// The HS256 secret test apps verify tokens with.
 pub const TEST_SECRET: &str = "test-secret-0123456789abcdef0123456789";
 
@@ -927,6 +930,10 @@ pub struct AppOptions {
     pub backoffice_rate_limit: Option<(u32, u32)>,
     /// `HOLD_CAPTURE_MARGIN`; `None`: its default (1 h).
     pub hold_capture_margin: Option<Duration>,
+    /// The sandbox sends its webhooks to the app's `POST /webhooks/provider`,
+    /// signed with [`TEST_WEBHOOK_SECRET`] (GATEWAY_WEBHOOK_SECRET). Off by
+    /// default: most tests want no traffic they did not ask for.
+    pub provider_webhooks: bool,
 }
 
 impl Default for AppOptions {
@@ -946,6 +953,7 @@ impl Default for AppOptions {
             refunds_by_customer: false,
             backoffice_rate_limit: None,
             hold_capture_margin: None,
+            provider_webhooks: false,
         }
     }
 }
@@ -993,7 +1001,16 @@ pub const BACK_OFFICE_AUDIENCE: &str = "payments-backoffice";
 pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp> {
     let db =
         TestDb::with_write_batch(backend, options.pool_size, options.sqlite_write_batch).await?;
-    let sandbox = SandboxHandle::start(options.sandbox.clone())
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base_url = format!("http://{}", listener.local_addr().expect("addr"));
+    let mut sandbox_config = options.sandbox.clone();
+    if options.provider_webhooks {
+        sandbox_config.webhook_url = Some(format!("{base_url}/webhooks/provider"));
+        sandbox_config.webhook_secret = TEST_WEBHOOK_SECRET.to_owned();
+    }
+    let sandbox = SandboxHandle::start(sandbox_config)
         .await
         .expect("start sandbox");
     let mut settings = Cli::try_parse_from([
@@ -1008,6 +1025,7 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
     .expect("the test settings parse")
     .settings;
     settings.refunds_by_customer = options.refunds_by_customer;
+    settings.gateway_webhook_secret = Some(TEST_WEBHOOK_SECRET.into());
     settings.core.gateway.gateway_timeout = options.gateway_timeout;
     settings.core.gateway.lease = options.lease;
     if let Some(processing) = options.provider_max_processing {
@@ -1043,10 +1061,6 @@ pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp>
         .expect("assemble the app");
     let state = AppState::new(&settings, app.service.clone()).expect("the app's state");
     let router = payments_api::router(state.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base_url = format!("http://{}", listener.local_addr().expect("addr"));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(serve(listener, state, async move {
         let _ = stopped.await;
@@ -1377,6 +1391,53 @@ impl TestApp {
     /// The sandbox's counters (`requests`, `in_flight`, `max_in_flight`, `charges`).
     pub async fn sandbox_stats(&self) -> Value {
         self.sandbox_get("/_sandbox/stats").await
+    }
+
+    /// `POST {path}` at the sandbox with a JSON body: its answer.
+    pub async fn sandbox_post(&self, path: &str, body: &Value) -> Answer {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.sandbox.url()))
+            .json(body)
+            .send()
+            .await
+            .expect("the sandbox answers");
+        Answer::of(response).await
+    }
+
+    /// Replaces the sandbox's config with `config`, its webhooks still
+    /// sent to this app ([`AppOptions::provider_webhooks`]).
+    pub async fn configure_sandbox_webhooks(&self, mut config: Value) {
+        config["webhook_url"] = Value::from(format!("{}/webhooks/provider", self.base_url));
+        config["webhook_secret"] = Value::from(TEST_WEBHOOK_SECRET);
+        self.configure_sandbox(config).await;
+    }
+
+    /// The sandbox's webhook log (`GET /_sandbox/webhooks`).
+    pub async fn sandbox_webhooks(&self) -> Vec<Value> {
+        self.sandbox_list("/_sandbox/webhooks").await
+    }
+
+    /// Waits (at most `within`, polling) until every webhook the sandbox
+    /// made has been delivered and nothing is in flight at it; false when
+    /// that did not happen in time.
+    pub async fn webhooks_delivered(&self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let hooks = self.sandbox_webhooks().await;
+            if hooks.iter().all(|h| h["delivered"] == true) {
+                // Twice in a row, apart: nothing started meanwhile.
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let again = self.sandbox_webhooks().await;
+                if again.len() == hooks.len() && again.iter().all(|h| h["delivered"] == true) {
+                    return true;
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Replaces the sandbox's fault injection.

@@ -471,6 +471,15 @@ pub struct Capturing;
 /// `GET /api/events` and `/api/events/{id}`: `events:read`.
 #[derive(Debug)]
 pub struct ReadingEvents;
+/// `GET /api/disputes`: `disputes:read`.
+#[derive(Debug)]
+pub struct ReadingDisputes;
+
+impl Access for ReadingDisputes {
+    fn check(actor: &Actor) -> Result<(), Denied> {
+        actor.may_read_disputes()
+    }
+}
 
 impl Access for ReadingEvents {
     fn check(actor: &Actor) -> Result<(), Denied> {

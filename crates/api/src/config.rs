@@ -22,6 +22,10 @@ const MIN_HS256_SECRET_BYTES: usize = 32;
 /// The largest `JWT_LEEWAY`: an allowance for clock skew, not a lifetime.
 const MAX_JWT_LEEWAY: Duration = Duration::from_secs(5 * 60);
 
+/// The shortest provider webhook secret taken (Stripe's are `whsec_` and
+/// 32 characters).
+pub const MIN_WEBHOOK_SECRET: usize = 24;
+
 /// `payments-api [serve] [SETTINGS]`, `payments-api migrate`, or
 /// `payments-api token --customer ID`: each subcommand takes only its own
 /// flags, and serving's may also come without `serve`.
@@ -61,7 +65,7 @@ pub enum Command {
         subject: Option<String>,
         /// A scope the token carries (repeat it, or space-separate):
         /// charges:write, charges:read, charges:read_all, refunds:write,
-        /// charges:capture, events:read.
+        /// charges:capture, events:read, disputes:read.
         #[arg(long = "scope", value_delimiter = ' ')]
         scopes: Vec<String>,
         /// The token's `aud`: the server's JWT_BACKOFFICE_AUDIENCE makes a
@@ -176,6 +180,13 @@ pub struct Settings {
     /// back-office tokens with refunds:write refund (any customer's charge).
     #[arg(long, env = "REFUNDS_BY_CUSTOMER", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub refunds_by_customer: bool,
+    /// The secret(s) the provider signs its webhooks with (Stripe's
+    /// endpoint signing secret, `whsec_...`), comma-separated during a
+    /// rotation: `POST /webhooks/provider` takes only events signed with
+    /// one of them. Unset: provider webhooks are not taken (404), except
+    /// from the in-process sandbox, whose own secret is always taken.
+    #[arg(long, env = "GATEWAY_WEBHOOK_SECRET", hide_env_values = true, value_parser = payments_app::settings::secret)]
+    pub gateway_webhook_secret: Option<SecretString>,
     #[command(flatten)]
     pub http: crate::server::HttpTimeouts,
 }
@@ -347,6 +358,7 @@ impl Settings {
             None => Provider::Sandbox {
                 listen: self.sandbox_listen_addr,
                 ledger: self.sandbox_ledger(),
+                webhook_url: Some(self.sandbox_webhook_url()),
             },
             #[cfg(not(feature = "dev-sandbox"))]
             None => {
@@ -370,9 +382,52 @@ impl Settings {
                 remote
             }
         };
+        self.provider_webhook_secrets()?;
         // Last: the provider's own rules name what is wrong first.
         self.core.gateway.derivation()?;
         Ok(provider)
+    }
+
+    /// The secrets provider webhooks are verified with: GATEWAY_WEBHOOK_SECRET's,
+    /// each at least [`MIN_WEBHOOK_SECRET`] characters, and the in-process
+    /// sandbox's when it is the provider; `None` when there are none.
+    pub fn provider_webhook_secrets(&self) -> Result<Option<Vec<SecretString>>, ConfigError> {
+        use payments_app::settings::SANDBOX_WEBHOOK_SECRET;
+        let mut secrets = Vec::new();
+        if let Some(list) = &self.gateway_webhook_secret {
+            for secret in list.expose_secret().split(',').map(str::trim) {
+                if secret.len() < MIN_WEBHOOK_SECRET {
+                    return Err(ConfigError(format!(
+                        "GATEWAY_WEBHOOK_SECRET: each secret must be at least \
+                         {MIN_WEBHOOK_SECRET} characters (the provider's endpoint signing \
+                         secret, whsec_...)"
+                    )));
+                }
+                if secret == SANDBOX_WEBHOOK_SECRET && self.core.gateway.is_real() {
+                    return Err(ConfigError(
+                        "refusing to start: a real GATEWAY_URL with the sandbox's \
+                         GATEWAY_WEBHOOK_SECRET; anyone could forge provider events"
+                            .into(),
+                    ));
+                }
+                secrets.push(SecretString::from(secret));
+            }
+        }
+        if self.core.gateway.gateway_url.is_none() {
+            secrets.push(SecretString::from(SANDBOX_WEBHOOK_SECRET));
+        }
+        Ok((!secrets.is_empty()).then_some(secrets))
+    }
+
+    /// Where the in-process sandbox sends its webhooks: this server's
+    /// `POST /webhooks/provider` (on loopback when it listens on every
+    /// address).
+    pub fn sandbox_webhook_url(&self) -> String {
+        let mut addr = self.listen_addr;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        format!("http://{addr}{}", crate::routes::PROVIDER_WEBHOOKS)
     }
 
     /// Where the in-process sandbox keeps its ledger: SANDBOX_LEDGER, else

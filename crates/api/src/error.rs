@@ -46,11 +46,19 @@ pub enum ApiError {
     Invalid(InvalidRequest),
     #[error("Content-Type must be application/json")]
     UnsupportedMediaType,
-    #[error(
-        "the request body is larger than {} bytes",
-        crate::extract::MAX_BODY_BYTES
-    )]
-    PayloadTooLarge,
+    /// The body is larger than the route takes (the bytes it takes).
+    #[error("the request body is larger than {0} bytes")]
+    PayloadTooLarge(usize),
+    /// A provider webhook whose `Stripe-Signature` does not verify with
+    /// GATEWAY_WEBHOOK_SECRET (unsigned, tampered, stale, another secret):
+    /// nothing was read or changed.
+    #[error("the Stripe-Signature header does not verify: {0}")]
+    InvalidSignature(String),
+    /// A verified provider event that could not be applied now (the
+    /// provider's charge could not be read, the database failed): 503, so
+    /// the provider delivers it again.
+    #[error("the provider event could not be applied now; deliver it again")]
+    ProviderEventNotApplied(String),
     #[error("not found")]
     NotFound,
     /// A refund of a charge that has not succeeded; not stored.
@@ -113,7 +121,12 @@ impl ApiError {
             Self::UnsupportedMediaType => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
-            Self::PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Self::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+            Self::InvalidSignature(_) => (StatusCode::BAD_REQUEST, "invalid_signature"),
+            Self::ProviderEventNotApplied(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "provider_event_not_applied",
+            ),
             Self::NotFound => (StatusCode::NOT_FOUND, "not_found"),
             Self::NotRefundable(_) => (StatusCode::BAD_REQUEST, "charge_not_refundable"),
             Self::NotCapturable(_) => (StatusCode::BAD_REQUEST, "charge_not_capturable"),
@@ -195,6 +208,14 @@ impl IntoResponse for ApiError {
                 tracing::error!(%detail, "database unavailable; answered 503")
             }
             Self::NotReady(detail) => tracing::warn!(%detail, "not ready"),
+            Self::InvalidSignature(detail) => {
+                metrics::counter!(
+                    payments_domain::service::PROVIDER_EVENTS_TOTAL,
+                    "outcome" => "rejected"
+                )
+                .increment(1);
+                tracing::warn!(%detail, "provider webhook refused: its signature does not verify");
+            }
             // Expected: the provider's outcome is unknown, the client
             // retries with its key after Retry-After (the service logged
             // why, with the operation).
@@ -224,6 +245,7 @@ impl IntoResponse for ApiError {
                 | Self::HoldBusy
                 | Self::GatewayUnavailable(_)
                 | Self::DatabaseUnavailable(_)
+                | Self::ProviderEventNotApplied(_)
         ) {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
         }

@@ -16,6 +16,10 @@ use crate::error::ApiError;
 /// Request bodies larger than this get 413.
 pub const MAX_BODY_BYTES: usize = 16 * 1024;
 
+/// The largest provider webhook taken (`POST /webhooks/provider`): real
+/// events, with their objects' metadata, are larger than the API's bodies.
+pub const WEBHOOK_MAX_BODY_BYTES: usize = 256 * 1024;
+
 /// The `Idempotency-Key` header, if sent: exactly one line, 1-255 visible
 /// ASCII characters, bare or as a quoted structured-header string.
 #[derive(Debug)]
@@ -109,7 +113,7 @@ impl FromRequest<AppState> for JsonBody {
             .map_err(|_| ApiError::RequestTimeout)?;
         let bytes = bytes.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge
+                ApiError::PayloadTooLarge(MAX_BODY_BYTES)
             } else {
                 ApiError::Invalid(InvalidRequest::body(format!(
                     "could not read the request body: {rejection}"
@@ -120,6 +124,33 @@ impl FromRequest<AppState> for JsonBody {
             ApiError::Invalid(InvalidRequest::body(format!(
                 "the request body is not valid JSON: {e}"
             )))
+        })
+    }
+}
+
+/// A provider webhook's raw body, as signed: at most
+/// [`WEBHOOK_MAX_BODY_BYTES`] (else 413), all of it within
+/// `HTTP_BODY_READ_TIMEOUT` (else 408). Its content type is not checked:
+/// the signature is what is trusted.
+#[derive(Debug)]
+pub struct RawBody(pub Bytes);
+
+impl FromRequest<AppState> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, ApiError> {
+        let read = Bytes::from_request(req, state);
+        let bytes = tokio::time::timeout(state.http.http_body_read_timeout, read)
+            .await
+            .map_err(|_| ApiError::RequestTimeout)?;
+        bytes.map(RawBody).map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::PayloadTooLarge(WEBHOOK_MAX_BODY_BYTES)
+            } else {
+                ApiError::Invalid(InvalidRequest::body(format!(
+                    "could not read the request body: {rejection}"
+                )))
+            }
         })
     }
 }

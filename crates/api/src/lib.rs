@@ -24,6 +24,7 @@ pub mod config;
 pub mod error;
 pub mod extract;
 pub mod jwks;
+pub mod provider_webhooks;
 pub mod routes;
 pub mod server;
 pub mod telemetry;
@@ -57,6 +58,9 @@ pub struct AppState {
     pub http: server::HttpTimeouts,
     /// `REFUNDS_BY_CUSTOMER`: customers refund their own charges.
     pub refunds_by_customer: bool,
+    /// GATEWAY_WEBHOOK_SECRET's secrets (the in-process sandbox's when it
+    /// is the provider); `None`: provider webhooks are not taken.
+    pub provider_webhook_secrets: Option<Arc<[secrecy::SecretString]>>,
 }
 
 impl AppState {
@@ -84,6 +88,7 @@ impl AppState {
             client_guide_url: settings.client_guide_url.as_str().into(),
             http: settings.http,
             refunds_by_customer: settings.refunds_by_customer,
+            provider_webhook_secrets: settings.provider_webhook_secrets()?.map(Into::into),
         })
     }
 }
@@ -149,6 +154,12 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/api/refunds/{id}", get(routes::get_refund))
         .route("/api/events", get(routes::list_events))
+        .route("/api/disputes", get(routes::list_disputes))
+        .route(
+            routes::PROVIDER_WEBHOOKS,
+            post(routes::provider_webhook)
+                .layer(DefaultBodyLimit::max(extract::WEBHOOK_MAX_BODY_BYTES)),
+        )
         .route("/api/events/{id}", get(routes::get_event))
         .route("/", get(routes::index))
         .route(routes::OPENAPI, get(routes::openapi))

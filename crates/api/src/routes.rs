@@ -9,16 +9,20 @@ use payments_domain::charge::Charge;
 use payments_domain::events::Event;
 use payments_domain::hold::HoldAction;
 use payments_domain::idempotency::IdempotencyKey;
+use payments_domain::inbox::{Dispute, ProviderEvent};
 use payments_domain::refund::Refund;
+use payments_domain::service::InboxError;
 use payments_domain::service::{ChargeError, Reply};
 use serde_json::json;
 use tracing::Instrument;
 
 use crate::AppState;
-use crate::auth::{Caller, Capturing, Charging, Reading, ReadingEvents, Refunding};
+use crate::auth::{
+    Caller, Capturing, Charging, Reading, ReadingDisputes, ReadingEvents, Refunding,
+};
 use crate::config::KeyMode;
 use crate::error::ApiError;
-use crate::extract::{IdPath, JsonBody, KeyHeader, QueryPairs};
+use crate::extract::{IdPath, JsonBody, KeyHeader, QueryPairs, RawBody};
 
 /// `POST /api/charges`.
 pub async fn create_charge(
@@ -171,14 +175,79 @@ fn reply_response(reply: Reply) -> Response {
     response
 }
 
-/// `GET /api/charges/{id}`: a charge within the caller's reach, else 404.
+/// `GET /api/charges/{id}`: a charge within the caller's reach, else 404;
+/// with its latest dispute (`dispute`) when it has one.
 pub async fn get_charge(
     State(state): State<AppState>,
     Caller(actor, _): Caller<Reading>,
     IdPath(id): IdPath,
 ) -> Result<Response, ApiError> {
     let charge = state.service.charge_for(&actor, &id).await?;
-    Ok(json(charge.ok_or(ApiError::NotFound)?.to_json()))
+    let charge = charge.ok_or(ApiError::NotFound)?;
+    let disputes = state.service.disputes_of(&charge).await?;
+    Ok(json(match disputes.last() {
+        None => charge.to_json(),
+        Some(dispute) => charge.to_json_with("dispute", &dispute.view()),
+    }))
+}
+
+/// `GET /api/disputes`: a page of disputes, open ones unless `status=all`
+/// (`disputes:read`).
+pub async fn list_disputes(
+    State(state): State<AppState>,
+    Caller(actor, _): Caller<ReadingDisputes>,
+    QueryPairs(query): QueryPairs,
+) -> Result<Response, ApiError> {
+    let list = state.service.list_disputes(&actor, &query).await?;
+    Ok(json(list.to_json(Dispute::to_json)))
+}
+
+/// The provider's signature header (Stripe's).
+pub const PROVIDER_SIGNATURE: &str = "stripe-signature";
+
+/// `POST /webhooks/provider`: a provider event, authenticated by its
+/// `Stripe-Signature` (no token): applied once, answered 200; a duplicate
+/// answered 200 too; one that could not be applied now 503, so the
+/// provider delivers it again.
+pub async fn provider_webhook(
+    State(state): State<AppState>,
+    headers: axum::http::HeaderMap,
+    RawBody(body): RawBody,
+) -> Result<Response, ApiError> {
+    let Some(secrets) = &state.provider_webhook_secrets else {
+        tracing::warn!("a provider webhook arrived but GATEWAY_WEBHOOK_SECRET is not set");
+        return Err(ApiError::NotFound);
+    };
+    let mut lines = headers.get_all(PROVIDER_SIGNATURE).iter();
+    let header = match (lines.next(), lines.next()) {
+        (Some(line), None) => line.to_str().map_err(|_| {
+            ApiError::InvalidSignature("the header is not visible ASCII".to_owned())
+        })?,
+        (None, _) => {
+            return Err(ApiError::InvalidSignature(
+                "no Stripe-Signature header".into(),
+            ));
+        }
+        (Some(_), Some(_)) => {
+            return Err(ApiError::InvalidSignature(
+                "more than one Stripe-Signature header".into(),
+            ));
+        }
+    };
+    crate::provider_webhooks::verify_any(secrets, header, &body)?;
+    let event = ProviderEvent::parse(&body).map_err(ApiError::Invalid)?;
+    let service = state.service.clone();
+    let work = async move { service.receive_provider_event(&event).await };
+    let received = tokio::spawn(work.instrument(tracing::Span::current()))
+        .await
+        .map_err(|e| ApiError::Internal(format!("provider event task failed: {e}")))?;
+    match received {
+        Ok(received) => {
+            Ok(Json(json!({"received": true, "outcome": received.label()})).into_response())
+        }
+        Err(InboxError::Store(e)) => Err(e.into()),
+        Err(e) => Err(ApiError::ProviderEventNotApplied(e.to_string())),
+    }
 }
 
 /// `GET /api/refunds/{id}`: a refund within the caller's reach, else 404.
@@ -250,6 +319,8 @@ pub const READYZ: &str = "/readyz";
 pub const METRICS: &str = "/metrics";
 /// `GET /openapi.yaml`.
 pub const OPENAPI: &str = "/openapi.yaml";
+/// `POST /webhooks/provider`: the provider's webhooks (signed, no token).
+pub const PROVIDER_WEBHOOKS: &str = "/webhooks/provider";
 
 /// The HTTP contract, the repository's `openapi.yaml`, compiled in so the
 /// binary stands alone (the Docker build copies it next to the crates).

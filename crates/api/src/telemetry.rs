@@ -27,6 +27,8 @@
 //! | [`EXPIRED_HOLDS_TOTAL`] | | payments-jobs |
 //! | [`RECONCILED_TOTAL`] | operation, outcome | payments-domain (run by payments-jobs) |
 //! | [`ORPHANS`] (gauge) | kind | payments-domain (set by payments-jobs) |
+//! | [`PROVIDER_EVENTS_TOTAL`] | outcome | payments-domain, payments-api |
+//! | [`PROVIDER_EVENTS_OPEN`] (gauge) | state | payments-domain (set by payments-jobs) |
 //! | [`REPLAY_CACHE_TOTAL`] | result | payments-domain |
 //! | [`RATE_LIMITED_TOTAL`] (429) | route | payments-domain |
 //! | [`REAPER_RECORDS_TOTAL`] | result | payments-jobs |
@@ -45,8 +47,8 @@ use axum::response::Response;
 use payments_app::telemetry::Binary;
 use payments_domain::limits::RATE_LIMITED_TOTAL;
 use payments_domain::service::{
-    ABANDONED_TOTAL, CAPTURES_TOTAL, HOLDS, LEASE_TAKEOVERS_TOTAL, ORPHANS, RECONCILED_TOTAL,
-    REFUNDS_TOTAL, REPLAY_CACHE_TOTAL,
+    ABANDONED_TOTAL, CAPTURES_TOTAL, HOLDS, LEASE_TAKEOVERS_TOTAL, ORPHANS, PROVIDER_EVENTS_OPEN,
+    PROVIDER_EVENTS_TOTAL, RECONCILED_TOTAL, REFUNDS_TOTAL, REPLAY_CACHE_TOTAL,
 };
 use payments_gateway::{
     PROVIDER_MISMATCH_TOTAL, PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS,
@@ -63,7 +65,7 @@ pub use payments_app::telemetry::{
 };
 
 /// Every counter the binaries export.
-pub const COUNTERS: [&str; 18] = [
+pub const COUNTERS: [&str; 19] = [
     HTTP_REQUESTS_TOTAL,
     IDEMPOTENT_REPLAYS_TOTAL,
     IDEMPOTENCY_CONFLICTS_TOTAL,
@@ -82,6 +84,7 @@ pub const COUNTERS: [&str; 18] = [
     CAPTURES_TOTAL,
     EXPIRED_HOLDS_TOTAL,
     WEBHOOK_DELIVERIES_TOTAL,
+    PROVIDER_EVENTS_TOTAL,
 ];
 
 /// Every histogram (read as `_bucket`, `_sum` and `_count`).
@@ -92,9 +95,10 @@ pub const HISTOGRAMS: [&str; 3] = [
 ];
 
 /// Every gauge.
-pub const GAUGES: [&str; 4] = [
+pub const GAUGES: [&str; 5] = [
     BUILD_INFO,
     ORPHANS,
+    PROVIDER_EVENTS_OPEN,
     HOLDS,
     WEBHOOK_OLDEST_UNDELIVERED_SECONDS,
 ];

@@ -46,6 +46,9 @@ pub enum Provider {
         listen: std::net::SocketAddr,
         /// The file its ledger is kept in across restarts; `None`: memory.
         ledger: Option<std::path::PathBuf>,
+        /// Where it sends its webhooks (signed with
+        /// [`settings::SANDBOX_WEBHOOK_SECRET`]); `None`: it sends none.
+        webhook_url: Option<String>,
     },
 }
 
@@ -74,8 +77,12 @@ pub async fn assemble(
     let (provider_url, secret_key, remote) = match provider {
         Provider::Remote { url, secret_key } => (url, secret_key, true),
         #[cfg(feature = "dev-sandbox")]
-        Provider::Sandbox { listen, ledger } => {
-            let (url, key) = start_sandbox(listen, ledger).await?;
+        Provider::Sandbox {
+            listen,
+            ledger,
+            webhook_url,
+        } => {
+            let (url, key) = start_sandbox(listen, ledger, webhook_url).await?;
             (url, key, false)
         }
     };
@@ -184,6 +191,7 @@ pub const PROVIDER_KEY_FINGERPRINT: &str = "provider_key_fingerprint";
 async fn start_sandbox(
     addr: std::net::SocketAddr,
     ledger: Option<std::path::PathBuf>,
+    webhook_url: Option<String>,
 ) -> anyhow::Result<(String, SecretString)> {
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
         format!("binding the in-process sandbox on {addr} (set SANDBOX_LISTEN_ADDR)")
@@ -207,9 +215,14 @@ async fn start_sandbox(
                 })?,
         ),
     };
+    let config = payments_sandbox::SandboxConfig {
+        webhook_url,
+        webhook_secret: settings::SANDBOX_WEBHOOK_SECRET.to_owned(),
+        ..payments_sandbox::SandboxConfig::default()
+    };
     tokio::spawn(payments_sandbox::serve_with_ledger(
         listener,
-        payments_sandbox::SandboxConfig::default(),
+        config,
         file,
         std::future::pending(),
     ));

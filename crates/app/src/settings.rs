@@ -345,6 +345,11 @@ pub const DEV_PROVIDER_KEY_SECRET: &str = "payments-development-provider-key-sec
 /// The sandbox's secret key; refused next to a real provider.
 pub const SANDBOX_SECRET_KEY: &str = "sk_test_sandbox";
 
+/// The secret the in-process sandbox signs its webhooks with (the
+/// sandbox's default), which a server against it takes: development only,
+/// refused with a real GATEWAY_URL.
+pub const SANDBOX_WEBHOOK_SECRET: &str = "whsec_sandbox_development_secret_not_for_production";
+
 impl GatewayArgs {
     /// The age past which a record is never re-driven: the provider's key
     /// retention minus the margin.

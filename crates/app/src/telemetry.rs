@@ -19,8 +19,8 @@ use axum::response::IntoResponse;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use payments_domain::limits::RATE_LIMITED_TOTAL;
 use payments_domain::service::{
-    ABANDONED_TOTAL, CAPTURES_TOTAL, HOLDS, LEASE_TAKEOVERS_TOTAL, ORPHANS, RECONCILED_TOTAL,
-    REFUNDS_TOTAL, REPLAY_CACHE_TOTAL,
+    ABANDONED_TOTAL, CAPTURES_TOTAL, HOLDS, LEASE_TAKEOVERS_TOTAL, ORPHANS, PROVIDER_EVENTS_OPEN,
+    PROVIDER_EVENTS_TOTAL, RECONCILED_TOTAL, REFUNDS_TOTAL, REPLAY_CACHE_TOTAL,
 };
 use payments_gateway::{
     PROVIDER_MISMATCH_TOTAL, PROVIDER_OUTCOMES_TOTAL, PROVIDER_REQUEST_DURATION_SECONDS,
@@ -360,6 +360,37 @@ pub const METRICS: &[Metric] = &[
                (money moved with no record: a database that lost its last writes), not \
                settled yet, by kind; set by each reconcile pass. Runbook: docs/operations.md.",
         series: Series::Each(&[("kind", &["charge", "refund"])]),
+        in_jobs: true,
+    },
+    Metric {
+        name: PROVIDER_EVENTS_TOTAL,
+        kind: Kind::Counter,
+        help: "Provider webhooks (POST /webhooks/provider) by outcome: applied, ignored (none \
+               of ours), waiting (names an operation of ours with no row yet; applied again by \
+               the reconcile pass), needs_person, duplicate (applied before), unreadable (the \
+               provider could not be read: 503, delivered again), store_error, rejected (a bad \
+               signature).",
+        series: Series::Each(&[(
+            "outcome",
+            &[
+                "applied",
+                "ignored",
+                "waiting",
+                "needs_person",
+                "duplicate",
+                "unreadable",
+                "store_error",
+                "rejected",
+            ],
+        )]),
+        in_jobs: true,
+    },
+    Metric {
+        name: PROVIDER_EVENTS_OPEN,
+        kind: Kind::Gauge,
+        help: "Provider webhooks recorded waiting or needs_person, by state; set by each \
+               reconcile pass. Alert on needs_person above 0 (docs/operations.md).",
+        series: Series::Each(&[("state", &["waiting", "needs_person"])]),
         in_jobs: true,
     },
     Metric {

@@ -579,6 +579,18 @@ impl Charge {
         format!("/api/charges/{}", self.id)
     }
 
+    /// [`Charge::to_json`] with one more member, `key`: `value` (a
+    /// charge's dispute, on `GET /api/charges/{id}`).
+    pub fn to_json_with(&self, key: &str, value: &impl Serialize) -> String {
+        let mut shown: serde_json::Map<String, Value> =
+            serde_json::from_str(&self.to_json()).expect("a charge renders as a JSON object");
+        shown.insert(
+            key.to_owned(),
+            serde_json::to_value(value).expect("a view always serialises"),
+        );
+        Value::Object(shown).to_string()
+    }
+
     /// The public JSON representation (201 bodies and `GET /api/charges/{id}`).
     pub fn to_json(&self) -> String {
         #[derive(Serialize)]

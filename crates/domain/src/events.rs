@@ -52,10 +52,19 @@ pub enum EventType {
     RefundUnknown,
     /// The provider made an operation of ours that has no row here.
     OrphanFound,
+    /// A cardholder disputed a charge (or asked about it: an inquiry,
+    /// `warning_*`), as the provider's webhook told.
+    ChargeDisputeCreated,
+    /// The disputed amount was taken back (a dispute, not an inquiry).
+    ChargeDisputeFundsWithdrawn,
+    /// A dispute changed (its status, amount, evidence deadline).
+    ChargeDisputeUpdated,
+    /// A dispute ended: won, lost, withdrawn (`warning_closed`), prevented.
+    ChargeDisputeClosed,
 }
 
 impl EventType {
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 16] = [
         Self::ChargeSucceeded,
         Self::ChargeRequiresCapture,
         Self::ChargeFailed,
@@ -68,6 +77,10 @@ impl EventType {
         Self::RefundPending,
         Self::RefundUnknown,
         Self::OrphanFound,
+        Self::ChargeDisputeCreated,
+        Self::ChargeDisputeFundsWithdrawn,
+        Self::ChargeDisputeUpdated,
+        Self::ChargeDisputeClosed,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -84,6 +97,10 @@ impl EventType {
             Self::RefundPending => "refund.pending",
             Self::RefundUnknown => "refund.unknown",
             Self::OrphanFound => "orphan.found",
+            Self::ChargeDisputeCreated => "charge.dispute.created",
+            Self::ChargeDisputeFundsWithdrawn => "charge.dispute.funds_withdrawn",
+            Self::ChargeDisputeUpdated => "charge.dispute.updated",
+            Self::ChargeDisputeClosed => "charge.dispute.closed",
         }
     }
 
@@ -115,6 +132,19 @@ impl NewEvent {
     pub fn new(event_type: EventType, object_id: &str, data: String) -> Self {
         Self {
             id: event_id(object_id, event_type),
+            event_type,
+            object_id: object_id.to_owned(),
+            data,
+        }
+    }
+
+    /// The event of `event_type` about `object_id` in the state `state`:
+    /// for an object that goes through one transition several times (a
+    /// dispute updated from one status to another), its id derived from
+    /// the state reached too.
+    pub fn keyed(event_type: EventType, object_id: &str, state: &str, data: String) -> Self {
+        Self {
+            id: event_id(&format!("{object_id}/{state}"), event_type),
             event_type,
             object_id: object_id.to_owned(),
             data,

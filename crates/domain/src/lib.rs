@@ -29,6 +29,8 @@
 //!   outbox), its derived id, `GET /api/events`' query.
 //! - [`webhook`]: the merchant's endpoints, delivery attempts, their
 //!   backoff, and the [`webhook::WebhookSender`] port.
+//! - [`inbox`]: provider webhooks in: each provider event applied once,
+//!   from the provider's state of its charge re-read, never its snapshot.
 //! - [`envelope`]: the JSON error envelope shared by stored and live answers.
 #![forbid(unsafe_code)]
 
@@ -39,6 +41,7 @@ pub mod envelope;
 pub mod events;
 pub mod hold;
 pub mod idempotency;
+pub mod inbox;
 pub mod limits;
 pub mod list;
 pub mod provider;

@@ -344,6 +344,64 @@ pub struct ProviderObject {
     pub created: i64,
 }
 
+/// A charge as the provider shows it now, with every refund and dispute
+/// of it: what a provider webhook is applied from, whatever the event's
+/// own snapshot said ([`crate::inbox`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderCharge {
+    pub id: String,
+    /// Ours, from `metadata[payments_charge_id]`; `None`: a charge made
+    /// elsewhere (none of ours).
+    pub operation_id: Option<String>,
+    pub amount_cents: i64,
+    /// ISO 4217, upper case.
+    pub currency: String,
+    /// Stripe's `status`: `succeeded`, `pending` or `failed`.
+    pub status: String,
+    pub captured: bool,
+    /// What a hold's capture took (Stripe's `amount_captured`).
+    pub amount_captured: i64,
+    /// Released uncaptured, or refunded in full (Stripe's `refunded`).
+    pub refunded: bool,
+    pub refunds: Vec<ProviderRefund>,
+    pub disputes: Vec<ProviderDispute>,
+}
+
+/// One refund of a [`ProviderCharge`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderRefund {
+    pub id: String,
+    /// Ours, from `metadata[payments_refund_id]`: one of our refunds, or
+    /// the release of one of our cancels.
+    pub operation_id: Option<String>,
+    pub amount_cents: i64,
+    /// Stripe's refund `status`: `pending`, `requires_action`,
+    /// `succeeded`, `failed` or `canceled`.
+    pub status: String,
+    /// Stripe's `reason`; `expired_uncaptured_charge` for a hold released
+    /// when it lapsed.
+    pub reason: Option<String>,
+    pub failure_reason: Option<String>,
+}
+
+/// One dispute of a [`ProviderCharge`], as Stripe shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderDispute {
+    pub id: String,
+    pub amount_cents: i64,
+    /// ISO 4217, upper case.
+    pub currency: String,
+    /// Stripe's statuses: `warning_needs_response`, `warning_under_review`,
+    /// `warning_closed`, `needs_response`, `under_review`, `won`, `lost`,
+    /// `prevented`.
+    pub status: String,
+    pub reason: String,
+    /// `is_charge_refundable`: whether the charge may still be refunded.
+    pub refundable: bool,
+    /// `evidence_details.due_by` (Unix seconds, the provider's clock).
+    pub evidence_due_by: Option<i64>,
+}
+
 /// The payment provider.
 #[async_trait]
 pub trait Gateway: Send + Sync + std::fmt::Debug {
@@ -408,6 +466,22 @@ pub trait Gateway: Send + Sync + std::fmt::Debug {
     /// provider does not know the id; found final only if it shows what was
     /// `expected`.
     async fn retrieve_refund(&self, gateway_refund_id: &str, expected: &Expected) -> Lookup;
+
+    /// The provider's charge `gateway_charge_id` as it is now, with every
+    /// page of its refunds and disputes (Stripe's `GET /v1/charges/{id}`,
+    /// `GET /v1/refunds?charge=`, `GET /v1/disputes?charge=`). `Ok(None)`
+    /// when the provider does not know the id; `Err` unless every read
+    /// was whole.
+    async fn provider_charge(
+        &self,
+        gateway_charge_id: &str,
+    ) -> Result<Option<ProviderCharge>, String>;
+
+    /// The provider's charge `gateway_charge_id` (Stripe's
+    /// `GET /v1/charges/{id}`), judged as reconciliation judges a charge it
+    /// found: final only if it shows what was `expected`; `NotFound` when
+    /// the provider does not know the id.
+    async fn retrieve_charge(&self, gateway_charge_id: &str, expected: &Expected) -> Lookup;
 
     /// Every charge (or refund) the provider made within `created`, among
     /// those whose metadata names one of our operations (Stripe's

@@ -39,17 +39,20 @@ pub enum Scope {
     ChargesCapture,
     /// Read the event log (the back office).
     EventsRead,
+    /// `GET /api/disputes`: the back office's list of open disputes.
+    DisputesRead,
 }
 
 impl Scope {
     /// Every scope, in the order [`Scopes`]'s text lists them.
-    pub const ALL: [Scope; 6] = [
+    pub const ALL: [Scope; 7] = [
         Self::ChargesWrite,
         Self::ChargesRead,
         Self::ChargesReadAll,
         Self::RefundsWrite,
         Self::ChargesCapture,
         Self::EventsRead,
+        Self::DisputesRead,
     ];
 
     /// The scope's name in a token.
@@ -61,6 +64,7 @@ impl Scope {
             Self::RefundsWrite => "refunds:write",
             Self::ChargesCapture => "charges:capture",
             Self::EventsRead => "events:read",
+            Self::DisputesRead => "disputes:read",
         }
     }
 
@@ -164,7 +168,8 @@ pub const BACK_OFFICE: Scopes = Scopes::NONE
     .with(Scope::ChargesReadAll)
     .with(Scope::RefundsWrite)
     .with(Scope::ChargesCapture)
-    .with(Scope::EventsRead);
+    .with(Scope::EventsRead)
+    .with(Scope::DisputesRead);
 
 /// Whose token it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -175,6 +180,9 @@ pub enum Role {
     /// The merchant's back office, support tools or ops: a token of the
     /// configured back-office audience or issuer.
     BackOffice,
+    /// The payment provider itself: a refund made in its dashboard, which
+    /// this server learns of by its webhook. Never a token's role.
+    Provider,
 }
 
 impl Role {
@@ -183,6 +191,7 @@ impl Role {
         match self {
             Self::Customer => "customer",
             Self::BackOffice => "back_office",
+            Self::Provider => "provider",
         }
     }
 
@@ -190,6 +199,7 @@ impl Role {
         match name {
             "customer" => Some(Self::Customer),
             "back_office" => Some(Self::BackOffice),
+            "provider" => Some(Self::Provider),
             _ => None,
         }
     }
@@ -228,7 +238,8 @@ impl Actor {
     ) -> Self {
         let mut scopes = match role {
             Role::BackOffice => claimed,
-            Role::Customer => claimed.without(BACK_OFFICE),
+            // Never a token's role; no rights if it were.
+            Role::Customer | Role::Provider => claimed.without(BACK_OFFICE),
         };
         if scopes.is_empty() {
             scopes = DEFAULT;
@@ -299,6 +310,10 @@ impl Actor {
 
     /// Read events (`GET /api/events`): `events:read`, which back-office
     /// tokens only hold (an event may be about any customer's charge).
+    pub fn may_read_disputes(&self) -> Result<(), Denied> {
+        self.require(Scope::DisputesRead)
+    }
+
     pub fn may_read_events(&self) -> Result<(), Denied> {
         self.require(Scope::EventsRead)
     }

@@ -22,6 +22,7 @@ use crate::idempotency::{
     IdempotencyKey, IdempotencyRecord, LeaseToken, RecordId, RecordState, RequestFingerprint,
     StoredResponse,
 };
+use crate::inbox::{Change, Dispute, InboxState, Local, Recorded};
 use crate::list::{ChargeQuery, Page};
 use crate::provider::{OperationKind, ProviderObject};
 use crate::refund::{Refund, RefundStatus};
@@ -301,6 +302,30 @@ pub struct Finish {
     /// The change's event, written in the same transaction
     /// ([`NewEvent::of`]).
     pub event: Option<NewEvent>,
+}
+
+/// A provider event's application: its `provider_events` row and the
+/// changes it makes, in one transaction ([`crate::inbox`]).
+#[derive(Debug, Clone)]
+pub struct Application {
+    pub record: Recorded,
+    pub changes: Vec<Change>,
+    /// How long an operation's rewritten answer is kept (the TTL), as
+    /// [`Store::reconcile`] keeps it.
+    pub keep_for: Duration,
+}
+
+/// What [`Store::apply_provider_event`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Recorded, and every change made.
+    Applied,
+    /// The event was recorded already (not waiting): nothing was written.
+    Duplicate,
+    /// A change's guard failed (the local state moved since it was read,
+    /// or another application created the same refund or dispute):
+    /// nothing was written; plan again.
+    Stale,
 }
 
 /// What one [`Store::prune_events`] deleted.
@@ -626,6 +651,38 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// How long ago the oldest event with a delivery still to make (or not
     /// dispatched yet) was created, by the database's clock.
     async fn oldest_undelivered(&self) -> Result<Option<Duration>, StoreError>;
+
+    /// The state a provider event was recorded in, if it was.
+    async fn provider_event(&self, event_id: &str) -> Result<Option<InboxState>, StoreError>;
+
+    /// Records the provider event and makes its changes in one
+    /// transaction: the event's unique id arbitrates duplicates (one
+    /// recorded `waiting` may be recorded again), each change is guarded
+    /// by the state it was planned from ([`Applied::Stale`]), and each
+    /// change writes its events.
+    async fn apply_provider_event(&self, application: &Application) -> Result<Applied, StoreError>;
+
+    /// Provider events recorded `waiting`, least recently tried first (at
+    /// most `limit`).
+    async fn waiting_provider_events(&self, limit: u32) -> Result<Vec<Recorded>, StoreError>;
+
+    /// Provider events recorded per state, for the gauge.
+    async fn count_provider_events(&self) -> Result<Vec<(InboxState, u64)>, StoreError>;
+
+    /// One of our charges as a provider event is applied to: with whether
+    /// a capture or cancel holds its hold, every refund and every dispute.
+    async fn inbox_local(&self, charge_id: &str) -> Result<Option<Local>, StoreError>;
+
+    /// A dispute by (our) id.
+    async fn dispute(&self, dispute_id: &str) -> Result<Option<Dispute>, StoreError>;
+
+    /// A charge's disputes, oldest first.
+    async fn disputes_of(&self, charge_id: &str) -> Result<Vec<Dispute>, StoreError>;
+
+    /// A page of disputes, as [`Store::list_charges`] pages; only those
+    /// not closed when `open_only`.
+    async fn list_disputes(&self, page: &Page, open_only: bool)
+    -> Result<Vec<Dispute>, StoreError>;
 
     /// The operation a record drives: its refund, else its charge.
     async fn operation(&self, record: &IdempotencyRecord) -> Result<Operation, StoreError> {

@@ -25,6 +25,7 @@
 //!   guard against requests to private and metadata addresses.
 #![forbid(unsafe_code)]
 
+mod snapshot;
 pub mod webhook;
 
 use std::time::Duration;
@@ -32,7 +33,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use payments_domain::provider::{
     CreatedWindow, Doubt, Expected, Gateway, Lookup, OperationKind, ProviderCaptureRequest,
-    ProviderChargeRequest, ProviderObject, ProviderOutcome, ProviderRefundRequest,
+    ProviderCharge, ProviderChargeRequest, ProviderObject, ProviderOutcome, ProviderRefundRequest,
 };
 use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
@@ -510,6 +511,18 @@ impl Gateway for HttpGateway {
                 ),
             },
         }
+    }
+
+    async fn provider_charge(
+        &self,
+        gateway_charge_id: &str,
+    ) -> Result<Option<ProviderCharge>, String> {
+        self.snapshot(gateway_charge_id).await
+    }
+
+    async fn retrieve_charge(&self, gateway_charge_id: &str, expected: &Expected) -> Lookup {
+        self.retrieve(Kind::Charge, gateway_charge_id, expected, None)
+            .await
     }
 
     async fn retrieve_refund(&self, gateway_refund_id: &str, expected: &Expected) -> Lookup {

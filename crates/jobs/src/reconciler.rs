@@ -27,13 +27,17 @@
 //! is recorded and logged `ORPHAN` once, counted in `payments_orphans`, and
 //! settled when its operation has a row again.
 //!
+//! Each pass also applies again the provider webhooks recorded `waiting`
+//! (an event naming an operation of ours that had no row yet): those whose
+//! row is here now are applied ([`ChargeService::apply_waiting`]).
+//!
 //! Two reconcilers at once settle each operation once: the settlement is
 //! guarded by the operation still being `unknown` (or pending).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use payments_domain::service::{ChargeService, Decision, OrphanReport};
+use payments_domain::service::{ChargeService, Decision, OrphanReport, WaitingReport};
 use payments_domain::store::StoreError;
 
 use crate::progress::{Progress, ProgressSettings};
@@ -69,6 +73,8 @@ pub struct ReconcileReport {
     pub pending: u64,
     /// The orphan search's findings.
     pub orphans: OrphanReport,
+    /// Provider webhooks applied again (none in a dry run).
+    pub waiting: WaitingReport,
 }
 
 impl ReconcileReport {
@@ -155,6 +161,9 @@ impl Reconciler {
             let window = self.settings.orphan_window;
             report.orphans = self.service.find_orphans(window, lag, apply).await?;
         }
+        if apply {
+            report.waiting = self.service.apply_waiting(self.settings.batch).await?;
+        }
         // Each count its own field, so a JSON log can be queried by it.
         let orphans = report.orphans;
         tracing::info!(
@@ -171,6 +180,8 @@ impl Reconciler {
             orphans_settled = orphans.settled,
             orphans_open = orphans.open,
             orphans_lookup_failed = orphans.lookup_failed,
+            provider_events_retried = report.waiting.tried,
+            provider_events_applied = report.waiting.done,
             dry_run = !apply,
             "reconcile pass"
         );

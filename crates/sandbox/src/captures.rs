@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::charges::no_such_charge;
 use crate::config::SandboxConfig;
 use crate::error::ApiError;
-use crate::ledger::{CaptureRefusal, Ledger};
+use crate::ledger::CaptureRefusal;
 use crate::processing::{self, Call, Operation};
 use crate::response::StoredResponse;
 use crate::server::ConnectionControl;
@@ -43,10 +43,11 @@ pub(crate) async fn capture_charge(
 }
 
 /// Validates and captures (`answer_amount_override` is what is captured,
-/// if set). Returns the final answer, the charge as it stands after, and
-/// whether a capture was recorded; a refusal records nothing, so it is
-/// answered even under `drop_after_charge`.
-fn capture(ledger: &Ledger, config: &SandboxConfig, call: &Call<'_>) -> (StoredResponse, bool) {
+/// if set), then makes its event, `charge.captured`. Returns the final
+/// answer, the charge as it stands after, and whether a capture was
+/// recorded; a refusal records nothing, so it is answered even under
+/// `drop_after_charge`.
+fn capture(state: &AppState, config: &SandboxConfig, call: &Call<'_>) -> (StoredResponse, bool) {
     let Some(id) = call.object_id else {
         // The route always has an id; say so rather than capture nothing.
         tracing::error!("a capture without a charge id");
@@ -62,7 +63,10 @@ fn capture(ledger: &Ledger, config: &SandboxConfig, call: &Call<'_>) -> (StoredR
     if let Some(amount) = config.answer_amount_override {
         request.amount = Some(amount);
     }
-    match ledger.capture(id, request, call.key.map(str::to_owned)) {
+    match state
+        .ledger
+        .capture(id, request, call.key.map(str::to_owned))
+    {
         Ok(charge) => {
             tracing::debug!(
                 charge = %charge.id,
@@ -71,6 +75,9 @@ fn capture(ledger: &Ledger, config: &SandboxConfig, call: &Call<'_>) -> (StoredR
                 idempotency_key = call.key,
                 "capture made"
             );
+            state
+                .webhooks
+                .emit(config, call.key, "charge.captured", &charge);
             (StoredResponse::json(StatusCode::OK, &charge), true)
         }
         Err(refusal) => (refusal_error(id, refusal).to_stored(), false),

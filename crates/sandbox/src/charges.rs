@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::config::SandboxConfig;
 use crate::error::ApiError;
-use crate::ledger::{Charge, HoldTerms, Ledger, NoSuchCharge};
+use crate::ledger::{Charge, HoldTerms, NoSuchCharge};
 use crate::network::{self, Authorization};
 use crate::params::FormParams;
 use crate::processing::{self, Call, Operation};
@@ -89,9 +89,11 @@ pub(crate) fn no_such_charge(id: &str) -> ApiError {
 }
 
 /// Validates, asks the network and records the charge (with the config's
-/// answer overrides; a hold on the config's terms). Returns the final
-/// answer and whether a charge was recorded.
-fn charge(ledger: &Ledger, config: &SandboxConfig, call: &Call<'_>) -> (StoredResponse, bool) {
+/// answer overrides; a hold on the config's terms), then makes its event:
+/// `charge.succeeded` (a hold too, `captured: false`, as at Stripe) or
+/// `charge.failed`. Returns the final answer and whether a charge was
+/// recorded.
+fn charge(state: &AppState, config: &SandboxConfig, call: &Call<'_>) -> (StoredResponse, bool) {
     let key = call.key;
     let mut request = match call.params.charge_request() {
         Ok(request) => request,
@@ -135,10 +137,19 @@ fn charge(ledger: &Ledger, config: &SandboxConfig, call: &Call<'_>) -> (StoredRe
         )
         .to_stored(),
     };
-    if let Err(error) = ledger.record(charge, key.map(str::to_owned)) {
+    // A copy only for the event: a load run without webhooks makes none.
+    let made = state.webhooks.on(config).then(|| charge.clone());
+    if let Err(error) = state.ledger.record(charge, key.map(str::to_owned)) {
         tracing::error!(%error, "the charge was not recorded");
         let error = ApiError::internal(format!("The charge was not made: {error}"));
         return (error.to_stored(), false);
+    }
+    if let Some(made) = made {
+        let kind = match decline {
+            None => "charge.succeeded",
+            Some(_) => "charge.failed",
+        };
+        state.webhooks.emit(config, key, kind, &made);
     }
     (response, true)
 }

@@ -1,7 +1,8 @@
 //! Fault injection: what the sandbox does to every charge, refund and
-//! capture request it processes, how far its search index lags, and how
-//! long a hold lasts. Set at start (CLI flags) and replaced at run time
-//! through `POST /_sandbox/config`.
+//! capture request it processes, how far its search index lags, how long a
+//! hold lasts, and where its webhooks go and what the network does to
+//! them. Set at start (CLI flags) and replaced at run time through
+//! `POST /_sandbox/config`.
 
 use std::fmt;
 
@@ -86,6 +87,44 @@ pub struct SandboxConfig {
     /// a client's own fallback expiry can be tested; the hold still lapses
     /// on time.
     pub send_capture_before: bool,
+    /// Where the sandbox sends its events, Stripe's webhooks (an `http` or
+    /// `https` URL); `None`: no events are made at all. Fixed for an event
+    /// when it is made, with [`Self::webhook_secret`]: a later change sends
+    /// the events made after it elsewhere, and leaves the retries of
+    /// earlier ones where they were going.
+    pub webhook_url: Option<String>,
+    /// The endpoint's signing secret: each delivery carries
+    /// `Stripe-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of
+    /// "{t}.{body}">`. At least [`MIN_WEBHOOK_SECRET_CHARS`] characters;
+    /// [`DEFAULT_WEBHOOK_SECRET`] unless set.
+    pub webhook_secret: String,
+    /// Send every delivery attempt twice, at the same moment, concurrently:
+    /// Stripe delivers at least once, so a receiver must take an event it
+    /// already has without doing its work twice. Read at each attempt.
+    pub webhook_duplicate: bool,
+    /// Each event's first delivery waits a uniformly random 0 to this many
+    /// milliseconds (after [`Self::webhook_delay_ms`]), so events arrive in
+    /// shuffled order, as Stripe does not promise any. 0: sent at once, in
+    /// the order they were made as far as tasks allow.
+    pub webhook_shuffle_ms: u64,
+    /// Milliseconds every event's first delivery waits, so a receiver gets
+    /// it after the API answer that caused it.
+    pub webhook_delay_ms: u64,
+    /// Probability (0.0 to 1.0) that a delivery attempt is lost in the
+    /// network: not sent at all, then sent again
+    /// [`Self::webhook_redeliver_ms`] later (as another attempt). Read at
+    /// each attempt, so a test can lose a first attempt, set it back to 0
+    /// and see the event redelivered.
+    pub webhook_drop_rate: f64,
+    /// Milliseconds after a lost attempt (`webhook_drop_rate`) before the
+    /// next one.
+    pub webhook_redeliver_ms: u64,
+    /// Attempts per event, at most (1 to [`MAX_WEBHOOK_ATTEMPTS`]): an
+    /// attempt answered other than 2xx, failing to connect or lost is
+    /// followed by another, 200 ms after the first failure and doubling,
+    /// at most 5 s apart (Stripe retries for three days; the sandbox's
+    /// retries are bounded so a test ends).
+    pub webhook_max_attempts: u32,
 }
 
 /// A refund's status, as Stripe names it. `pending` and `requires_action`
@@ -124,6 +163,18 @@ pub const DEFAULT_HOLD_EXPIRY_SECS: u64 = 7 * 24 * 60 * 60;
 /// stays a Unix time any client can read.
 pub const MAX_HOLD_EXPIRY_SECS: u64 = 100 * 365 * 24 * 60 * 60;
 
+/// The signing secret of the sandbox's webhooks unless one is set (a
+/// development secret: the sandbox moves no money).
+pub const DEFAULT_WEBHOOK_SECRET: &str = "whsec_sandbox_development_secret_not_for_production";
+
+/// The shortest webhook secret accepted: a short one is a typo, or a
+/// secret nobody should sign with.
+pub const MIN_WEBHOOK_SECRET_CHARS: usize = 24;
+
+/// The most attempts an event gets (`webhook_max_attempts`), so a delivery
+/// to an endpoint that is down ends within minutes.
+pub const MAX_WEBHOOK_ATTEMPTS: u32 = 100;
+
 impl Default for SandboxConfig {
     fn default() -> Self {
         Self {
@@ -142,6 +193,14 @@ impl Default for SandboxConfig {
             restricted_key: None,
             hold_expiry_seconds: DEFAULT_HOLD_EXPIRY_SECS,
             send_capture_before: true,
+            webhook_url: None,
+            webhook_secret: DEFAULT_WEBHOOK_SECRET.to_owned(),
+            webhook_duplicate: false,
+            webhook_shuffle_ms: 0,
+            webhook_delay_ms: 0,
+            webhook_drop_rate: 0.0,
+            webhook_redeliver_ms: 500,
+            webhook_max_attempts: 8,
         }
     }
 }
@@ -157,6 +216,7 @@ impl SandboxConfig {
         for (field, rate) in [
             ("error_rate", self.error_rate),
             ("rate_limit_rate", self.rate_limit_rate),
+            ("webhook_drop_rate", self.webhook_drop_rate),
         ] {
             if !(0.0..=1.0).contains(&rate) {
                 return Err(InvalidConfig {
@@ -193,6 +253,42 @@ impl SandboxConfig {
                 field: "answer_currency_override",
                 message: format!(
                     "answer_currency_override must be three letters, got {currency:?}"
+                ),
+            });
+        }
+        self.validate_webhooks()
+    }
+
+    fn validate_webhooks(&self) -> Result<(), InvalidConfig> {
+        if let Some(url) = &self.webhook_url {
+            let invalid = |why: String| InvalidConfig {
+                field: "webhook_url",
+                message: format!("webhook_url must be an http or https URL ({why}), got {url:?}"),
+            };
+            let parsed = reqwest::Url::parse(url).map_err(|error| invalid(error.to_string()))?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(invalid(format!("not {}", parsed.scheme())));
+            }
+            if parsed.host_str().is_none_or(str::is_empty) {
+                return Err(invalid("no host".to_owned()));
+            }
+        }
+        let secret_chars = self.webhook_secret.chars().count();
+        if secret_chars < MIN_WEBHOOK_SECRET_CHARS {
+            return Err(InvalidConfig {
+                field: "webhook_secret",
+                message: format!(
+                    "webhook_secret must be at least {MIN_WEBHOOK_SECRET_CHARS} characters, got \
+                     {secret_chars}"
+                ),
+            });
+        }
+        if !(1..=MAX_WEBHOOK_ATTEMPTS).contains(&self.webhook_max_attempts) {
+            return Err(InvalidConfig {
+                field: "webhook_max_attempts",
+                message: format!(
+                    "webhook_max_attempts must be between 1 and {MAX_WEBHOOK_ATTEMPTS}, got {}",
+                    self.webhook_max_attempts
                 ),
             });
         }
@@ -258,6 +354,41 @@ mod tests {
             ..SandboxConfig::default()
         };
         assert!(too_long.validate().is_err());
+        Ok(())
+    }
+
+    #[test]
+    fn webhooks_are_off_and_their_settings_validated() -> Result<(), serde_json::Error> {
+        let config: SandboxConfig = serde_json::from_str("{}")?;
+        assert_eq!(config.webhook_url, None);
+        assert_eq!(config.webhook_secret, DEFAULT_WEBHOOK_SECRET);
+        assert_eq!(
+            (config.webhook_max_attempts, config.webhook_redeliver_ms),
+            (8, 500)
+        );
+        for (json, field) in [
+            (r#"{"webhook_url":"not a url"}"#, "webhook_url"),
+            (
+                r#"{"webhook_url":"ftp://example.com/hooks"}"#,
+                "webhook_url",
+            ),
+            (r#"{"webhook_url":"unix:/tmp/socket"}"#, "webhook_url"),
+            (r#"{"webhook_secret":"whsec_short"}"#, "webhook_secret"),
+            (r#"{"webhook_drop_rate":1.01}"#, "webhook_drop_rate"),
+            (r#"{"webhook_drop_rate":-0.1}"#, "webhook_drop_rate"),
+            (r#"{"webhook_max_attempts":0}"#, "webhook_max_attempts"),
+            (r#"{"webhook_max_attempts":101}"#, "webhook_max_attempts"),
+        ] {
+            let config: SandboxConfig = serde_json::from_str(json)?;
+            assert_eq!(config.validate().map_err(|e| e.field), Err(field), "{json}");
+        }
+        for json in [
+            r#"{"webhook_url":"http://127.0.0.1:9/hooks","webhook_drop_rate":1.0}"#,
+            r#"{"webhook_url":"https://example.com","webhook_max_attempts":1}"#,
+        ] {
+            let config: SandboxConfig = serde_json::from_str(json)?;
+            assert_eq!(config.validate(), Ok(()), "{json}");
+        }
         Ok(())
     }
 

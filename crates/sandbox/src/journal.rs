@@ -1,5 +1,5 @@
-//! The ledger file: the sandbox's charges, refunds, captures and stored
-//! idempotent answers, kept across restarts (`--ledger PATH` / `SANDBOX_LEDGER`, and
+//! The ledger file: the sandbox's charges, refunds, captures, disputes and
+//! stored idempotent answers, kept across restarts (`--ledger PATH` / `SANDBOX_LEDGER`, and
 //! `make run`'s in-process sandbox). Without one the sandbox keeps them in
 //! memory only, as tests want.
 //!
@@ -7,12 +7,14 @@
 //!
 //! JSON Lines, one change a line, so a change costs one short append, not a
 //! rewrite of everything: the first line names the format and its version,
-//! `{"payments_sandbox_ledger":{"version":2}}`; then `charge` (Stripe's
+//! `{"payments_sandbox_ledger":{"version":3}}`; then `charge` (Stripe's
 //! charge object, its creation in milliseconds, a hold's deadline
 //! `capture_deadline` in Unix seconds, shown to clients or not, and its
 //! idempotency key), `capture` (a hold captured: `charge`, `amount`,
 //! `idempotency_key`, `created`), `refund` (the refund object; of a hold
-//! not captured, its release), `settled` (a pending refund's final status)
+//! not captured, its release), `settled` (a pending refund's final status,
+//! or a succeeded refund failing later), `dispute` (Stripe's dispute object
+//! as opened), `dispute_update` (the dispute as it stands after a change)
 //! and `key` (an idempotency key, scoped by the SHA-256 of its API key, its
 //! parameters' fingerprint, when it was first used, and the status and body
 //! of the answer stored under it). A charge's captured and refunded amounts
@@ -21,8 +23,11 @@
 //!
 //! Version 1, written before holds, has no `capture` lines and no
 //! `capture_deadline`: it is read as it is (every charge captured when
-//! made) and rewritten as version 2, which an older sandbox refuses by its
-//! version.
+//! made) and rewritten as the current version, which an older sandbox
+//! refuses by its version. Version 2, written before disputes, has no
+//! dispute lines and never fails a succeeded refund: it reads as it is.
+//! Version 3 adds both (and `disputed` on charges, rebuilt from the
+//! dispute lines like the amounts).
 //!
 //! # When it is written
 //!
@@ -40,13 +45,15 @@
 //! # Crashes and damage
 //!
 //! At start the file is read whole and rewritten compacted (the current
-//! state, one line per charge, capture, refund and answered key), through a
+//! state, one line per charge, capture, refund, dispute and answered key),
+//! through a
 //! temporary file that is fsynced and renamed over it, so the rewrite is all
 //! or nothing. A last line without its newline is what a process killed
 //! while appending leaves: it is dropped with a warning (its request was
 //! never answered). Anything else that does not read back (a damaged line,
-//! a refund or capture of an unknown charge, a capture the charge could not
-//! have taken, another format or a newer version) refuses
+//! a refund, capture or dispute of an unknown charge, a capture the charge
+//! could not have taken, a second dispute of a charge, a change of a
+//! closed dispute, another format or a newer version) refuses
 //! to start, naming the file and the line: move the file away or delete it
 //! to start with an empty ledger. The file is locked while a sandbox uses
 //! it; a second one on the same file refuses to start.
@@ -67,13 +74,15 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
 use crate::config::RefundStatus;
+use crate::disputes::Dispute;
 use crate::idempotency::{Entries, Entry, ScopedKey};
 use crate::ledger::{Books, Capture, Charge, Refund};
 use crate::params::Fingerprint;
 use crate::response::StoredResponse;
 
-/// The version of the format this sandbox writes (2: holds and captures).
-const VERSION: u32 = 2;
+/// The version of the format this sandbox writes (2: holds and captures;
+/// 3: disputes, and succeeded refunds failing later).
+const VERSION: u32 = 3;
 
 /// The oldest version it reads (1: before holds).
 const OLDEST_VERSION: u32 = 1;
@@ -103,12 +112,16 @@ pub(crate) enum Line<'a> {
         refund: &'a Refund,
         idempotency_key: Option<&'a str>,
     },
-    /// A pending refund settled.
+    /// A pending refund settled, or a succeeded one failed.
     Settled {
         refund: &'a str,
         status: RefundStatus,
         failure_reason: Option<&'a str>,
     },
+    /// A dispute opened (compacted: as it stands).
+    Dispute(&'a Dispute),
+    /// A dispute as it stands after a change.
+    DisputeUpdate(&'a Dispute),
     /// An answer stored under an idempotency key.
     Key {
         /// SHA-256 of the API key, hex.
@@ -167,6 +180,8 @@ enum ReadLine {
         status: RefundStatus,
         failure_reason: Option<String>,
     },
+    Dispute(Dispute),
+    DisputeUpdate(Dispute),
     Key {
         account: String,
         key: String,
@@ -193,6 +208,7 @@ impl fmt::Debug for LedgerFile {
             .field("charges", &charges)
             .field("refunds", &refunds)
             .field("captures", &captures)
+            .field("disputes", &self.books.dispute_count())
             .field("keys", &self.keys.len())
             .finish()
     }
@@ -247,6 +263,7 @@ impl LedgerFile {
             charges,
             refunds,
             captures,
+            disputes = read.books.dispute_count(),
             keys = read.keys.len(),
             "sandbox ledger loaded"
         );
@@ -371,6 +388,10 @@ fn parse(bytes: &[u8]) -> Result<Contents, String> {
                 .books
                 .replay_settlement(&refund, status, failure_reason)
                 .map_err(at)?,
+            (_, ReadLine::Dispute(dispute)) => read.books.replay_dispute(dispute).map_err(at)?,
+            (_, ReadLine::DisputeUpdate(dispute)) => {
+                read.books.replay_dispute_update(dispute).map_err(at)?;
+            }
             (
                 _,
                 ReadLine::Key {
@@ -640,8 +661,8 @@ mod tests {
             (&b"{\"payments_sandbox_ledger\""[..], "no complete line"),
             (b"{}\n", "line 1 is not a ledger line"),
             (
-                b"{\"payments_sandbox_ledger\":{\"version\":3}}\n",
-                "line 1: format version 3",
+                b"{\"payments_sandbox_ledger\":{\"version\":4}}\n",
+                "line 1: format version 4",
             ),
             (
                 &[&header[..], b"{\"charge\":{\"id\":1}}\n"].concat(),

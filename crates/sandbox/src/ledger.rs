@@ -1,5 +1,6 @@
 //! What happened at the "card network": every charge made or attempted,
-//! every refund, every capture of a hold, and request counters. Tests read
+//! every refund, every capture of a hold, every dispute, and request
+//! counters. Tests read
 //! them to count provider-side effects; `POST /v1/refunds`,
 //! `POST /v1/charges/{id}/capture`, `GET /v1/refunds` and
 //! `GET /v1/charges/search` read and change them too.
@@ -25,6 +26,10 @@
 //! (whose first node alone is over 500 bytes), and no second copy for
 //! `GET /_sandbox/charges`, whose lines are built when asked for.
 //!
+//! A charge has at most one dispute (`disputes`), as at Stripe; while it is
+//! open and the charge not refundable (a chargeback, not an inquiry), a
+//! refund is refused.
+//!
 //! With a ledger file (`journal`), every change is written to it before it
 //! is made here: a change the file refused is not made, and its request is
 //! answered 500. The file is read back through [`Books`]' `replay_*`
@@ -42,6 +47,7 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::config::{RefundStatus, SandboxConfig};
+use crate::disputes::{Dispute, DisputeChange, DisputeRefusal, DisputeRequest};
 use crate::journal::{Journal, JournalError, Line};
 use crate::network::{self, Decline};
 use crate::params::{CaptureRequest, ChargeRequest, CreatedRange, REFUND_REASONS, RefundRequest};
@@ -94,7 +100,7 @@ impl<'de> Deserialize<'de> for Metadata {
 
 /// Reads back one of the sandbox's own `&'static str` values: `None` for
 /// null, an error for a value the sandbox never writes.
-fn one_of<'de, D: Deserializer<'de>>(
+pub(crate) fn one_of<'de, D: Deserializer<'de>>(
     deserializer: D,
     known: impl IntoIterator<Item = &'static str>,
 ) -> Result<Option<&'static str>, D::Error> {
@@ -124,7 +130,7 @@ fn refund_reason<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'static str>
 /// back as written (`object`, which each type knows) or through [`one_of`]:
 /// serde's derive borrows a field spelled `&str` or `Option<&str>` from its
 /// input, which a ledger file line cannot lend.
-type Known = &'static str;
+pub(crate) type Known = &'static str;
 
 fn charge_object() -> Known {
     "charge"
@@ -206,6 +212,11 @@ pub(crate) struct Charge {
     pub(crate) captured: bool,
     /// Fully refunded, or a hold released.
     pub(crate) refunded: bool,
+    /// Disputed, ever (Stripe's flag stays once the dispute is closed).
+    /// Rebuilt from the ledger file's dispute lines; absent from a file
+    /// written before disputes.
+    #[serde(default)]
+    pub(crate) disputed: bool,
     livemode: bool,
     /// The token, echoed (Stripe returns a card object here).
     source: String,
@@ -258,6 +269,7 @@ impl Charge {
             paid: succeeded,
             captured,
             refunded: false,
+            disputed: false,
             livemode: false,
             source: request.source,
             description: request.description,
@@ -292,6 +304,14 @@ impl Charge {
             && self
                 .capture_deadline
                 .is_some_and(|deadline| now_ms >= deadline.saturating_mul(1000))
+    }
+
+    /// When a hold lapses (lapsed or not): its deadline, or its creation
+    /// for a hold made with no time to be captured. `None` for any other
+    /// charge.
+    fn lapse_ms(&self) -> Option<u64> {
+        self.capture_deadline
+            .map(|deadline| deadline.saturating_mul(1000).max(self.created_ms))
     }
 
     /// The charge as it reads at `now_ms`: a lapsed hold shows released
@@ -426,8 +446,19 @@ pub(crate) enum RefundRefusal {
     TooLarge { requested: u64, unrefunded: u64 },
     /// Part of a hold not captured: a hold is released whole.
     PartialRelease { requested: u64, held: u64 },
+    /// The charge has an open dispute that does not let it be refunded (a
+    /// chargeback: the money is with the card's bank already).
+    Disputed,
     /// The ledger file could not be written: nothing was refunded.
     NotRecorded(String),
+}
+
+/// A refund made, and its charge as it stands right after (for the
+/// `charge.refunded` event).
+#[derive(Debug, Clone)]
+pub(crate) struct Refunded {
+    pub(crate) refund: Refund,
+    pub(crate) charge: Charge,
 }
 
 /// Why a refund's status could not be set (`POST /_sandbox/refunds/{id}`).
@@ -435,8 +466,12 @@ pub(crate) enum RefundRefusal {
 pub(crate) enum SettleRefusal {
     /// No refund has this id.
     NoSuchRefund,
-    /// It is final already, with this status.
+    /// It is final already, with this status (a `succeeded` one can still
+    /// fail; nothing else changes a final refund).
     AlreadyFinal(RefundStatus),
+    /// A `succeeded` refund that released a hold cannot fail: nothing went
+    /// back to a card.
+    Release,
     /// The status asked for is not a final one.
     NotFinal(RefundStatus),
     /// The ledger file could not be written: nothing was changed.
@@ -450,13 +485,13 @@ pub(crate) const DEFAULT_FAILURE_REASON: &str = "unknown";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct NoSuchCharge;
 
-/// Why `GET /v1/refunds` has no page to answer.
+/// Why `GET /v1/refunds` or `GET /v1/disputes` has no page to answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ListRefusal {
     /// `charge=` named a charge the sandbox does not know.
     NoSuchCharge,
-    /// `starting_after=` named no refund of the list.
-    NoSuchRefund,
+    /// `starting_after=` named nothing of the list.
+    NotInList,
 }
 
 /// A page of a list or a search, newest first.
@@ -479,7 +514,7 @@ impl<T> Page<T> {
 }
 
 /// A Stripe-style id: `prefix`, an underscore, 24 alphanumerics.
-fn object_id(prefix: &str) -> String {
+pub(crate) fn object_id(prefix: &str) -> String {
     let suffix: String = rand::rng()
         .sample_iter(Alphanumeric)
         .take(24)
@@ -537,6 +572,8 @@ pub(crate) struct Stats {
     pub(crate) refunds: u64,
     /// Captures made (not their replays).
     pub(crate) captures: u64,
+    /// Disputes opened.
+    pub(crate) disputes: u64,
 }
 
 #[derive(Debug)]
@@ -551,9 +588,9 @@ struct RefundEntry {
     idempotency_key: Option<String>,
 }
 
-/// Charges, refunds and captures under one lock, so that a refund's or a
-/// capture's check against its charge and its record are one critical
-/// section.
+/// Charges, refunds, captures and disputes under one lock, so that a
+/// refund's or a capture's check against its charge (and its dispute) and
+/// its record are one critical section.
 #[derive(Debug, Default)]
 pub(crate) struct Books {
     /// Oldest first.
@@ -562,6 +599,8 @@ pub(crate) struct Books {
     refunds: Vec<RefundEntry>,
     /// Oldest first.
     captures: Vec<Capture>,
+    /// Oldest first, as they stand now; at most one per charge.
+    disputes: Vec<Dispute>,
 }
 
 impl Books {
@@ -586,11 +625,27 @@ impl Books {
         (self.charges.len(), self.refunds.len(), self.captures.len())
     }
 
-    /// Every charge, then every capture, then every refund, as ledger file
-    /// lines, oldest first: what [`Self::replay_charge`],
-    /// [`Self::replay_capture`] and [`Self::replay_refund`] read back. A
+    /// How many disputes.
+    pub(crate) fn dispute_count(&self) -> usize {
+        self.disputes.len()
+    }
+
+    /// The open dispute of `charge` that keeps it from being refunded.
+    fn blocks_refunds(&self, charge: &str) -> bool {
+        self.disputes
+            .iter()
+            .rev()
+            .any(|dispute| dispute.charge == charge && dispute.blocks_refunds())
+    }
+
+    /// Every charge, then every capture, then every refund, then every
+    /// dispute as it stands, as ledger file lines, oldest first: what
+    /// [`Self::replay_charge`], [`Self::replay_capture`],
+    /// [`Self::replay_refund`] and [`Self::replay_dispute`] read back. A
     /// hold is either captured or released, never both, so captures before
-    /// refunds keeps each charge's story in order.
+    /// refunds keeps each charge's story in order; a dispute is checked
+    /// only against its charge's capture, and a refund replayed is not
+    /// checked against disputes (it was when it was made).
     pub(crate) fn lines(&self) -> impl Iterator<Item = Line<'_>> {
         let charges = self.charges.iter().map(|entry| Line::Charge {
             charge: &entry.charge,
@@ -603,7 +658,8 @@ impl Books {
             refund: &entry.refund,
             idempotency_key: entry.idempotency_key.as_deref(),
         });
-        charges.chain(captures).chain(refunds)
+        let disputes = self.disputes.iter().map(Line::Dispute);
+        charges.chain(captures).chain(refunds).chain(disputes)
     }
 
     /// A charge read back from the ledger file, as it was made (`None` as
@@ -623,6 +679,7 @@ impl Books {
         charge.amount_captured = if charge.captured { charge.amount } else { 0 };
         charge.amount_refunded = 0;
         charge.refunded = false;
+        charge.disputed = false;
         self.charges.push(ChargeEntry {
             charge,
             idempotency_key,
@@ -689,6 +746,59 @@ impl Books {
         Ok(())
     }
 
+    /// A dispute read back from the ledger file, as it stood when the line
+    /// was written: opened (or, compacted, as it stands). Refused when its
+    /// charge is unknown, could not be disputed, or has a dispute already:
+    /// the file is not one the sandbox wrote.
+    pub(crate) fn replay_dispute(&mut self, dispute: Dispute) -> Result<(), String> {
+        if let Some(other) = self.disputes.iter().find(|d| d.charge == dispute.charge) {
+            return Err(format!(
+                "dispute {} is of charge {}, which dispute {} disputes already",
+                dispute.id, dispute.charge, other.id
+            ));
+        }
+        let charge = self.charge_mut(&dispute.charge).ok_or_else(|| {
+            format!(
+                "dispute {} is of charge {}, which no earlier line made",
+                dispute.id, dispute.charge
+            )
+        })?;
+        if charge.status != ChargeStatus::Succeeded || !charge.captured {
+            return Err(format!(
+                "dispute {} is of charge {}, which was never captured",
+                dispute.id, dispute.charge
+            ));
+        }
+        charge.disputed = true;
+        self.disputes.push(dispute);
+        Ok(())
+    }
+
+    /// A dispute's change read back from the ledger file: the dispute as
+    /// it stood after it. Refused when no earlier line opened it (for the
+    /// same charge), or it was closed already.
+    pub(crate) fn replay_dispute_update(&mut self, changed: Dispute) -> Result<(), String> {
+        let current = self
+            .disputes
+            .iter_mut()
+            .rev()
+            .find(|dispute| dispute.id == changed.id && dispute.charge == changed.charge)
+            .ok_or_else(|| {
+                format!(
+                    "a change of dispute {}, which no earlier line opened",
+                    changed.id
+                )
+            })?;
+        if current.status.is_closed() {
+            return Err(format!(
+                "a change of dispute {}, which was closed already",
+                changed.id
+            ));
+        }
+        *current = changed;
+        Ok(())
+    }
+
     /// A settlement read back from the ledger file.
     pub(crate) fn replay_settlement(
         &mut self,
@@ -702,8 +812,10 @@ impl Books {
     }
 
     /// Settles a `pending` or `requires_action` refund with a final
-    /// `status`; a failed or canceled one gives its amount back to the
-    /// charge. `record` runs once every check passed, before the change.
+    /// `status`, or fails a `succeeded` one (Stripe's refund that fails
+    /// days later, the card closed); a failed or canceled one gives its
+    /// amount back to the charge. A release of a hold cannot fail.
+    /// `record` runs once every check passed, before the change.
     fn settle(
         &mut self,
         id: &str,
@@ -714,15 +826,32 @@ impl Books {
         if !status.is_final() {
             return Err(SettleRefusal::NotFinal(status));
         }
-        let refund = self
-            .refunds
+        let Books {
+            charges, refunds, ..
+        } = self;
+        let refund = refunds
             .iter_mut()
             .rev()
             .map(|entry| &mut entry.refund)
             .find(|refund| refund.id == id)
             .ok_or(SettleRefusal::NoSuchRefund)?;
-        if refund.status.is_final() {
+        let fails_later =
+            refund.status == RefundStatus::Succeeded && status == RefundStatus::Failed;
+        if refund.status.is_final() && !fails_later {
             return Err(SettleRefusal::AlreadyFinal(refund.status));
+        }
+        if fails_later {
+            // A hold's release is the only refund of a charge never
+            // captured (a released hold takes no capture afterwards).
+            let released = charges
+                .iter()
+                .rev()
+                .map(|entry| &entry.charge)
+                .find(|charge| charge.id == refund.charge)
+                .is_some_and(|charge| charge.is_hold() && !charge.captured);
+            if released {
+                return Err(SettleRefusal::Release);
+            }
         }
         record()?;
         refund.status = status;
@@ -859,17 +988,26 @@ impl Ledger {
     /// A refund of a hold not captured releases it, whole and at once
     /// (`succeeded`, whatever `status`); a lapsed hold is released already.
     /// After a capture, what is left is what was captured.
+    ///
+    /// A charge with an open dispute that is not refundable (a chargeback)
+    /// is refused, `Disputed`, before anything else about it is looked at.
     pub(crate) fn refund(
         &self,
         request: RefundRequest,
         idempotency_key: Option<String>,
         status: RefundStatus,
-    ) -> Result<Refund, RefundRefusal> {
+    ) -> Result<Refunded, RefundRefusal> {
         let mut books = self.lock();
+        // A disputed charge exists and succeeded: the order of the checks
+        // makes no difference to an unknown or failed charge.
+        if books.blocks_refunds(&request.charge) {
+            return Err(RefundRefusal::Disputed);
+        }
+        let now_ms = unix_now_ms();
         let charge = books
             .charge_mut(&request.charge)
             .ok_or(RefundRefusal::NoSuchCharge)?;
-        let (amount, status) = refundable(charge, request.amount, status, unix_now_ms())?;
+        let (amount, status) = refundable(charge, request.amount, status, now_ms)?;
         // Everything that could fail comes before the first change.
         let refund = Refund {
             id: object_id("re"),
@@ -882,7 +1020,7 @@ impl Ledger {
                 .then(|| DEFAULT_FAILURE_REASON.to_owned()),
             reason: request.reason,
             metadata: request.metadata.into(),
-            created: unix_now_ms() / 1000,
+            created: now_ms / 1000,
         };
         self.write(&Line::Refund {
             refund: &refund,
@@ -892,11 +1030,149 @@ impl Ledger {
         if status.holds_amount() {
             hold(charge, amount);
         }
+        let charge = charge.as_of(now_ms);
         books.refunds.push(RefundEntry {
             refund: refund.clone(),
             idempotency_key,
         });
-        Ok(refund)
+        Ok(Refunded { refund, charge })
+    }
+
+    /// Opens a dispute of the charge `charge_id` (`request` validated), as
+    /// the card's bank does, unless the charge cannot be disputed (unknown,
+    /// failed, not captured, disputed already, less left than asked). The
+    /// check and the record are one critical section. The dispute, and the
+    /// charge as it stands after (`disputed: true`).
+    pub(crate) fn open_dispute(
+        &self,
+        charge_id: &str,
+        request: DisputeRequest,
+    ) -> Result<(Dispute, Charge), DisputeRefusal> {
+        let mut books = self.lock();
+        if let Some(other) = books.disputes.iter().find(|d| d.charge == charge_id) {
+            return Err(DisputeRefusal::AlreadyDisputed(other.id.clone()));
+        }
+        let now_ms = unix_now_ms();
+        let charge = books
+            .charge_mut(charge_id)
+            .ok_or(DisputeRefusal::NoSuchCharge)?;
+        if charge.status != ChargeStatus::Succeeded || !charge.captured {
+            return Err(DisputeRefusal::NotCaptured);
+        }
+        let unrefunded = charge.amount.saturating_sub(charge.amount_refunded);
+        let amount = match request.amount {
+            Some(amount) if amount > charge.amount_captured => {
+                return Err(DisputeRefusal::TooLarge {
+                    requested: amount,
+                    captured: charge.amount_captured,
+                });
+            }
+            Some(amount) => amount,
+            None if unrefunded == 0 => return Err(DisputeRefusal::NothingLeft),
+            None => unrefunded,
+        };
+        let dispute = Dispute::open(
+            object_id("dp"),
+            charge,
+            amount,
+            request.reason,
+            request.inquiry,
+            now_ms / 1000,
+        );
+        self.write(&Line::Dispute(&dispute))
+            .map_err(|error| DisputeRefusal::NotRecorded(error.to_string()))?;
+        charge.disputed = true;
+        let charge = charge.as_of(now_ms);
+        books.disputes.push(dispute.clone());
+        Ok((dispute, charge))
+    }
+
+    /// Moves the dispute `id` as `change` asks, unless it is closed or
+    /// cannot move that way ([`Dispute::changed`]). The dispute as it stood
+    /// before, and as it stands after.
+    pub(crate) fn change_dispute(
+        &self,
+        id: &str,
+        change: DisputeChange,
+    ) -> Result<(Dispute, Dispute), DisputeRefusal> {
+        let mut books = self.lock();
+        let dispute = books
+            .disputes
+            .iter_mut()
+            .rev()
+            .find(|dispute| dispute.id == id)
+            .ok_or(DisputeRefusal::NoSuchDispute)?;
+        let changed = dispute.changed(change, unix_now_ms() / 1000)?;
+        self.write(&Line::DisputeUpdate(&changed))
+            .map_err(|error| DisputeRefusal::NotRecorded(error.to_string()))?;
+        let before = std::mem::replace(dispute, changed.clone());
+        Ok((before, changed))
+    }
+
+    /// The dispute `id`, as it stands now.
+    pub(crate) fn dispute_by_id(&self, id: &str) -> Option<Dispute> {
+        self.lock()
+            .disputes
+            .iter()
+            .rev()
+            .find(|dispute| dispute.id == id)
+            .cloned()
+    }
+
+    /// Every dispute, oldest first.
+    pub(crate) fn disputes(&self) -> Vec<Dispute> {
+        self.lock().disputes.clone()
+    }
+
+    /// Disputes newest first, only `charge`'s if given (which must exist),
+    /// within `created`, from just after the dispute `starting_after`
+    /// (which must be in the list), as Stripe pages a list.
+    pub(crate) fn dispute_page(
+        &self,
+        charge: Option<&str>,
+        created: CreatedRange,
+        limit: usize,
+        starting_after: Option<&str>,
+    ) -> Result<Page<Dispute>, ListRefusal> {
+        let books = self.lock();
+        if charge.is_some_and(|charge| !books.has_charge(charge)) {
+            return Err(ListRefusal::NoSuchCharge);
+        }
+        let mut matches = books
+            .disputes
+            .iter()
+            .rev()
+            .filter(|dispute| charge.is_none_or(|charge| dispute.charge == charge));
+        if let Some(cursor) = starting_after
+            && !matches.by_ref().any(|dispute| dispute.id == cursor)
+        {
+            return Err(ListRefusal::NotInList);
+        }
+        let matches = matches.filter(|dispute| created.contains(dispute.created));
+        Ok(Page::of(matches.cloned(), limit))
+    }
+
+    /// The holds that lapsed by `now_ms` (their deadline, or their
+    /// creation, at or after `since_ms`) and that `fresh` accepts, as they
+    /// read now: what `charge.expired` announces. A scan of every charge,
+    /// made only while webhooks are on.
+    pub(crate) fn lapsed_holds(
+        &self,
+        since_ms: u64,
+        now_ms: u64,
+        mut fresh: impl FnMut(&str) -> bool,
+    ) -> Vec<Charge> {
+        self.lock()
+            .charges
+            .iter()
+            .map(|entry| &entry.charge)
+            .filter(|charge| {
+                charge.lapsed(now_ms)
+                    && charge.lapse_ms().is_some_and(|lapse| lapse >= since_ms)
+                    && fresh(&charge.id)
+            })
+            .map(|charge| charge.as_of(now_ms))
+            .collect()
     }
 
     /// Captures `request.amount` (or all) of the hold `charge_id` and
@@ -999,7 +1275,7 @@ impl Ledger {
         if let Some(cursor) = starting_after
             && !matches.by_ref().any(|refund| refund.id == cursor)
         {
-            return Err(ListRefusal::NoSuchRefund);
+            return Err(ListRefusal::NotInList);
         }
         let matches = matches.filter(|refund| created.contains(refund.created));
         Ok(Page::of(matches.cloned(), limit))
@@ -1098,7 +1374,10 @@ impl Ledger {
     }
 
     pub(crate) fn stats(&self) -> Stats {
-        let (charges, refunds, captures) = self.lock().counts();
+        let books = self.lock();
+        let (charges, refunds, captures) = books.counts();
+        let disputes = books.dispute_count();
+        drop(books);
         Stats {
             requests: self.requests.load(Ordering::SeqCst),
             in_flight: self.in_flight.load(Ordering::SeqCst),
@@ -1106,6 +1385,7 @@ impl Ledger {
             charges: charges as u64,
             refunds: refunds as u64,
             captures: captures as u64,
+            disputes: disputes as u64,
         }
     }
 
@@ -1149,6 +1429,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::disputes::DisputeStatus;
 
     #[test]
     fn in_flight_guard_tracks_the_high_water_mark() {
@@ -1303,7 +1584,7 @@ mod tests {
             })
         );
         let rest = ledger.refund(refund_of(&id, None), None, RefundStatus::Succeeded);
-        assert!(rest.is_ok_and(|refund| refund.amount == 600));
+        assert!(rest.is_ok_and(|made| made.refund.amount == 600));
         assert!(
             ledger
                 .charge_by_id(&id)
@@ -1347,11 +1628,9 @@ mod tests {
         );
         // A release is at once, whatever the configured refund status.
         let released = ledger.refund(refund_of(&id, Some(1000)), None, RefundStatus::Pending);
-        assert!(
-            released.is_ok_and(
-                |refund| refund.amount == 1000 && refund.status == RefundStatus::Succeeded
-            )
-        );
+        assert!(released.is_ok_and(
+            |made| made.refund.amount == 1000 && made.refund.status == RefundStatus::Succeeded
+        ));
         assert!(
             ledger
                 .charge_by_id(&id)
@@ -1560,7 +1839,7 @@ mod tests {
         assert!(ledger.record(paid, None).is_ok());
 
         let first = ledger.refund(refund_of(&id, Some(600)), None, RefundStatus::Succeeded);
-        assert!(first.is_ok_and(|refund| refund.amount == 600 && refund.currency == "gbp"));
+        assert!(first.is_ok_and(|made| made.refund.amount == 600 && made.refund.currency == "gbp"));
         assert_eq!(
             ledger
                 .refund(refund_of(&id, Some(401)), None, RefundStatus::Succeeded)
@@ -1576,7 +1855,7 @@ mod tests {
             Some("k".into()),
             RefundStatus::Succeeded,
         );
-        assert!(rest.is_ok_and(|refund| refund.amount == 400));
+        assert!(rest.is_ok_and(|made| made.refund.amount == 400));
         assert_eq!(
             ledger
                 .refund(refund_of(&id, None), None, RefundStatus::Succeeded)
@@ -1654,6 +1933,297 @@ mod tests {
         assert_eq!(found, [ids[2].as_str(), ids[1].as_str()]);
         assert!(page.has_more);
         assert!(!ledger.search("order", "42", 0, 3).has_more);
+    }
+
+    #[test]
+    fn a_succeeded_refund_fails_later_but_a_release_never_does() {
+        let ledger = Ledger::default();
+        let paid = charge(1000, None);
+        let id = paid.id.clone();
+        assert!(ledger.record(paid, None).is_ok());
+        let whole = ledger.refund(refund_of(&id, None), None, RefundStatus::Succeeded);
+        let Ok(Refunded { refund, charge }) = whole else {
+            panic!("the refund was refused: {whole:?}");
+        };
+        assert!(charge.refunded && charge.amount_refunded == 1000);
+        let failed = ledger.settle_refund(
+            &refund.id,
+            RefundStatus::Failed,
+            Some("expired_or_canceled_card".into()),
+        );
+        assert!(
+            failed.is_ok_and(|refund| refund.status == RefundStatus::Failed
+                && refund.failure_reason.as_deref() == Some("expired_or_canceled_card"))
+        );
+        assert!(
+            ledger
+                .charge_by_id(&id)
+                .is_some_and(|charge| !charge.refunded && charge.amount_refunded == 0)
+        );
+        // Failed is final; succeeded can only fail, not be canceled.
+        assert_eq!(
+            ledger
+                .settle_refund(&refund.id, RefundStatus::Succeeded, None)
+                .err(),
+            Some(SettleRefusal::AlreadyFinal(RefundStatus::Failed))
+        );
+        let again = ledger.refund(refund_of(&id, Some(100)), None, RefundStatus::Succeeded);
+        let Ok(Refunded { refund: again, .. }) = again else {
+            panic!("the charge has its amount back: {again:?}");
+        };
+        assert_eq!(
+            ledger
+                .settle_refund(&again.id, RefundStatus::Canceled, None)
+                .err(),
+            Some(SettleRefusal::AlreadyFinal(RefundStatus::Succeeded))
+        );
+        // A hold's release cannot fail: the hold would be capturable again.
+        let held = held_charge(&ledger, 500, WEEK);
+        let release = ledger.refund(refund_of(&held, None), None, RefundStatus::Succeeded);
+        let Ok(Refunded {
+            refund: release, ..
+        }) = release
+        else {
+            panic!("the release was refused: {release:?}");
+        };
+        assert_eq!(
+            ledger
+                .settle_refund(&release.id, RefundStatus::Failed, None)
+                .err(),
+            Some(SettleRefusal::Release)
+        );
+    }
+
+    fn dispute_of(amount: Option<u64>, inquiry: bool) -> DisputeRequest {
+        DisputeRequest {
+            amount,
+            reason: "fraudulent",
+            inquiry,
+        }
+    }
+
+    fn to(status: DisputeStatus) -> DisputeChange {
+        DisputeChange {
+            status,
+            is_charge_refundable: None,
+        }
+    }
+
+    #[test]
+    fn a_chargeback_blocks_refunds_until_it_closes_and_an_inquiry_never_does() {
+        let ledger = Ledger::default();
+        let paid = charge(1000, None);
+        let id = paid.id.clone();
+        assert!(ledger.record(paid, None).is_ok());
+        let inquiry = ledger.open_dispute(&id, dispute_of(None, true));
+        let Ok((inquiry, disputed)) = inquiry else {
+            panic!("the inquiry was refused: {inquiry:?}");
+        };
+        assert!(disputed.disputed && inquiry.amount == 1000);
+        assert_eq!(
+            ledger.open_dispute(&id, dispute_of(None, false)).err(),
+            Some(DisputeRefusal::AlreadyDisputed(inquiry.id.clone()))
+        );
+        let refund = ledger.refund(refund_of(&id, Some(100)), None, RefundStatus::Succeeded);
+        assert!(refund.is_ok(), "an inquiry leaves the charge refundable");
+        let escalated = ledger.change_dispute(&inquiry.id, to(DisputeStatus::NeedsResponse));
+        assert!(escalated.is_ok_and(|(before, after)| before.status
+            == DisputeStatus::WarningNeedsResponse
+            && after.status == DisputeStatus::NeedsResponse));
+        assert_eq!(
+            ledger
+                .refund(refund_of(&id, Some(100)), None, RefundStatus::Succeeded)
+                .err(),
+            Some(RefundRefusal::Disputed)
+        );
+        assert!(
+            ledger
+                .change_dispute(&inquiry.id, to(DisputeStatus::Lost))
+                .is_ok()
+        );
+        assert!(
+            ledger
+                .refund(refund_of(&id, Some(100)), None, RefundStatus::Succeeded)
+                .is_ok()
+        );
+        assert_eq!(
+            ledger
+                .change_dispute(&inquiry.id, to(DisputeStatus::Won))
+                .err(),
+            Some(DisputeRefusal::Closed(DisputeStatus::Lost))
+        );
+        assert!(
+            ledger
+                .charge_by_id(&id)
+                .is_some_and(|charge| charge.disputed && charge.amount_refunded == 200)
+        );
+        assert_eq!(ledger.stats().disputes, 1);
+    }
+
+    #[test]
+    fn only_a_captured_charge_is_disputed_and_for_at_most_what_it_took() {
+        let ledger = Ledger::default();
+        let declined = charge(1000, Some(DECLINE));
+        let declined_id = declined.id.clone();
+        assert!(ledger.record(declined, None).is_ok());
+        let held = held_charge(&ledger, 1000, WEEK);
+        for id in [declined_id.as_str(), &held] {
+            assert_eq!(
+                ledger.open_dispute(id, dispute_of(None, false)).err(),
+                Some(DisputeRefusal::NotCaptured)
+            );
+        }
+        assert_eq!(
+            ledger
+                .open_dispute("ch_nope", dispute_of(None, false))
+                .err(),
+            Some(DisputeRefusal::NoSuchCharge)
+        );
+        assert!(ledger.capture(&held, capture_of(Some(600)), None).is_ok());
+        assert_eq!(
+            ledger
+                .open_dispute(&held, dispute_of(Some(601), false))
+                .err(),
+            Some(DisputeRefusal::TooLarge {
+                requested: 601,
+                captured: 600
+            })
+        );
+        assert!(
+            ledger
+                .refund(refund_of(&held, Some(100)), None, RefundStatus::Succeeded)
+                .is_ok()
+        );
+        // What is left: captured 600, refunded 100.
+        let left = ledger.open_dispute(&held, dispute_of(None, false));
+        assert!(left.is_ok_and(|(dispute, _)| dispute.amount == 500));
+        let refunded = charge(300, None);
+        let refunded_id = refunded.id.clone();
+        assert!(ledger.record(refunded, None).is_ok());
+        assert!(
+            ledger
+                .refund(refund_of(&refunded_id, None), None, RefundStatus::Succeeded)
+                .is_ok()
+        );
+        assert_eq!(
+            ledger
+                .open_dispute(&refunded_id, dispute_of(None, false))
+                .err(),
+            Some(DisputeRefusal::NothingLeft)
+        );
+        assert!(
+            ledger
+                .open_dispute(&refunded_id, dispute_of(Some(300), true))
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn replayed_books_rebuild_disputes_and_refunds_failed_later() {
+        let ledger = Ledger::default();
+        let paid = charge(1000, None);
+        let id = paid.id.clone();
+        assert!(ledger.record(paid, None).is_ok());
+        let made = ledger.refund(refund_of(&id, Some(400)), None, RefundStatus::Succeeded);
+        let Ok(Refunded { refund, .. }) = made else {
+            panic!("the refund was refused: {made:?}");
+        };
+        assert!(
+            ledger
+                .settle_refund(&refund.id, RefundStatus::Failed, None)
+                .is_ok()
+        );
+        let opened = ledger.open_dispute(&id, dispute_of(None, false));
+        let Ok((dispute, _)) = opened else {
+            panic!("the dispute was refused: {opened:?}");
+        };
+        assert!(
+            ledger
+                .change_dispute(&dispute.id, to(DisputeStatus::UnderReview))
+                .is_ok()
+        );
+
+        // What `LedgerFile::open` does with the compacted lines.
+        let mut books = Books::default();
+        {
+            let live = ledger.lock();
+            for entry in &live.charges {
+                books.replay_charge(
+                    entry.charge.clone(),
+                    entry.charge.created_ms,
+                    entry.charge.capture_deadline,
+                    None,
+                );
+            }
+            for entry in &live.refunds {
+                assert_eq!(books.replay_refund(entry.refund.clone(), None), Ok(()));
+            }
+            for dispute in &live.disputes {
+                assert_eq!(books.replay_dispute(dispute.clone()), Ok(()));
+            }
+            assert!(
+                books.replay_dispute(dispute.clone()).is_err(),
+                "a second one"
+            );
+        }
+        let charge = books.charge_mut(&id).map(|charge| charge.clone());
+        assert!(charge.is_some_and(|charge| charge.disputed && charge.amount_refunded == 0));
+        assert!(books.blocks_refunds(&id));
+        assert_eq!(books.dispute_count(), 1);
+        // The append-only lines: a settlement of a succeeded refund, and a
+        // dispute's change.
+        let mut books = Books::default();
+        {
+            let live = ledger.lock();
+            for entry in &live.charges {
+                books.replay_charge(entry.charge.clone(), 0, None, None);
+            }
+        }
+        let mut succeeded = refund.clone();
+        succeeded.status = RefundStatus::Succeeded;
+        succeeded.failure_reason = None;
+        assert_eq!(books.replay_refund(succeeded, None), Ok(()));
+        assert_eq!(
+            books.replay_settlement(&refund.id, RefundStatus::Failed, None),
+            Ok(())
+        );
+        assert_eq!(books.replay_dispute(dispute.clone()), Ok(()));
+        let lost = dispute.changed(to(DisputeStatus::Lost), 1);
+        let Ok(lost) = lost else {
+            panic!("a chargeback can be lost: {lost:?}");
+        };
+        assert_eq!(books.replay_dispute_update(lost.clone()), Ok(()));
+        assert!(
+            books.replay_dispute_update(lost).is_err(),
+            "a change of a closed dispute"
+        );
+        assert!(!books.blocks_refunds(&id));
+    }
+
+    #[test]
+    fn lapsed_holds_are_found_once_each_from_when_they_lapsed() {
+        let ledger = Ledger::default();
+        let lapsed = held_charge(
+            &ledger,
+            1000,
+            HoldTerms {
+                expiry_secs: 0,
+                show_deadline: true,
+            },
+        );
+        let _live = held_charge(&ledger, 1000, WEEK);
+        let now = unix_now_ms();
+        let found = ledger.lapsed_holds(0, now, |_| true);
+        let ids: Vec<&str> = found.iter().map(|charge| charge.id.as_str()).collect();
+        assert_eq!(ids, [lapsed.as_str()]);
+        assert!(
+            found
+                .iter()
+                .all(|charge| charge.refunded && !charge.captured)
+        );
+        assert!(ledger.lapsed_holds(0, now, |id| id != lapsed).is_empty());
+        // Lapsed before webhooks were on.
+        assert!(ledger.lapsed_holds(now + 1, now + 1, |_| true).is_empty());
     }
 
     #[test]

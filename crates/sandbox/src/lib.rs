@@ -8,7 +8,8 @@
 //!   error rate, rate-limit rate, hang, drop-after-charge, key retention,
 //!   search lag, the status new refunds get, answers with another amount or
 //!   currency, nulls in refund lists), how long a hold lasts and whether
-//!   its answers say, the accepted secret key, and their validation.
+//!   its answers say, the accepted secret key, where webhooks go and what
+//!   the network does to them, and their validation.
 //! - `access`: what every `/v1` request goes through first: recorded with
 //!   its `Stripe-Version`, then its secret key checked (401 / 403).
 //! - `server`: [`serve`] runs the accept loop on a listener the caller bound,
@@ -26,8 +27,14 @@
 //! - `captures`: `POST /v1/charges/{id}/capture` (a hold captured) and
 //!   `GET /_sandbox/captures`.
 //! - `refunds`: `POST /v1/refunds` (the refund), `GET /v1/refunds`,
-//!   `GET /v1/refunds/{id}`, and `POST /_sandbox/refunds/{id}` (settles a
-//!   pending refund).
+//!   `GET /v1/refunds/{id}`, `POST /_sandbox/refunds/{id}` (settles a
+//!   pending refund, or fails a succeeded one) and
+//!   `POST /_sandbox/charges/{id}/refunds` (a dashboard refund).
+//! - `disputes`: Stripe's dispute object and lifecycle, `GET /v1/disputes`,
+//!   `GET /v1/disputes/{id}`, and the bank's side in `/_sandbox`.
+//! - `webhooks`: the events of what happens at the sandbox, signed and sent
+//!   to `webhook_url` in the background with retries and network faults;
+//!   their records, in memory.
 //! - `search`: `GET /v1/charges/search` and its query parser.
 //! - `idempotency`: the provider's key store (in flight, or the stored
 //!   answer), with a claim that releases the key if it is dropped unfinished.
@@ -35,8 +42,8 @@
 //!   validation.
 //! - `network`: Stripe's test tokens and what each does.
 //! - `ledger`: the charges made (whole, for refunds and search), the refunds,
-//!   the captures, and the request counters; what a hold can take, and its
-//!   lapse.
+//!   the captures, the disputes, and the request counters; what a hold can
+//!   take, and its lapse.
 //! - `journal`: the optional ledger file ([`LedgerFile`]) that keeps the
 //!   charges, refunds, captures and answered idempotency keys across
 //!   restarts.
@@ -47,22 +54,31 @@
 //!
 //! | Route | Does |
 //! | --- | --- |
-//! | `POST /v1/charges` | form: `amount`, `currency`, `source`, `description`, `metadata[k]`, `capture` (`true`, the default, or `false`: a hold); `Authorization: Bearer <key>` (any key, or only `secret_key` when set); optional `Idempotency-Key`. Answers Stripe's charge object (with `captured`, `amount_captured`, `amount_refunded`, `refunded`, and `payment_method_details: {"type": "card", "card": {..}}`, whose `capture_before` a hold has, in Unix seconds, unless `send_capture_before` is off) |
+//! | `POST /v1/charges` | form: `amount`, `currency`, `source`, `description`, `metadata[k]`, `capture` (`true`, the default, or `false`: a hold); `Authorization: Bearer <key>` (any key, or only `secret_key` when set); optional `Idempotency-Key`. Answers Stripe's charge object (with `captured`, `amount_captured`, `amount_refunded`, `refunded`, `disputed`, and `payment_method_details: {"type": "card", "card": {..}}`, whose `capture_before` a hold has, in Unix seconds, unless `send_capture_before` is off) |
 //! | `POST /v1/charges/{id}/capture` | form: `amount` (optional, at most the charge's; default: all of it); bearer auth and `Idempotency-Key` as for charges. Captures the hold and releases the rest; answers the charge (`captured: true`, `amount_captured`, what was not captured in `amount_refunded`, no refund object) |
 //! | `POST /v1/refunds` | form: `charge` (`ch_...`), `amount` (default: what is left), `reason` (`duplicate`, `fraudulent`, `requested_by_customer`), `metadata[k]`; bearer auth and `Idempotency-Key` as for charges. Answers Stripe's refund object (`re_...`, with the configured `refund_status`: `succeeded` unless set to `pending`, `requires_action`, `failed` or `canceled`). Of a hold not captured: its release, whole (`amount` absent or the charge's), always `succeeded`; the charge is then `refunded`, not `captured` |
 //! | `GET /v1/refunds` | query: `charge` (optional), `created[gte]`, `created[gt]`, `created[lte]`, `created[lt]` or `created` (Unix seconds, optional), `limit` (1-100, default 10), `starting_after` (a refund id of the list: the next page); bearer auth. Stripe's list, newest first, `has_more` while older refunds are left. With `nulls_in_refund_lists`, a refund made without metadata shows `metadata` and `status` null |
 //! | `GET /v1/refunds/{id}` | bearer auth. The refund as it stands now; 404 `resource_missing` for an unknown id |
 //! | `GET /v1/charges` | query: `created[gte]`, `created[gt]`, `created[lte]`, `created[lt]` or `created` (Unix seconds), `limit` (1-100, default 10), `starting_after` (`ch_...`: the page after it); bearer auth. Stripe's list, newest first, with `has_more`; shows a charge at once, whatever `search_lag_ms` |
 //! | `GET /v1/charges/{id}` | bearer auth. The charge as it stands now (`captured`, `amount_captured`, `amount_refunded`, `refunded`; a lapsed hold shows released); 404 `resource_missing` (param `id`) for an unknown id. How a replayed answer is re-read before it is adopted |
+//! | `GET /v1/disputes` | query: `charge` (optional), `created[..]` bounds, `limit` (1-100, default 10), `starting_after` (a dispute id of the list); bearer auth. Stripe's list, newest first, `url: "/v1/disputes"` |
+//! | `GET /v1/disputes/{id}` | bearer auth. Stripe's dispute object as it stands (`dp_...`, `status`, `is_charge_refundable`, `evidence_details`); 404 `resource_missing` for an unknown id |
 //! | `GET /v1/charges/search` | query: `query=metadata['KEY']:'VALUE'` (or double quotes), `limit` (1-100, default 10); bearer auth. Stripe's `search_result`, newest first, once the index caught up (`search_lag_ms`) |
 //! | `GET`/`POST /_sandbox/config` | read / replace the [`SandboxConfig`] (JSON) |
 //! | `GET /_sandbox/charges` | `{"data":[..]}`: every charge made or declined, oldest first, as it stands now (with `captured`, `amount_captured`, `amount_refunded`) |
 //! | `GET /_sandbox/captures` | `{"data":[{"charge","amount","idempotency_key","created"}..]}`: every capture made, oldest first (a replay is not another) |
 //! | `GET /_sandbox/refunds` | `{"data":[..]}`: every refund made, oldest first, with its status |
-//! | `POST /_sandbox/refunds/{id}` | JSON `{"status": "succeeded" \| "failed" \| "canceled", "failure_reason"?: ".."}`: settles a `pending` or `requires_action` refund, as the provider later does (Stripe's test helpers); a failed or canceled one gives its amount back to the charge. 400 when it is final already, 404 when unknown |
+//! | `POST /_sandbox/refunds/{id}` | JSON `{"status": "succeeded" \| "failed" \| "canceled", "failure_reason"?: ".."}`: settles a `pending` or `requires_action` refund, as the provider later does (Stripe's test helpers), or fails a `succeeded` one (Stripe's refund failing days later, e.g. `expired_or_canceled_card`; not a hold's release); a failed or canceled one gives its amount back to the charge. 400 when it is final already (a failed or canceled one), 404 when unknown |
+//! | `POST /_sandbox/charges/{id}/refunds` | JSON, all optional: `{"amount": N, "reason": "requested_by_customer" \| "duplicate" \| "fraudulent", "status": "succeeded" \| "pending" \| ..}` (default: the configured `refund_status`): a refund made in the provider's dashboard, through the ledger's same path as `POST /v1/refunds` (same checks, same ledger file) with no metadata and no idempotency key. Answers the refund object; 404 for an unknown charge, 400 as a refund is refused |
+//! | `POST /_sandbox/charges/{id}/disputes` | JSON, all optional: `{"amount": N (default: what is left of the charge), "reason": ".." (default `fraudulent`), "inquiry": bool (default false)}`: the bank opens a dispute of a succeeded, captured charge (at most one per charge): `warning_needs_response` (an inquiry, `is_charge_refundable: true`) or `needs_response` (a chargeback, not refundable, due in 7 days); the charge shows `disputed: true`. Answers the dispute |
+//! | `POST /_sandbox/disputes/{id}` | JSON `{"status": "..", "is_charge_refundable"?: bool}`: moves a dispute (an inquiry among `warning_*`, escalated to `needs_response` / `under_review`, or closed `warning_closed`; a chargeback between `needs_response` and `under_review`, closed `won` or `lost`; either `prevented`). 400 once closed, or for a move a dispute does not make |
+//! | `GET /_sandbox/disputes` | `{"data":[..]}`: every dispute, oldest first, as it stands |
+//! | `GET /_sandbox/webhooks` | `{"data":[{"id","type","object_id","created","attempts":[{"status":200} \| {"error":".."} \| {"dropped":true}..],"delivered"}..]}`: every event made (the newest 10,000), oldest first, with each send (`"duplicate": true` on a duplicate's second copy) |
+//! | `GET /_sandbox/events/{id}` | the event's JSON, byte for byte as sent; 404 `resource_missing` |
+//! | `POST /_sandbox/webhooks/redeliver` | JSON, optional: `{"event_id": "evt_.."}`: sends every event kept (or that one) once more, now, to the current `webhook_url` (one attempt, two with `webhook_duplicate`, never lost or retried), whatever became of it before. Answers `{"data": ["evt_..", ..]}`; 400 without a `webhook_url`, 404 for an unknown event |
 //! | `GET /_sandbox/requests` | `{"data":[{"method","path","stripe_version"}..]}`: the last 1,000 `/v1` requests as they arrived (refused ones too), oldest first |
-//! | `GET /_sandbox/stats` | `requests`, `in_flight`, `max_in_flight` (of every `POST /v1/*`: charges, refunds, captures), `charges`, `refunds`, `captures` |
-//! | `POST /_sandbox/reset` | forget charges, refunds, captures, keys, counters and the request log (not the config); a ledger file is replaced by an empty one |
+//! | `GET /_sandbox/stats` | `requests`, `in_flight`, `max_in_flight` (of every `POST /v1/*`: charges, refunds, captures), `charges`, `refunds`, `captures`, `disputes` |
+//! | `POST /_sandbox/reset` | forget charges, refunds, captures, disputes, keys, counters, the request log and the webhook events, stopping their pending deliveries (not the config); a ledger file is replaced by an empty one |
 //! | `GET /healthz` | `{"status":"ok"}` |
 //!
 //! Refund errors (400 `invalid_request_error`): `resource_missing` (param
@@ -76,7 +92,31 @@
 //! `starting_after`). A search query of any other form is a 400 with param
 //! `query`. A refund of a hold not captured with another `amount` than the
 //! charge's is a 400 with param `amount` (a hold is released whole); of a
-//! lapsed hold, `charge_already_refunded`.
+//! lapsed hold, `charge_already_refunded`. A refund of a charge with an
+//! open dispute that is not refundable (a chargeback, not an inquiry) is
+//! Stripe's 400 `charge_disputed`, nothing refunded.
+//!
+//! # Webhooks
+//!
+//! With `webhook_url` set (`--webhook-url` / `SANDBOX_WEBHOOK_URL`, or
+//! the run-time config), the sandbox makes Stripe's event objects and
+//! `POST`s them there signed (`Stripe-Signature`, with `webhook_secret`),
+//! in the background, retrying (200 ms doubling, at most 5 s apart, up to
+//! `webhook_max_attempts`), late (`webhook_delay_ms`), shuffled
+//! (`webhook_shuffle_ms`), lost (`webhook_drop_rate`, then
+//! `webhook_redeliver_ms`) or twice (`webhook_duplicate`) as configured.
+//! Events: `charge.succeeded` (a hold too) or `charge.failed` for a charge
+//! made; `charge.captured`; `charge.expired` for a hold lapsing (found by
+//! a ticker every 500 ms); `charge.refunded` and `refund.created` for any
+//! refund made (a hold's release and a dashboard refund included; and
+//! `refund.failed` for one made failed); `charge.refund.updated`,
+//! `refund.updated` (and `refund.failed`) for a refund settled or failed
+//! later; `charge.dispute.created` (and `charge.dispute.funds_withdrawn`
+//! for a chargeback), `charge.dispute.updated` (and
+//! `charge.dispute.funds_withdrawn` for an inquiry escalated),
+//! `charge.dispute.closed` (and `charge.dispute.funds_reinstated` when
+//! won). An idempotent replay makes none. The `webhooks` module has the
+//! details.
 //!
 //! Capture errors (`invalid_request_error`): 404 `resource_missing` (param
 //! `id`) for an unknown charge; 400 `charge_not_capturable` for a failed
@@ -159,8 +199,9 @@
 //!   `--ledger PATH` / `SANDBOX_LEDGER` for the binary, and `make run`'s
 //!   in-process sandbox keeps one next to its SQLite database), so tests
 //!   stay independent. With a file, a restarted sandbox still knows its
-//!   charges, refunds, captures, holds released and the answers stored
-//!   under idempotency keys: a
+//!   charges, refunds (a refund failed after it succeeded too), captures,
+//!   holds released, disputes and the answers stored under idempotency
+//!   keys: a
 //!   provider retry after a restart replays, and a refund of an earlier
 //!   charge succeeds. The file is JSON Lines, one line per change, written
 //!   before the change is made and answered (not fsynced per line: it
@@ -169,14 +210,21 @@
 //!   it. A last line cut short by a crash is dropped with a warning;
 //!   anything else unreadable refuses to start, naming the file and line:
 //!   delete or move the file to start empty. Locked while in use. The
-//!   config, counters and request log are not kept. The `journal` module
-//!   has the details.
+//!   config, counters and request log are not kept, nor are the webhook
+//!   events and their pending deliveries (in memory only). The `journal`
+//!   module has the details.
+//! - Webhooks are made only while a `webhook_url` is set, so a load run
+//!   without them pays nothing; an event never waits on its delivery, and
+//!   a request never waits on an event. The network's faults
+//!   (`webhook_drop_rate`, `webhook_duplicate`) are read at each attempt;
+//!   everything else about an event's delivery is fixed when it is made.
 
 pub mod config;
 
 mod access;
 mod captures;
 mod charges;
+mod disputes;
 mod error;
 mod idempotency;
 mod journal;
@@ -190,10 +238,12 @@ mod routes;
 mod search;
 mod server;
 mod state;
+mod webhooks;
 
 pub use config::{
-    DEFAULT_HOLD_EXPIRY_SECS, DEFAULT_KEY_RETENTION_SECS, InvalidConfig, MAX_HOLD_EXPIRY_SECS,
-    RefundStatus, SandboxConfig,
+    DEFAULT_HOLD_EXPIRY_SECS, DEFAULT_KEY_RETENTION_SECS, DEFAULT_WEBHOOK_SECRET, InvalidConfig,
+    MAX_HOLD_EXPIRY_SECS, MAX_WEBHOOK_ATTEMPTS, MIN_WEBHOOK_SECRET_CHARS, RefundStatus,
+    SandboxConfig,
 };
 pub use journal::{LedgerFile, LedgerFileError};
 pub use server::{SandboxHandle, serve, serve_with_ledger};

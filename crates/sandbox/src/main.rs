@@ -4,9 +4,13 @@
 //! `payments-sandbox listening on http://IP:PORT`, so a test that starts it
 //! with `--listen 127.0.0.1:0` can read the port. Logs go to stderr.
 //!
-//! With `--ledger PATH` (`SANDBOX_LEDGER`) its charges, refunds, captures
-//! and answered idempotency keys are kept in that file across restarts (the
-//! crate's `journal` module); without, in memory only.
+//! With `--ledger PATH` (`SANDBOX_LEDGER`) its charges, refunds, captures,
+//! disputes and answered idempotency keys are kept in that file across
+//! restarts (the crate's `journal` module); without, in memory only.
+//!
+//! With `--webhook-url URL` (`SANDBOX_WEBHOOK_URL`) it sends Stripe's
+//! signed events there (the crate's `webhooks` module); the rest of the
+//! webhook settings are set at run time through `POST /_sandbox/config`.
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -79,6 +83,14 @@ struct Args {
     /// out; the hold still lapses on time).
     #[arg(long, env = "SANDBOX_SEND_CAPTURE_BEFORE", default_value_t = true, action = ArgAction::Set, value_parser = BoolishValueParser::new())]
     send_capture_before: bool,
+    /// Send Stripe's events (webhooks) to this http(s) URL, signed with
+    /// `--webhook-secret`. Unset: no events.
+    #[arg(long, env = "SANDBOX_WEBHOOK_URL")]
+    webhook_url: Option<String>,
+    /// The webhook signing secret (`Stripe-Signature`), at least 24
+    /// characters.
+    #[arg(long, env = "SANDBOX_WEBHOOK_SECRET", hide_env_values = true, default_value = payments_sandbox::DEFAULT_WEBHOOK_SECRET)]
+    webhook_secret: String,
 }
 
 fn parse_refund_status(raw: &str) -> Result<RefundStatus, String> {
@@ -120,6 +132,8 @@ async fn main() -> anyhow::Result<()> {
         restricted_key: args.restricted_key,
         hold_expiry_seconds: args.hold_expiry_seconds,
         send_capture_before: args.send_capture_before,
+        webhook_url: args.webhook_url,
+        webhook_secret: args.webhook_secret,
         ..SandboxConfig::default()
     };
     config.validate().context("invalid sandbox configuration")?;

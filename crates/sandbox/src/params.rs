@@ -273,6 +273,12 @@ impl FormParams {
         })
     }
 
+    /// The query of `GET /v1/disputes`: the same as refunds' (`charge`,
+    /// `created` bounds, `limit`, `starting_after`), as at Stripe.
+    pub(crate) fn dispute_list_request(&self) -> Result<RefundListRequest, ApiError> {
+        self.refund_list_request()
+    }
+
     /// The query of `GET /v1/charges`.
     pub(crate) fn charge_list_request(&self) -> Result<ChargeListRequest, ApiError> {
         let known = self.sort(&LIST_PARAMS, false)?;

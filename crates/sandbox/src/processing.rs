@@ -11,7 +11,6 @@
 //! caller gave up, as at a real provider. That is what makes a client-side
 //! timeout dangerous, and what the payments API must cope with.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Extension;
@@ -26,7 +25,6 @@ use rand::distr::Bernoulli;
 use crate::config::SandboxConfig;
 use crate::error::ApiError;
 use crate::idempotency::{Claim, Decision, MAX_KEY_LEN, ScopedKey};
-use crate::ledger::Ledger;
 use crate::params::FormParams;
 use crate::response::StoredResponse;
 use crate::server::ConnectionControl;
@@ -42,12 +40,13 @@ pub(crate) struct Operation {
     /// What it makes, for logs and messages: `charge`, `refund`, `capture`.
     pub(crate) object: &'static str,
     /// Validates the parameters and applies them to the ledger, recording
-    /// the idempotency key with what it made. Returns the final answer
-    /// (stored under the key) and whether something was recorded: only then
-    /// does `drop_after_charge` close the connection. The request's config
-    /// says how (a refund's `refund_status`, a hold's expiry, the answer
-    /// overrides).
-    pub(crate) apply: fn(&Ledger, &SandboxConfig, &Call<'_>) -> (StoredResponse, bool),
+    /// the idempotency key with what it made, and makes the events of what
+    /// it did (sent in the background). Returns the final answer (stored
+    /// under the key) and whether something was recorded: only then does
+    /// `drop_after_charge` close the connection. The request's config says
+    /// how (a refund's `refund_status`, a hold's expiry, the answer
+    /// overrides, where webhooks go).
+    pub(crate) apply: fn(&AppState, &SandboxConfig, &Call<'_>) -> (StoredResponse, bool),
 }
 
 /// What one request asks of its [`Operation`].
@@ -146,7 +145,7 @@ async fn handle(
     };
 
     let task = tokio::spawn(process(
-        state.ledger.clone(),
+        state.clone(),
         config,
         params,
         object_id,
@@ -176,7 +175,7 @@ fn endpoint(path: &str, object_id: Option<&str>) -> String {
 /// Latency, then the faults in order, then the operation. Owns the claim:
 /// any way out that does not complete it releases the key.
 async fn process(
-    ledger: Arc<Ledger>,
+    state: AppState,
     config: SandboxConfig,
     params: FormParams,
     object_id: Option<String>,
@@ -211,7 +210,7 @@ async fn process(
         object_id: object_id.as_deref(),
         key: claim.as_ref().map(Claim::key),
     };
-    let (response, recorded) = (operation.apply)(&ledger, &config, &call);
+    let (response, recorded) = (operation.apply)(&state, &config, &call);
     if let Some(claim) = claim {
         claim.complete(response.clone());
     }
@@ -223,7 +222,8 @@ async fn process(
     }
 }
 
-fn injected_error(rate: f64) -> bool {
+/// A draw that comes true with probability `rate`.
+pub(crate) fn injected_error(rate: f64) -> bool {
     // The rate was validated; an invalid one injects nothing rather than
     // panicking.
     rate > 0.0 && Bernoulli::new(rate).is_ok_and(|coin| rand::rng().sample(coin))

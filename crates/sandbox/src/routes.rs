@@ -2,17 +2,21 @@
 //! endpoints under `/_sandbox`, and JSON errors for everything else.
 
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
-use axum::http::{Method, Uri};
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::config::SandboxConfig;
+use crate::disputes::json_body;
 use crate::error::ApiError;
 use crate::state::AppState;
-use crate::{access, captures, charges, refunds, search};
+use crate::webhooks::RedeliverRefusal;
+use crate::{access, captures, charges, disputes, processing, refunds, search};
 
 /// Every route the sandbox serves.
 pub(crate) fn router(state: AppState) -> Router {
@@ -29,6 +33,8 @@ pub(crate) fn router(state: AppState) -> Router {
             post(refunds::create_refund).get(refunds::list_refunds),
         )
         .route("/v1/refunds/{id}", get(refunds::retrieve_refund))
+        .route("/v1/disputes", get(disputes::list_disputes))
+        .route("/v1/disputes/{id}", get(disputes::retrieve_dispute))
         // Every `/v1` route above: recorded, then the secret key checked.
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -36,8 +42,21 @@ pub(crate) fn router(state: AppState) -> Router {
         ))
         .route("/_sandbox/config", get(get_config).post(set_config))
         .route("/_sandbox/charges", get(list_charges))
+        .route(
+            "/_sandbox/charges/{id}/refunds",
+            post(refunds::dashboard_refund),
+        )
+        .route(
+            "/_sandbox/charges/{id}/disputes",
+            post(disputes::open_dispute),
+        )
         .route("/_sandbox/refunds", get(list_refunds))
         .route("/_sandbox/refunds/{id}", post(refunds::settle_refund))
+        .route("/_sandbox/disputes", get(disputes::list_all))
+        .route("/_sandbox/disputes/{id}", post(disputes::change_dispute))
+        .route("/_sandbox/webhooks", get(list_webhooks))
+        .route("/_sandbox/webhooks/redeliver", post(redeliver))
+        .route("/_sandbox/events/{id}", get(retrieve_event))
         .route("/_sandbox/captures", get(captures::list_captures))
         .route("/_sandbox/stats", get(stats))
         .route("/_sandbox/requests", get(list_requests))
@@ -79,6 +98,64 @@ async fn list_refunds(State(state): State<AppState>) -> Json<Value> {
     Json(json!({ "data": state.ledger.refunds() }))
 }
 
+async fn list_webhooks(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({ "data": state.webhooks.records() }))
+}
+
+/// `GET /_sandbox/events/{id}`: the event's JSON, byte for byte as sent.
+async fn retrieve_event(
+    State(state): State<AppState>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = processing::path_id(path)?;
+    let body = state.webhooks.event_body(&id).ok_or_else(|| {
+        ApiError::not_found(format!("No such event: '{id}'"))
+            .with_code("resource_missing")
+            .with_param("id")
+    })?;
+    let mut response = (StatusCode::OK, body).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
+}
+
+/// The body of `POST /_sandbox/webhooks/redeliver`; optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Redeliver {
+    event_id: Option<String>,
+}
+
+/// `POST /_sandbox/webhooks/redeliver` with `{"event_id"?: "evt_.."}`:
+/// sends every event kept (or that one) once more, in the background, to
+/// the current `webhook_url`; answers `{"data": ["evt_..", ..]}`, the
+/// events sent again. 400 without a `webhook_url`, 404 for an unknown
+/// event.
+async fn redeliver(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body: Redeliver = json_body(body, Some(Redeliver::default()), "redelivery")?;
+    let ids = state
+        .webhooks
+        .redeliver(&state.config(), body.event_id.as_deref())
+        .map_err(|refusal| match refusal {
+            RedeliverRefusal::Off => {
+                ApiError::invalid_request("No webhook_url is configured: there is nowhere to send.")
+                    .with_param("webhook_url")
+            }
+            RedeliverRefusal::NoSuchEvent => ApiError::not_found(format!(
+                "No such event: '{}'",
+                body.event_id.as_deref().unwrap_or_default()
+            ))
+            .with_code("resource_missing")
+            .with_param("event_id"),
+        })?;
+    Ok(Json(json!({ "data": ids })))
+}
+
 async fn list_requests(State(state): State<AppState>) -> Json<Value> {
     Json(json!({ "data": state.requests.all() }))
 }
@@ -91,7 +168,10 @@ async fn reset(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     state
         .reset()
         .map_err(|error| ApiError::internal(format!("The sandbox was not reset: {error}")))?;
-    tracing::info!("sandbox reset: charges, refunds, captures, keys and counters cleared");
+    tracing::info!(
+        "sandbox reset: charges, refunds, captures, disputes, keys, counters and webhook \
+         events cleared"
+    );
     Ok(Json(json!({ "status": "ok" })))
 }
 

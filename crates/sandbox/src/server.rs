@@ -82,6 +82,9 @@ pub async fn serve_with_ledger(
         None => AppState::new(config),
     };
     let router = routes::router(state.clone());
+    // Announces lapsed holds while webhooks are on; stopped with the server.
+    let expiries =
+        tokio::spawn(Arc::clone(&state.webhooks).watch_expiries(Arc::clone(&state.ledger)));
     let (stop_tx, stop_rx) = watch::channel(());
     let mut connections = JoinSet::new();
     let mut shutdown = pin!(shutdown);
@@ -125,8 +128,10 @@ pub async fn serve_with_ledger(
         );
         connections.shutdown().await;
     }
+    expiries.abort();
     // A request still processing (its client gone) can no longer record:
-    // the file is released for the next sandbox.
+    // the file is released for the next sandbox. Webhook deliveries still
+    // pending stop.
     state.close();
     tracing::info!("sandbox stopped");
     Ok(())

@@ -1,5 +1,6 @@
 //! The state every handler shares: the live fault-injection config, the
-//! ledger and the idempotency keys (and the ledger file both write to).
+//! ledger and the idempotency keys (and the ledger file both write to),
+//! and the webhooks' events and deliveries.
 
 use std::sync::{Arc, PoisonError, RwLock};
 
@@ -8,6 +9,7 @@ use crate::config::SandboxConfig;
 use crate::idempotency::KeyTable;
 use crate::journal::{Journal, JournalError, LedgerFile};
 use crate::ledger::Ledger;
+use crate::webhooks::Webhooks;
 
 /// Cheap to clone: every field is shared.
 #[derive(Debug, Clone)]
@@ -18,6 +20,8 @@ pub(crate) struct AppState {
     pub(crate) keys: Arc<KeyTable>,
     /// The last `/v1` requests, for `GET /_sandbox/requests`.
     pub(crate) requests: Arc<RequestLog>,
+    /// The events made and their deliveries (in memory only).
+    pub(crate) webhooks: Arc<Webhooks>,
     /// The ledger file, if any.
     journal: Option<Arc<Journal>>,
 }
@@ -25,8 +29,10 @@ pub(crate) struct AppState {
 impl AppState {
     /// `config` must already be valid.
     pub(crate) fn new(config: SandboxConfig) -> Self {
+        let config = Arc::new(RwLock::new(config));
         Self {
-            config: Arc::new(RwLock::new(config)),
+            webhooks: Arc::new(Webhooks::new(Arc::clone(&config))),
+            config,
             ledger: Arc::default(),
             keys: Arc::default(),
             requests: Arc::default(),
@@ -42,8 +48,10 @@ impl AppState {
             books,
             keys,
         } = file;
+        let config = Arc::new(RwLock::new(config));
         Self {
-            config: Arc::new(RwLock::new(config)),
+            webhooks: Arc::new(Webhooks::new(Arc::clone(&config))),
+            config,
             ledger: Arc::new(Ledger::restored(books, Arc::clone(&journal))),
             keys: Arc::new(KeyTable::restored(keys, Arc::clone(&journal))),
             requests: Arc::default(),
@@ -51,8 +59,10 @@ impl AppState {
         }
     }
 
-    /// Flushes and releases the ledger file, if any: the server stopped.
+    /// Stops the webhooks' deliveries, and flushes and releases the ledger
+    /// file, if any: the server stopped.
     pub(crate) fn close(&self) {
+        self.webhooks.shutdown();
         if let Some(journal) = &self.journal {
             journal.close();
         }
@@ -71,13 +81,15 @@ impl AppState {
         *self.config.write().unwrap_or_else(PoisonError::into_inner) = config;
     }
 
-    /// Forgets charges, refunds, captures, keys, counters and the request
-    /// log; keeps the config. With a ledger file, it is replaced by an empty
-    /// one first (keys and books locked, so nothing is written in between);
-    /// if that fails, nothing is forgotten.
+    /// Forgets charges, refunds, captures, disputes, keys, counters, the
+    /// request log and the webhooks' events (stopping their pending
+    /// deliveries); keeps the config. With a ledger file, it is replaced by
+    /// an empty one first (keys and books locked, so nothing is written in
+    /// between); if that fails, nothing is forgotten.
     pub(crate) fn reset(&self) -> Result<(), JournalError> {
         self.keys.clear_after(|| self.ledger.reset())?;
         self.requests.clear();
+        self.webhooks.reset();
         Ok(())
     }
 }

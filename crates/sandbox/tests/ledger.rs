@@ -384,7 +384,111 @@ async fn a_restarted_sandbox_remembers_captures_releases_and_lapses() -> TestRes
     );
     third.handle.stop().await;
     let compacted = std::fs::read_to_string(&path)?;
-    assert!(compacted.starts_with("{\"payments_sandbox_ledger\":{\"version\":2}}\n"));
+    assert!(compacted.starts_with("{\"payments_sandbox_ledger\":{\"version\":3}}\n"));
+    Ok(())
+}
+
+/// A refund that failed after it succeeded, a dashboard refund and
+/// disputes (opened, escalated, closed) are in the ledger file: a sandbox
+/// restarted on it, twice (reading the lines as appended, then as
+/// compacted), still knows them, and still refuses a refund of the charge
+/// taken back.
+#[tokio::test]
+async fn failed_refunds_and_disputes_survive_a_restart() -> TestResult {
+    let dir = TempDir::new()?;
+    let path = dir.join("ledger.jsonl");
+    let first = Sandbox::on_ledger(&path).await?;
+    let charge = id(&first.post("/v1/charges", VISA, "charge-1").await?)?;
+    let refund_form = [("charge", charge.as_str()), ("amount", "1000")];
+    let refund = id(&first.post("/v1/refunds", &refund_form, "refund-1").await?)?;
+    let failed = first
+        .post_json(
+            &format!("/_sandbox/refunds/{refund}"),
+            &json!({"status": "failed", "failure_reason": "expired_or_canceled_card"}),
+        )
+        .await?;
+    assert_eq!(failed.status, StatusCode::OK, "{}", failed.json);
+    let dashboard = first
+        .post_json(
+            &format!("/_sandbox/charges/{charge}/refunds"),
+            &json!({"amount": 500}),
+        )
+        .await?;
+    assert_eq!(dashboard.status, StatusCode::OK, "{}", dashboard.json);
+    let inquiry = first
+        .post_json(
+            &format!("/_sandbox/charges/{charge}/disputes"),
+            &json!({"inquiry": true}),
+        )
+        .await?;
+    let inquiry = id(&inquiry)?;
+    let escalated = first
+        .post_json(
+            &format!("/_sandbox/disputes/{inquiry}"),
+            &json!({"status": "needs_response"}),
+        )
+        .await?;
+    assert_eq!(escalated.status, StatusCode::OK, "{}", escalated.json);
+    let other = id(&first.post("/v1/charges", VISA, "charge-2").await?)?;
+    let chargeback = first
+        .post_json(&format!("/_sandbox/charges/{other}/disputes"), &json!({}))
+        .await?;
+    let chargeback = id(&chargeback)?;
+    let won = first
+        .post_json(
+            &format!("/_sandbox/disputes/{chargeback}"),
+            &json!({"status": "won"}),
+        )
+        .await?;
+    assert_eq!(won.status, StatusCode::OK, "{}", won.json);
+    let charge_path = format!("/v1/charges/{charge}");
+    let before = first.get(&charge_path).await?;
+    assert_eq!(
+        (
+            &before["amount_refunded"],
+            &before["refunded"],
+            &before["disputed"]
+        ),
+        (&json!(500), &json!(false), &json!(true))
+    );
+    let disputes = first.get("/_sandbox/disputes").await?;
+    let refunds = first.get(&format!("/v1/refunds?charge={charge}")).await?;
+    first.handle.stop().await;
+
+    for life in ["appended", "compacted"] {
+        let again = Sandbox::on_ledger(&path).await?;
+        assert_eq!(again.get(&charge_path).await?, before, "{life}");
+        assert_eq!(again.get("/_sandbox/disputes").await?, disputes, "{life}");
+        let listed = again.get(&format!("/v1/refunds?charge={charge}")).await?;
+        assert_eq!(listed, refunds, "{life}");
+        let read = again.get(&format!("/v1/refunds/{refund}")).await?;
+        assert_eq!(
+            (&read["status"], &read["failure_reason"]),
+            (&json!("failed"), &json!("expired_or_canceled_card")),
+            "{life}"
+        );
+        let refused = again
+            .post(
+                "/v1/refunds",
+                &[("charge", charge.as_str())],
+                &format!("refund-{life}"),
+            )
+            .await?;
+        assert_eq!(refused.code(), "charge_disputed", "{life}");
+        let stats = again.get("/_sandbox/stats").await?;
+        assert_eq!(stats["disputes"], 2, "{life}");
+        let closed = again
+            .post_json(
+                &format!("/_sandbox/disputes/{chargeback}"),
+                &json!({"status": "lost"}),
+            )
+            .await?;
+        assert_eq!(closed.status, StatusCode::BAD_REQUEST, "{life}");
+        again.handle.stop().await;
+    }
+    let compacted = std::fs::read_to_string(&path)?;
+    assert_eq!(compacted.matches("{\"dispute\":").count(), 2);
+    assert!(!compacted.contains("dispute_update"));
     Ok(())
 }
 

@@ -1920,7 +1920,11 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
                "refund_status": "succeeded", "answer_amount_override": null,
                "answer_currency_override": null, "nulls_in_refund_lists": false,
                "secret_key": null, "restricted_key": null, "hold_expiry_seconds": 604800,
-               "send_capture_before": true})
+               "send_capture_before": true, "webhook_url": null,
+               "webhook_secret": payments_sandbox::DEFAULT_WEBHOOK_SECRET,
+               "webhook_duplicate": false, "webhook_shuffle_ms": 0, "webhook_delay_ms": 0,
+               "webhook_drop_rate": 0.0, "webhook_redeliver_ms": 500,
+               "webhook_max_attempts": 8})
     );
 
     for bad in [
@@ -1954,7 +1958,11 @@ async fn config_is_read_replaced_and_validated() -> TestResult {
                "search_lag_ms": 0, "refund_status": "succeeded", "answer_amount_override": null,
                "answer_currency_override": null, "nulls_in_refund_lists": false,
                "secret_key": null, "restricted_key": null, "hold_expiry_seconds": 604800,
-               "send_capture_before": true});
+               "send_capture_before": true, "webhook_url": null,
+               "webhook_secret": payments_sandbox::DEFAULT_WEBHOOK_SECRET,
+               "webhook_duplicate": false, "webhook_shuffle_ms": 0, "webhook_delay_ms": 0,
+               "webhook_drop_rate": 0.0, "webhook_redeliver_ms": 500,
+               "webhook_max_attempts": 8});
     assert_eq!(body, expected);
     assert_eq!(sandbox.get_json("/_sandbox/config").await?, expected);
     Ok(())
@@ -1994,7 +2002,7 @@ async fn reset_forgets_charges_refunds_keys_and_counters_but_not_the_config() ->
     assert_eq!(
         stats,
         json!({"requests": 0, "in_flight": 0, "max_in_flight": 0, "charges": 0, "refunds": 0,
-               "captures": 0})
+               "captures": 0, "disputes": 0})
     );
     assert_eq!(sandbox.get_json("/_sandbox/config").await?["latency_ms"], 1);
 
@@ -2053,7 +2061,9 @@ async fn dropping_the_handle_stops_the_server() -> TestResult {
 async fn binary_prints_its_address_serves_and_stops_on_sigterm() -> TestResult {
     let mut child = Command::new(env!("CARGO_BIN_EXE_payments-sandbox"))
         .args(["--listen", "127.0.0.1:0", "--latency-ms", "1"])
+        .args(["--webhook-url", "http://127.0.0.1:9/webhooks"])
         .env("SANDBOX_SEARCH_LAG_MS", "250")
+        .env("SANDBOX_WEBHOOK_SECRET", "whsec_from_the_environment_0123")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -2081,6 +2091,8 @@ async fn binary_prints_its_address_serves_and_stops_on_sigterm() -> TestResult {
         .await?;
     assert_eq!(config["latency_ms"], 1);
     assert_eq!(config["search_lag_ms"], 250);
+    assert_eq!(config["webhook_url"], "http://127.0.0.1:9/webhooks");
+    assert_eq!(config["webhook_secret"], "whsec_from_the_environment_0123");
 
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
@@ -2110,6 +2122,27 @@ async fn binary_refuses_an_invalid_error_rate() -> TestResult {
         .output()?;
     assert!(!output.status.success());
     assert!(output.stdout.is_empty());
+    Ok(())
+}
+
+#[tokio::test]
+async fn binary_refuses_a_bad_webhook_url_or_a_short_secret() -> TestResult {
+    for args in [
+        ["--webhook-url", "ftp://127.0.0.1/webhooks"],
+        ["--webhook-secret", "whsec_short"],
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_payments-sandbox"))
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "off")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()?;
+        assert!(!output.status.success(), "{args:?}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(&args[0][2..].replace('-', "_")), "{stderr}");
+    }
     Ok(())
 }
 

@@ -17,13 +17,14 @@ use payments_domain::hold::{Capture, HoldAction, HoldState};
 use payments_domain::idempotency::{
     IdempotencyKey, IdempotencyRecord, LeaseToken, RecordId, RecordState, StoredResponse,
 };
+use payments_domain::inbox::{Dispute, InboxState, Local, Recorded};
 use payments_domain::list::{ChargeQuery, Cursor, Page};
 use payments_domain::provider::{OperationKind, ProviderObject};
 use payments_domain::refund::Refund;
 use payments_domain::store::{
-    AttemptRecorded, CaptureOutcome, ChargeOutcome, Claim, ClaimAge, ClaimOutcome, Finish,
-    FinishOutcome, NewLease, Operation, Orphan, Outcome, PrunedEvents, Store, StoreError,
-    Unsettled,
+    Application, Applied, AttemptRecorded, CaptureOutcome, ChargeOutcome, Claim, ClaimAge,
+    ClaimOutcome, Finish, FinishOutcome, NewLease, Operation, Orphan, Outcome, PrunedEvents, Store,
+    StoreError, Unsettled,
 };
 use payments_domain::webhook::{Attempted, Delivery, DeliveryState, Endpoint};
 use sqlx::migrate::Migrate;
@@ -222,6 +223,7 @@ pub(crate) struct Statements {
     finish_one: Option<String>,
     write_probe: Option<String>,
     outbox: outbox::OutboxStatements,
+    inbox: inbox::InboxStatements,
 }
 
 impl Statements {
@@ -336,9 +338,13 @@ impl Statements {
                 WHERE id = $1 AND {REFUNDABLE}{{for_update}}"
             )),
             // The guard that makes an over-refund impossible, whatever was read.
+            // ... and no dispute forbids it (`inbox::BLOCKS_REFUNDS`).
             reserve: r(&format!(
                 "UPDATE charges SET amount_reserved = amount_reserved + $1 \
-                WHERE id = $2 AND {REFUNDABLE} AND amount_reserved + $3 <= {CAPTURED}"
+                WHERE id = $2 AND {REFUNDABLE} AND amount_reserved + $3 <= {CAPTURED} \
+                AND NOT EXISTS (SELECT 1 FROM disputes \
+                  WHERE disputes.charge_id = charges.id AND {})",
+                inbox::BLOCKS_REFUNDS
             )),
             refuse_record: r(&finish(", refund_id = NULL")),
             // One reading of the clock for both times.
@@ -531,6 +537,7 @@ impl Statements {
             // write that changes nothing (the row keeps its values), to a
             // row every migrated database has.
             outbox: outbox::OutboxStatements::render::<D>(),
+            inbox: inbox::InboxStatements::render::<D>(),
             write_probe: D::SINGLE_WRITER.then(|| {
                 r("UPDATE _sqlx_migrations SET success = success \
                    WHERE version = (SELECT MAX(version) FROM _sqlx_migrations)")
@@ -704,6 +711,7 @@ macro_rules! sql_impl {
     };
 }
 
+mod inbox;
 mod outbox;
 
 sql_impl! {{
@@ -933,8 +941,7 @@ sql_impl! {{
             }
             Operation::Refund(refund) => {
                 let Some(amount) = self.reserve(conn, refund).await? else {
-                    let left = self.refundable(conn, refund).await?;
-                    let answer = Refund::exceeds_charge(&refund.charge_id, left);
+                    let answer = self.refusal(conn, refund).await?;
                     let refuse = Self::answer(&self.sql.refuse_record, RecordState::Complete, &answer);
                     refuse.bind(record_id.0).bind(c.lease.token.as_str()).execute(&mut *conn).await?;
                     return Ok(Some(ClaimOutcome::Refused(answer)));
@@ -1007,6 +1014,21 @@ sql_impl! {{
         let refuse = Self::answer(&self.sql.refuse_record, RecordState::Complete, &answer);
         refuse.bind(record_id.0).bind(c.lease.token.as_str()).execute(&mut *conn).await?;
         Ok(ClaimOutcome::Refused(answer))
+    }
+
+    /// Why a refund's reservation was refused: a dispute forbids refunding
+    /// its charge, or it does not fit in what is left.
+    async fn refusal(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        refund: &Refund,
+    ) -> Result<StoredResponse, Error> {
+        let disputed = Self::q(&self.sql.inbox.disputed).bind(refund.charge_id.as_str());
+        if Self::count(&disputed.fetch_one(&mut *conn).await?, 0)? > 0 {
+            return Ok(payments_domain::inbox::Dispute::refuses_refund(&refund.charge_id));
+        }
+        let left = self.refundable(conn, refund).await?;
+        Ok(Refund::exceeds_charge(&refund.charge_id, left))
     }
 
     /// What is left to refund of the refund's charge, its row locked
@@ -1197,6 +1219,31 @@ sql_impl! {{
             }
         }
         Ok(settled)
+    }
+
+    /// Settles an operation (as `guard` allows) with its event, and
+    /// replaces its abandoned record's answer with `answer`, kept
+    /// `keep_for` from now, in the caller's transaction; false when the
+    /// operation was not settled (nothing else is written).
+    pub(super) async fn reconcile_in(
+        &self,
+        conn: &mut <D::Db as Database>::Connection,
+        outcome: &Outcome,
+        event: Option<&NewEvent>,
+        answer: &StoredResponse,
+        keep_for: Duration,
+        guard: Guard,
+    ) -> Result<bool, Error> {
+        let rewrite = &self.sql.rewrite_abandoned[usize::from(!matches!(outcome, Outcome::Charge(_)))];
+        if self.settle_in(conn, outcome, guard).await? == 0 {
+            return Ok(false);
+        }
+        if let Some(event) = event {
+            self.insert_event_in(&mut *conn, event).await?;
+        }
+        let q = Self::answer(rewrite, RecordState::Complete, answer).bind(millis(keep_for));
+        q.bind(RecordState::Abandoned.as_str()).bind(outcome.id()).execute(&mut *conn).await?;
+        Ok(true)
     }
 
     /// A capture's or cancel's outcome, and its hold following it.
@@ -1541,18 +1588,12 @@ sql_impl! {#[async_trait] Store for {
         answer: &StoredResponse,
         keep_for: Duration,
     ) -> Result<bool, StoreError> {
-        let rewrite = &self.sql.rewrite_abandoned[usize::from(!matches!(outcome, Outcome::Charge(_)))];
         run(|| async {
             let mut tx = self.begin_write().await?;
-            if self.settle_in(&mut *tx, outcome, Guard::Unsettled).await? == 0 {
+            if !self.reconcile_in(&mut tx, outcome, event, answer, keep_for, Guard::Unsettled).await? {
                 tx.rollback().await?;
                 return Ok(false);
             }
-            if let Some(event) = event {
-                self.insert_event_in(&mut *tx, event).await?;
-            }
-            let q = Self::answer(rewrite, RecordState::Complete, answer).bind(millis(keep_for));
-            q.bind(RecordState::Abandoned.as_str()).bind(outcome.id()).execute(&mut *tx).await?;
             tx.commit().await?;
             Ok(true)
         })
@@ -1740,6 +1781,38 @@ sql_impl! {#[async_trait] Store for {
 
     async fn oldest_undelivered(&self) -> Result<Option<Duration>, StoreError> {
         run(|| self.oldest_age()).await
+    }
+
+    async fn provider_event(&self, event_id: &str) -> Result<Option<InboxState>, StoreError> {
+        run(|| self.inbox_state(event_id)).await
+    }
+
+    async fn apply_provider_event(&self, application: &Application) -> Result<Applied, StoreError> {
+        run(|| self.apply(application)).await
+    }
+
+    async fn waiting_provider_events(&self, limit: u32) -> Result<Vec<Recorded>, StoreError> {
+        run(|| self.waiting_events(limit)).await
+    }
+
+    async fn count_provider_events(&self) -> Result<Vec<(InboxState, u64)>, StoreError> {
+        run(|| self.count_inbox()).await
+    }
+
+    async fn inbox_local(&self, charge_id: &str) -> Result<Option<Local>, StoreError> {
+        run(|| self.local_of(charge_id)).await
+    }
+
+    async fn dispute(&self, dispute_id: &str) -> Result<Option<Dispute>, StoreError> {
+        run(|| self.read_dispute(dispute_id)).await
+    }
+
+    async fn disputes_of(&self, charge_id: &str) -> Result<Vec<Dispute>, StoreError> {
+        run(|| self.charge_disputes(charge_id)).await
+    }
+
+    async fn list_disputes(&self, page: &Page, open_only: bool) -> Result<Vec<Dispute>, StoreError> {
+        run(|| self.read_disputes(page, open_only)).await
     }
 
     async fn count_holds(&self) -> Result<Vec<(ChargeStatus, u64)>, StoreError> {

@@ -8,9 +8,12 @@
 //! - `reconcile`: settling unknown outcomes from the provider's records,
 //!   and finding orphans.
 
+mod inbox;
 mod machine;
 mod reads;
 mod reconcile;
+
+pub use inbox::{InboxError, PROVIDER_EVENTS_OPEN, PROVIDER_EVENTS_TOTAL, Received, WaitingReport};
 
 pub use machine::log_abandoned;
 use machine::{capture_outcome, refund_outcome, settle};
@@ -442,7 +445,7 @@ impl ChargeService {
     /// the back office's.
     fn rate_limit_of(&self, actor: &Actor) -> Option<&Arc<dyn RateLimit>> {
         match actor.role() {
-            Role::Customer => self.rate_limit.as_ref(),
+            Role::Customer | Role::Provider => self.rate_limit.as_ref(),
             Role::BackOffice => self.back_office_rate_limit.as_ref(),
         }
     }

@@ -1,0 +1,498 @@
+//! Provider webhooks in (issue 29), against the real sandbox sending them
+//! signed to the real server: a refund made in the provider's dashboard, a
+//! refund that fails after it succeeded, disputes through to won and lost,
+//! a late success for an operation left unknown; every bad delivery
+//! refused before anything is read or changed.
+
+use std::time::Duration;
+
+use payments_client::webhook::sign;
+use payments_tests::{
+    Answer, AppOptions, Backend, TEST_WEBHOOK_SECRET, TestApp, backend_tests, charge_body, new_key,
+    spawn_app,
+};
+use serde_json::{Value, json};
+
+/// How long the tests wait for the sandbox's webhooks to be applied.
+const WITHIN: Duration = Duration::from_secs(30);
+
+fn with_webhooks() -> AppOptions {
+    AppOptions {
+        provider_webhooks: true,
+        ..AppOptions::default()
+    }
+}
+
+fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+/// `POST /webhooks/provider` with `body` and, when given, `signature`.
+async fn deliver(app: &TestApp, body: &[u8], signature: Option<&str>) -> Answer {
+    let mut request = app
+        .http
+        .post(format!("{}/webhooks/provider", app.base_url))
+        .header("content-type", "application/json")
+        .body(body.to_vec());
+    if let Some(signature) = signature {
+        request = request.header("stripe-signature", signature);
+    }
+    Answer::of(request.send().await.expect("request")).await
+}
+
+/// `body` signed now with the app's secret.
+fn signed(body: &[u8]) -> String {
+    sign(&[TEST_WEBHOOK_SECRET], now(), body)
+}
+
+async fn provider_events(app: &TestApp) -> i64 {
+    app.db
+        .count(
+            "SELECT COUNT(*) FROM provider_events",
+            "SELECT COUNT(*) FROM provider_events",
+            &[],
+        )
+        .await
+}
+
+/// Polls `read` until `done` says so, at most [`WITHIN`]: the last value.
+async fn eventually<T>(mut read: impl AsyncFnMut() -> T, done: impl Fn(&T) -> bool) -> T {
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let value = read().await;
+        if done(&value) || tokio::time::Instant::now() >= deadline {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn office(app: &TestApp) -> String {
+    app.back_office_token(
+        "ops_hooks",
+        "refunds:write charges:read_all events:read disputes:read",
+    )
+}
+
+async fn charge_read(app: &TestApp, id: &str) -> Value {
+    app.get_with(&office(app), &format!("/api/charges/{id}"))
+        .await
+        .body
+}
+
+async fn event_types(app: &TestApp, object_id: &str) -> Vec<String> {
+    let events = payments_tests::all_events(&app.db.store()).await;
+    let mut types: Vec<String> = events
+        .into_iter()
+        .filter(|e| e.object_id == object_id)
+        .map(|e| e.event_type)
+        .collect();
+    types.sort();
+    types
+}
+
+/// A bad delivery: what it is, its signature, its body, the status and
+/// code it gets.
+type BadCase = (&'static str, Option<String>, Vec<u8>, u16, &'static str);
+
+/// Unsigned, tampered, stale, signed with another secret, twice signed,
+/// too large, not JSON, not an event: 400 or 413, and nothing recorded.
+/// An event of a type not applied, or about a charge that is none of ours,
+/// is acknowledged (200), recorded, and a duplicate of it changes nothing.
+async fn bad_deliveries_change_nothing(backend: Backend) {
+    let Some(app) = spawn_app(backend, AppOptions::default()).await else {
+        return;
+    };
+    let charge = app
+        .charge_json("cus_hooks", &charge_body(2000, "tok_visa"))
+        .await;
+    let provider_id = charge["gateway_charge_id"].as_str().unwrap();
+    let event = json!({
+        "id": "evt_bad_1", "object": "event", "type": "charge.refunded",
+        "data": {"object": {"object": "charge", "id": provider_id}}
+    })
+    .to_string();
+    let body = event.as_bytes();
+    let cases: Vec<BadCase> = vec![
+        ("unsigned", None, body.to_vec(), 400, "invalid_signature"),
+        (
+            "another secret",
+            Some(sign(&["whsec_another_0123456789abcdefgh"], now(), body)),
+            body.to_vec(),
+            400,
+            "invalid_signature",
+        ),
+        (
+            "ten minutes old",
+            Some(sign(&[TEST_WEBHOOK_SECRET], now() - 600, body)),
+            body.to_vec(),
+            400,
+            "invalid_signature",
+        ),
+        (
+            "tampered",
+            Some(signed(body)),
+            event.replace("evt_bad_1", "evt_bad_2").into_bytes(),
+            400,
+            "invalid_signature",
+        ),
+        (
+            "malformed header",
+            Some("t=abc,v1=zz".to_owned()),
+            body.to_vec(),
+            400,
+            "invalid_signature",
+        ),
+        (
+            "not JSON",
+            Some(signed(b"{not json")),
+            b"{not json".to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "not an event",
+            Some(signed(b"{\"id\":\"evt_x\"}")),
+            b"{\"id\":\"evt_x\"}".to_vec(),
+            400,
+            "invalid_request",
+        ),
+    ];
+    for (case, signature, body, status, code) in cases {
+        let answer = deliver(&app, &body, signature.as_deref()).await;
+        assert_eq!(answer.status, status, "{case}: {}", answer.body);
+        assert_eq!(answer.body["error"]["code"], code, "{case}");
+    }
+    // Two signature headers.
+    let answer = app
+        .http
+        .post(format!("{}/webhooks/provider", app.base_url))
+        .header("stripe-signature", signed(body))
+        .header("stripe-signature", signed(body))
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 400);
+    // A mebibyte, validly signed: refused unread.
+    let huge = format!(
+        r#"{{"id":"evt_huge","type":"charge.refunded","pad":"{}"}}"#,
+        "x".repeat(1 << 20)
+    );
+    let answer = deliver(&app, huge.as_bytes(), Some(&signed(huge.as_bytes()))).await;
+    assert_eq!(
+        (answer.status, &answer.body["error"]["code"]),
+        (413, &json!("payload_too_large"))
+    );
+    assert_eq!(provider_events(&app).await, 0, "nothing recorded");
+    assert_eq!(app.db.refunds_with_status("").await, 0, "nothing changed");
+
+    // Acknowledged and recorded; the same again is a duplicate.
+    let other = json!({"id": "evt_customer", "type": "customer.created",
+        "data": {"object": {"object": "customer", "id": "cus_x"}}})
+    .to_string();
+    for outcome in ["ignored", "duplicate"] {
+        let answer = deliver(&app, other.as_bytes(), Some(&signed(other.as_bytes()))).await;
+        assert_eq!(
+            (answer.status, &answer.body["outcome"]),
+            (200, &json!(outcome))
+        );
+    }
+    // A charge made at the provider by someone else: none of ours.
+    let foreign = app
+        .http
+        .post(format!("{}/v1/charges", app.sandbox.url()))
+        .bearer_auth("sk_test_sandbox")
+        .form(&[
+            ("amount", "700"),
+            ("currency", "gbp"),
+            ("source", "tok_visa"),
+        ])
+        .send()
+        .await
+        .unwrap();
+    let foreign: Value = foreign.json().await.unwrap();
+    let foreign = json!({"id": "evt_foreign", "type": "charge.succeeded",
+        "data": {"object": {"object": "charge", "id": foreign["id"]}}})
+    .to_string();
+    let answer = deliver(&app, foreign.as_bytes(), Some(&signed(foreign.as_bytes()))).await;
+    assert_eq!(
+        (answer.status, &answer.body["outcome"]),
+        (200, &json!("ignored")),
+        "{}",
+        answer.body
+    );
+    assert_eq!(provider_events(&app).await, 2);
+    assert!(
+        app.metrics_text()
+            .await
+            .contains("payments_provider_events_total{outcome=\"rejected\"}")
+    );
+}
+
+/// A refund made in the provider's dashboard arrives as a refund of the
+/// charge (actor `provider`), counts against what is left, goes out as an
+/// event; our own refund's webhooks are matched to it, never doubled; the
+/// dashboard refund failing days later gives its amount back.
+async fn a_dashboard_refund_arrives_and_fails_later(backend: Backend) {
+    let Some(app) = spawn_app(backend, with_webhooks()).await else {
+        return;
+    };
+    let charge = app
+        .charge_json("cus_hooks", &charge_body(5000, "tok_visa"))
+        .await;
+    let id = charge["id"].as_str().unwrap();
+    let provider_id = charge["gateway_charge_id"].as_str().unwrap();
+    let made = app
+        .sandbox_post(
+            &format!("/_sandbox/charges/{provider_id}/refunds"),
+            &json!({"amount": 1500}),
+        )
+        .await;
+    assert_eq!(made.status, 200, "{}", made.body);
+    let provider_refund = made.body["id"].as_str().unwrap().to_owned();
+    let read = eventually(
+        async || charge_read(&app, id).await,
+        |c| c["amount_refunded"] == 1500,
+    )
+    .await;
+    assert_eq!(read["amount_refunded"], 1500, "{read}");
+    let refunds = app
+        .get_with(&office(&app), &format!("/api/charges/{id}/refunds"))
+        .await;
+    let listed = refunds.body["data"].as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{}", refunds.body);
+    assert_eq!(listed[0]["requested_by"]["role"], "provider");
+    assert_eq!(listed[0]["gateway_refund_id"], provider_refund.as_str());
+    assert_eq!(listed[0]["status"], "succeeded");
+    let refund_id = listed[0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(event_types(&app, &refund_id).await, ["refund.succeeded"]);
+
+    // What is left is what the dashboard left; our own refund of it is
+    // matched by its metadata when its webhooks come, never created twice.
+    app.assert_refund_does_not_fit(id, 4000).await;
+    let ours = app
+        .post_refund("ops_1", id, &new_key(), &json!({"amount_cents": 3500}))
+        .await;
+    assert_eq!(ours.status, 201, "{}", ours.body);
+    assert!(
+        app.webhooks_delivered(WITHIN).await,
+        "every webhook delivered"
+    );
+    let read = charge_read(&app, id).await;
+    assert_eq!(read["amount_refunded"], 5000);
+    assert_eq!(app.sandbox_refunded().await, 5000);
+    assert_eq!(app.db.refunds_with_status("").await, 2);
+
+    // The dashboard refund fails days later: its amount comes back.
+    let failed = app
+        .sandbox_post(
+            &format!("/_sandbox/refunds/{provider_refund}"),
+            &json!({"status": "failed", "failure_reason": "expired_or_canceled_card"}),
+        )
+        .await;
+    assert_eq!(failed.status, 200, "{}", failed.body);
+    let read = eventually(
+        async || charge_read(&app, id).await,
+        |c| c["amount_refunded"] == 3500,
+    )
+    .await;
+    assert_eq!(read["amount_refunded"], 3500, "{read}");
+    let refund = app
+        .get_with(&office(&app), &format!("/api/refunds/{refund_id}"))
+        .await;
+    assert_eq!(refund.body["status"], "failed");
+    assert_eq!(refund.body["failure_code"], "expired_or_canceled_card");
+    assert_eq!(
+        event_types(&app, &refund_id).await,
+        ["refund.failed", "refund.succeeded"]
+    );
+    assert!(app.webhooks_delivered(WITHIN).await);
+    assert_eq!(app.sandbox_refunded().await, 3500);
+}
+
+/// Disputes: an inquiry, escalated, lost; another won. Each reaches the
+/// charge's read, the back office's list and the outgoing events; refunds
+/// are refused while the dispute says the charge is not refundable.
+async fn disputes_reach_the_reads_the_list_and_the_events(backend: Backend) {
+    let Some(app) = spawn_app(backend, with_webhooks()).await else {
+        return;
+    };
+    let office = office(&app);
+    let charge = app
+        .charge_json("cus_hooks", &charge_body(3000, "tok_visa"))
+        .await;
+    let id = charge["id"].as_str().unwrap();
+    let provider_id = charge["gateway_charge_id"].as_str().unwrap();
+    let opened = app
+        .sandbox_post(
+            &format!("/_sandbox/charges/{provider_id}/disputes"),
+            &json!({"inquiry": true}),
+        )
+        .await;
+    assert_eq!(opened.status, 200, "{}", opened.body);
+    let dispute = opened.body["id"].as_str().unwrap().to_owned();
+    let read = eventually(
+        async || charge_read(&app, id).await,
+        |c| !c["dispute"].is_null(),
+    )
+    .await;
+    assert_eq!(
+        read["dispute"]["status"], "warning_needs_response",
+        "{read}"
+    );
+    assert_eq!(read["dispute"]["gateway_dispute_id"], dispute.as_str());
+    assert_eq!(read["dispute"]["is_charge_refundable"], true);
+    // The back office lists it; a customer may not.
+    let listed = app.get_with(&office, "/api/disputes").await;
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    assert_eq!(listed.body["data"][0]["charge_id"], id);
+    let denied = app.get_as("cus_hooks", "/api/disputes").await;
+    assert_eq!(denied.status, 403);
+    let bad = app.get_with(&office, "/api/disputes?status=closed").await;
+    assert_eq!(
+        (bad.status, &bad.body["error"]["param"]),
+        (400, &json!("status"))
+    );
+
+    // Escalated: refunds refused while it stands.
+    let moved = app
+        .sandbox_post(
+            &format!("/_sandbox/disputes/{dispute}"),
+            &json!({"status": "needs_response"}),
+        )
+        .await;
+    assert_eq!(moved.status, 200, "{}", moved.body);
+    let read = eventually(
+        async || charge_read(&app, id).await,
+        |c| c["dispute"]["status"] == "needs_response",
+    )
+    .await;
+    assert_eq!(read["dispute"]["is_charge_refundable"], false, "{read}");
+    let refused = app
+        .post_refund("ops_1", id, &new_key(), &json!({"amount_cents": 100}))
+        .await;
+    assert_eq!(
+        (refused.status, &refused.body["error"]["code"]),
+        (400, &json!("charge_disputed"))
+    );
+    assert!(
+        app.sandbox_refunds().await.is_empty(),
+        "the provider was never asked"
+    );
+
+    // Lost: closed, no longer listed as open.
+    app.sandbox_post(
+        &format!("/_sandbox/disputes/{dispute}"),
+        &json!({"status": "lost"}),
+    )
+    .await;
+    let read = eventually(
+        async || charge_read(&app, id).await,
+        |c| c["dispute"]["status"] == "lost",
+    )
+    .await;
+    assert_eq!(read["dispute"]["status"], "lost");
+    let open = app.get_with(&office, "/api/disputes").await;
+    assert_eq!(open.body["data"], json!([]));
+    let all = app.get_with(&office, "/api/disputes?status=all").await;
+    assert_eq!(all.body["data"].as_array().unwrap().len(), 1);
+    let local_dispute = all.body["data"][0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        event_types(&app, &local_dispute).await,
+        [
+            "charge.dispute.closed",
+            "charge.dispute.created",
+            "charge.dispute.funds_withdrawn",
+            "charge.dispute.updated"
+        ]
+    );
+
+    // Another charge's dispute is won: refunds are allowed again.
+    let charge = app
+        .charge_json("cus_hooks", &charge_body(3000, "tok_visa"))
+        .await;
+    let id = charge["id"].as_str().unwrap();
+    let provider_id = charge["gateway_charge_id"].as_str().unwrap();
+    let opened = app
+        .sandbox_post(
+            &format!("/_sandbox/charges/{provider_id}/disputes"),
+            &json!({}),
+        )
+        .await;
+    let dispute = opened.body["id"].as_str().unwrap().to_owned();
+    app.sandbox_post(
+        &format!("/_sandbox/disputes/{dispute}"),
+        &json!({"status": "won"}),
+    )
+    .await;
+    let read = eventually(
+        async || charge_read(&app, id).await,
+        |c| c["dispute"]["status"] == "won",
+    )
+    .await;
+    assert_eq!(read["dispute"]["status"], "won", "{read}");
+    let refund = app
+        .post_refund("ops_1", id, &new_key(), &json!({"amount_cents": 100}))
+        .await;
+    assert_eq!(refund.status, 201, "{}", refund.body);
+}
+
+/// A charge whose answer the provider dropped, abandoned as unknown: the
+/// provider's `charge.succeeded`, which came while it was being made
+/// (recorded waiting), settles it when applied again, with the same
+/// rewrite of its stored answer reconciliation makes; the client's retry
+/// gets the 201.
+async fn a_late_success_settles_an_unknown_charge(backend: Backend) {
+    let options = AppOptions {
+        replay_cache: false,
+        ..with_webhooks()
+    };
+    let Some(app) = spawn_app(backend, options).await else {
+        return;
+    };
+    app.configure_sandbox_webhooks(json!({"drop_after_charge": true}))
+        .await;
+    let (key, body) = (new_key(), charge_body(2500, "tok_visa"));
+    let first = app.post_charge("cus_1", Some(&key), &body).await;
+    assert_eq!(first.status(), 503);
+    assert!(app.webhooks_delivered(WITHIN).await);
+    assert_eq!(
+        app.db
+            .count(
+                "SELECT COUNT(*) FROM provider_events WHERE state = 'waiting'",
+                "SELECT COUNT(*) FROM provider_events WHERE state = 'waiting'",
+                &[]
+            )
+            .await,
+        1,
+        "the charge was being made: the event waits"
+    );
+    app.configure_sandbox_webhooks(json!({})).await;
+    // Abandoned: past the provider's key retention, its retry gives up.
+    app.db
+        .age(Some(&key), Duration::from_secs(23 * 3600 + 1800))
+        .await;
+    let abandoned = app.post_charge("cus_1", Some(&key), &body).await;
+    assert_eq!(abandoned.status(), 500);
+    let report = app.service.apply_waiting(10).await.unwrap();
+    assert_eq!((report.tried, report.done), (1, 1), "{report:?}");
+    let retry = Answer::of(app.post_charge("cus_1", Some(&key), &body).await).await;
+    assert_eq!(retry.status, 201, "{}", retry.body);
+    assert_eq!(retry.body["status"], "succeeded");
+    assert_eq!(app.sandbox_charges().await.len(), 1, "charged once");
+    let id = retry.body["id"].as_str().unwrap();
+    assert!(
+        event_types(&app, id)
+            .await
+            .contains(&"charge.succeeded".to_owned())
+    );
+}
+
+backend_tests!(
+    all;
+    bad_deliveries_change_nothing,
+    a_dashboard_refund_arrives_and_fails_later,
+    disputes_reach_the_reads_the_list_and_the_events,
+    a_late_success_settles_an_unknown_charge,
+);
