@@ -496,3 +496,132 @@ backend_tests!(
     disputes_reach_the_reads_the_list_and_the_events,
     a_late_success_settles_an_unknown_charge,
 );
+
+/// Charges made for the duplicate/shuffle run: each with a dashboard
+/// refund (three provider events), every fifth disputed, every fourth
+/// refunded by us too: a little over 1,000 provider events.
+const STORM_CHARGES: usize = 270;
+
+/// Over 1,000 provider events, each delivered twice at the same moment,
+/// in shuffled order, then all of them delivered twice again: every effect
+/// applied once, and the charges' refunded amounts are the sandbox's.
+async fn a_thousand_events_twice_shuffled_apply_once(backend: Backend) {
+    let Some(app) = spawn_app(backend, with_webhooks()).await else {
+        return;
+    };
+    app.configure_sandbox_webhooks(json!({"webhook_duplicate": true, "webhook_shuffle_ms": 1500}))
+        .await;
+    let app = std::sync::Arc::new(app);
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(8));
+    let work = (0..STORM_CHARGES).map(|i| {
+        let (app, gate) = (app.clone(), gate.clone());
+        tokio::spawn(async move {
+            let _turn = gate.acquire().await.unwrap();
+            let charge = app
+                .charge_json("cus_storm", &charge_body(1000, "tok_visa"))
+                .await;
+            let id = charge["id"].as_str().unwrap().to_owned();
+            let provider_id = charge["gateway_charge_id"].as_str().unwrap().to_owned();
+            let path = format!("/_sandbox/charges/{provider_id}/refunds");
+            let made = app.sandbox_post(&path, &json!({"amount": 300})).await;
+            assert_eq!(made.status, 200, "{}", made.body);
+            if i % 4 == 0 {
+                let body = json!({"amount_cents": 200});
+                let ours = app.post_refund("ops_1", &id, &new_key(), &body).await;
+                assert_eq!(ours.status, 201, "{}", ours.body);
+            }
+            if i % 5 == 0 {
+                let path = format!("/_sandbox/charges/{provider_id}/disputes");
+                let opened = app.sandbox_post(&path, &json!({"inquiry": true})).await;
+                assert_eq!(opened.status, 200, "{}", opened.body);
+            }
+        })
+    });
+    for task in work.collect::<Vec<_>>() {
+        task.await.unwrap();
+    }
+    assert!(app.webhooks_delivered(Duration::from_secs(120)).await);
+    let hooks = app.sandbox_webhooks().await;
+    assert!(hooks.len() >= 1000, "{} provider events", hooks.len());
+    // Every event again, twice at once.
+    let again = app
+        .sandbox_post("/_sandbox/webhooks/redeliver", &json!({}))
+        .await;
+    assert_eq!(again.status, 200, "{}", again.body);
+    let attempts = |hooks: &Vec<Value>| -> usize {
+        hooks
+            .iter()
+            .map(|h| h["attempts"].as_array().map_or(0, Vec::len))
+            .min()
+            .unwrap_or(0)
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while attempts(&app.sandbox_webhooks().await) < 4 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let hooks = app.sandbox_webhooks().await;
+    assert!(
+        attempts(&hooks) >= 4,
+        "every event delivered at least four times"
+    );
+    let failed: Vec<&Value> = hooks
+        .iter()
+        .flat_map(|h| h["attempts"].as_array().into_iter().flatten())
+        .filter(|a| a["status"] != 200)
+        .collect();
+    assert!(failed.is_empty(), "every delivery answered 200: {failed:?}");
+    let deliveries: usize = hooks
+        .iter()
+        .map(|h| h["attempts"].as_array().map_or(0, Vec::len))
+        .sum();
+    eprintln!(
+        "{backend:?}: {} provider events, {deliveries} deliveries, {} recorded",
+        hooks.len(),
+        provider_events(&app).await
+    );
+
+    // Each provider event recorded once, applied; nothing waits.
+    let distinct: std::collections::BTreeSet<&str> =
+        hooks.iter().filter_map(|h| h["id"].as_str()).collect();
+    assert_eq!(provider_events(&app).await, distinct.len() as i64);
+    let left = app
+        .db
+        .count(
+            "SELECT COUNT(*) FROM provider_events WHERE state <> 'applied'",
+            "SELECT COUNT(*) FROM provider_events WHERE state <> 'applied'",
+            &[],
+        )
+        .await;
+    assert_eq!(left, 0, "every event applied");
+    // Every effect once: the refunds, their amounts, the disputes, the
+    // events out.
+    let ours = STORM_CHARGES.div_ceil(4);
+    let refunds = app.sandbox_refunds().await;
+    assert_eq!(refunds.len(), STORM_CHARGES + ours);
+    assert_eq!(app.db.refunds_with_status("").await, refunds.len() as i64);
+    let refunded = app
+        .db
+        .count(
+            "SELECT CAST(COALESCE(SUM(amount_refunded), 0) AS SIGNED) FROM charges",
+            "SELECT COALESCE(SUM(amount_refunded), 0)::BIGINT FROM charges",
+            &[],
+        )
+        .await;
+    assert_eq!(refunded, app.sandbox_refunded().await);
+    assert_eq!(refunded, (STORM_CHARGES * 300 + ours * 200) as i64);
+    let disputes = app
+        .db
+        .count(
+            "SELECT COUNT(*) FROM disputes",
+            "SELECT COUNT(*) FROM disputes",
+            &[],
+        )
+        .await;
+    assert_eq!(disputes, STORM_CHARGES.div_ceil(5) as i64);
+    let events = payments_tests::all_events(&app.db.store()).await;
+    let of = |t: &str| events.iter().filter(|e| e.event_type == t).count();
+    assert_eq!(of("refund.succeeded"), refunds.len());
+    assert_eq!(of("charge.dispute.created"), STORM_CHARGES.div_ceil(5));
+}
+
+backend_tests!(all; a_thousand_events_twice_shuffled_apply_once);
