@@ -575,6 +575,12 @@ fn plan_disputes(local: &Local, provider: &ProviderCharge, plan: &mut Plan) {
             .cloned();
         let mut dispute = Dispute::of(&local.charge, d);
         if let Some(p) = &previous {
+            // Applications read the provider at different moments: one
+            // that read it before another's change committed must not take
+            // the dispute back (a status only moves forward).
+            if rank(&d.status) < rank(&p.status) {
+                continue;
+            }
             if (
                 p.status.as_str(),
                 p.amount_cents,
@@ -612,6 +618,18 @@ fn plan_disputes(local: &Local, provider: &ProviderCharge, plan: &mut Plan) {
             previous,
             events,
         });
+    }
+}
+
+/// Where a dispute's status stands in its life: an inquiry, a dispute
+/// (an inquiry may become one, never the reverse), under review, over.
+fn rank(status: &str) -> u8 {
+    match status {
+        "warning_needs_response" => 0,
+        "warning_under_review" => 1,
+        "under_review" => 3,
+        s if is_closed(s) => 4,
+        _ => 2,
     }
 }
 
@@ -959,6 +977,15 @@ mod tests {
         d.status = "lost".into();
         p.disputes = vec![d];
         assert_eq!(types(&plan(&l, &p)), ["charge.dispute.closed"]);
+        // A provider read older than what was applied never takes it back.
+        let Change::Dispute { dispute, .. } = &plan(&l, &p).changes[0] else {
+            panic!("a dispute")
+        };
+        assert_eq!(dispute.status, "lost");
+        l.disputes = vec![dispute.clone()];
+        let mut stale = p.clone();
+        stale.disputes[0].status = "needs_response".into();
+        assert_eq!(plan(&l, &stale), Plan::default());
         // Closed before its creation was seen: both, in order.
         let fresh = local(charge(ChargeStatus::Succeeded, 1000));
         assert_eq!(
