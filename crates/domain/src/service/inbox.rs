@@ -83,7 +83,7 @@ impl ChargeService {
                 provider_event = id,
                 r#type = kind,
                 "NEEDS A PERSON: a provider event was applied as far as it could be \
-                 (payments-jobs provider-events lists what is left)"
+                 (its provider_events row says what is left: docs/operations.md)"
             ),
             Ok(Received::Recorded(InboxState::Waiting)) => tracing::warn!(
                 provider_event = id,
