@@ -1143,15 +1143,16 @@ fn events_page() -> payments_domain::events::EventQuery {
     payments_domain::events::EventQuery::parse(&query_pairs(&[("limit", "100")])).unwrap()
 }
 
-/// A refund's outcome at the provider (`re_provider`), failed with
-/// `failure` when `status` is failed.
+/// A refund's outcome at the provider (its provider id `re_p_` and ours:
+/// provider refund ids are unique here), failed with `failure` when
+/// `status` is failed.
 fn refund_outcome(refund: &Refund, status: ChargeStatus, failure: &str) -> Outcome {
     Outcome::Refund(RefundOutcome {
         refund_id: refund.id.clone(),
         charge_id: refund.charge_id.clone(),
         amount_cents: refund.amount_cents,
         status,
-        gateway_refund_id: Some("re_provider".to_owned()),
+        gateway_refund_id: Some(format!("re_p_{}", refund.id)),
         failure_code: (status == ChargeStatus::Failed).then(|| failure.to_owned()),
     })
 }
