@@ -169,15 +169,21 @@ async fn provider_events_apply_once_under_concurrent_deliveries(backend: Backend
         assert_eq!(refund.requested_by.role.as_str(), "provider");
         assert_eq!(refund.status, ChargeStatus::Succeeded);
     }
-    // Planned again, the stale ones change nothing and are recorded.
-    let again = planned(&store, "evt_other_3", &provider).await;
+    // Planned again, a stale one (whichever racer lost) changes nothing
+    // and is recorded.
+    let stale = outcomes
+        .iter()
+        .position(|o| *o == Applied::Stale)
+        .map(|i| format!("evt_other_{i}"))
+        .unwrap();
+    let again = planned(&store, &stale, &provider).await;
     assert!(again.changes.is_empty());
     assert_eq!(
         store.apply_provider_event(&again).await.unwrap(),
         Applied::Applied
     );
     assert_eq!(
-        store.provider_event("evt_other_3").await.unwrap(),
+        store.provider_event(&stale).await.unwrap(),
         Some(InboxState::Applied)
     );
     let events = payments_tests::all_events(&store).await;
