@@ -362,10 +362,66 @@ async fn waiting_events_are_applied_again_once(backend: Backend) {
     assert_eq!(counted, vec![(InboxState::Applied, 1)]);
 }
 
+/// Provider events done with (applied, ignored) are pruned once received
+/// longer ago than the retention, by the database's clock; one waiting or
+/// left for a person is kept however old, and so is a recent one.
+async fn provider_events_done_with_are_pruned_after_the_retention(backend: Backend) {
+    let Some(db) = db(backend).await else { return };
+    let store = db.store();
+    let record = |id: &str, state: InboxState| Application {
+        record: Recorded {
+            event_id: id.into(),
+            event_type: "charge.updated".into(),
+            gateway_charge_id: None,
+            state,
+            detail: None,
+        },
+        changes: vec![],
+        keep_for: TTL,
+    };
+    let old = [
+        ("evt_applied", InboxState::Applied),
+        ("evt_ignored", InboxState::Ignored),
+        ("evt_waiting", InboxState::Waiting),
+        ("evt_person", InboxState::NeedsPerson),
+    ];
+    for (id, state) in old {
+        assert_eq!(
+            store
+                .apply_provider_event(&record(id, state))
+                .await
+                .unwrap(),
+            Applied::Applied
+        );
+    }
+    let day = std::time::Duration::from_secs(86_400);
+    db.age_outbox(2 * day).await;
+    store
+        .apply_provider_event(&record("evt_recent", InboxState::Applied))
+        .await
+        .unwrap();
+    let pruned = store.prune_events(day, 100).await.unwrap();
+    assert_eq!(pruned.provider_events, 2, "{pruned:?}");
+    for (id, kept) in [
+        ("evt_applied", None),
+        ("evt_ignored", None),
+        ("evt_waiting", Some(InboxState::Waiting)),
+        ("evt_person", Some(InboxState::NeedsPerson)),
+        ("evt_recent", Some(InboxState::Applied)),
+    ] {
+        assert_eq!(store.provider_event(id).await.unwrap(), kept, "{id}");
+    }
+    assert_eq!(
+        store.prune_events(day, 100).await.unwrap().provider_events,
+        0
+    );
+}
+
 backend_tests!(
     all;
     provider_events_apply_once_under_concurrent_deliveries,
     a_refund_failing_later_gives_back_once,
     disputes_are_kept_once_and_refuse_refunds_while_they_stand,
     waiting_events_are_applied_again_once,
+    provider_events_done_with_are_pruned_after_the_retention,
 );

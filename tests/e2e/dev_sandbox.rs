@@ -113,3 +113,156 @@ async fn a_restarted_make_run_still_knows_the_sandboxs_charges() {
     api.stop().await.unwrap();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// GET `path` at the API with `token`, as JSON.
+async fn api_get(api: &Process, token: &str, path: &str) -> Value {
+    let answer = reqwest::Client::new()
+        .get(format!("{}{path}", api.url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 200, "{path}");
+    answer.json().await.unwrap()
+}
+
+/// Polls `path` (at most 10 s) until `done` holds of it; the last read.
+async fn api_get_until(
+    api: &Process,
+    token: &str,
+    path: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let read = api_get(api, token, path).await;
+        if done(&read) || tokio::time::Instant::now() > deadline {
+            return read;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// The README's step 9, as `make run` runs it (no `GATEWAY_URL`, no
+/// webhook secret set): a refund made in the in-process sandbox's
+/// dashboard reaches the API through the sandbox's signed webhooks to the
+/// API's own `POST /webhooks/provider`, after the sandbox's config was
+/// replaced (the webhook URL is kept); then a dispute shows on the charge
+/// and in the back office's list, refunds are refused while it stands, and
+/// both went out as events.
+#[tokio::test]
+async fn make_runs_sandbox_sends_its_webhooks_to_the_api() {
+    let dir = std::env::temp_dir().join(format!(
+        "payments-e2e-inbox-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let url = format!("sqlite://{}/payments.db", dir.display());
+    let env = [
+        ("DATABASE_URL", url.as_str()),
+        ("LISTEN_ADDR", "127.0.0.1:0"),
+        ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
+        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+        (
+            "JWT_BACKOFFICE_AUDIENCE",
+            payments_tests::BACK_OFFICE_AUDIENCE,
+        ),
+    ];
+    let (token, staff) = (mint("cus_step9").await, mint_back_office("ops_step9").await);
+    let api = Process::start("payments-api", &[], &env).await;
+    let charged = post(&api, &token, "step9", &charge_body(2500, "tok_visa")).await;
+    assert_eq!(charged.status(), 201);
+    let charged: Value = charged.json().await.unwrap();
+    let (id, provider_id) = (
+        charged["id"].as_str().unwrap(),
+        charged["gateway_charge_id"].as_str().unwrap(),
+    );
+    let sandbox = sandbox_url(&api);
+    let client = reqwest::Client::new();
+    let set = |config: Value| {
+        client
+            .post(format!("{sandbox}/_sandbox/config"))
+            .json(&config)
+            .send()
+    };
+    assert!(
+        set(json!({"latency_ms": 1}))
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
+    assert!(set(json!({})).await.unwrap().status().is_success());
+
+    let dashboard = client
+        .post(format!("{sandbox}/_sandbox/charges/{provider_id}/refunds"))
+        .json(&json!({"amount": 1000}))
+        .send()
+        .await
+        .unwrap();
+    assert!(dashboard.status().is_success());
+    let dashboard: Value = dashboard.json().await.unwrap();
+    let refunds = api_get_until(&api, &token, &format!("/api/charges/{id}/refunds"), |r| {
+        r["data"].as_array().is_some_and(|d| !d.is_empty())
+    })
+    .await;
+    let refund = &refunds["data"][0];
+    assert_eq!(refund["amount_cents"], 1000, "{refunds}\n{}", api.log());
+    assert_eq!(refund["status"], "succeeded");
+    assert_eq!(refund["gateway_refund_id"], dashboard["id"]);
+    assert_eq!(
+        refund["requested_by"],
+        json!({"subject": "provider", "role": "provider"})
+    );
+    let charge = api_get(&api, &token, &format!("/api/charges/{id}")).await;
+    assert_eq!(charge["amount_refunded"], 1000, "{charge}");
+
+    let disputed = client
+        .post(format!("{sandbox}/_sandbox/charges/{provider_id}/disputes"))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert!(disputed.status().is_success());
+    let disputed: Value = disputed.json().await.unwrap();
+    let charge = api_get_until(&api, &token, &format!("/api/charges/{id}"), |c| {
+        !c["dispute"].is_null()
+    })
+    .await;
+    assert_eq!(charge["dispute"]["status"], "needs_response", "{charge}");
+    assert_eq!(charge["dispute"]["gateway_dispute_id"], disputed["id"]);
+    let open = api_get(&api, &staff, "/api/disputes").await;
+    assert_eq!(open["data"].as_array().map(Vec::len), Some(1), "{open}");
+    assert_eq!(open["data"][0]["charge_id"], id);
+    let refused = client
+        .post(format!("{}/api/charges/{id}/refunds", api.url))
+        .bearer_auth(&staff)
+        .header("idempotency-key", "while-disputed")
+        .json(&json!({"amount_cents": 100}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let refused: Value = refused.json().await.unwrap();
+    assert_eq!(refused["error"]["code"], "charge_disputed", "{refused}");
+
+    let events = api_get(&api, &staff, "/api/events?limit=100").await;
+    let types: Vec<&str> = events["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["type"].as_str())
+        .collect();
+    for wanted in [
+        "charge.succeeded",
+        "refund.succeeded",
+        "charge.dispute.created",
+    ] {
+        assert_eq!(
+            types.iter().filter(|t| **t == wanted).count(),
+            1,
+            "{wanted} in {types:?}"
+        );
+    }
+    api.stop().await.unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -76,7 +76,8 @@ async fn mint(customer: &str) -> String {
 
 /// A development token of the back office (`payments-api token
 /// --audience`, the audience every test process is given) for `subject`,
-/// refunding, capturing and reading any customer's charges.
+/// refunding, capturing and reading any customer's charges, events and
+/// disputes.
 async fn mint_back_office(subject: &str) -> String {
     let (ok, stdout, stderr) = run_binary(
         "payments-api",
@@ -85,7 +86,7 @@ async fn mint_back_office(subject: &str) -> String {
             "--subject",
             subject,
             "--scope",
-            "refunds:write charges:capture charges:read_all events:read",
+            "refunds:write charges:capture charges:read_all events:read disputes:read",
             "--audience",
             payments_tests::BACK_OFFICE_AUDIENCE,
         ],

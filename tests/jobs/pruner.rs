@@ -246,9 +246,27 @@ async fn a_long_prune_logs_its_progress(backend: Backend) {
     assert!(stderr.contains("prune pass deleted=600"), "{stderr}");
 }
 
+/// An applied provider event with no changes.
+fn provider_event(id: &str) -> payments_domain::store::Application {
+    use payments_domain::inbox::{InboxState, Recorded};
+    payments_domain::store::Application {
+        record: Recorded {
+            event_id: id.to_owned(),
+            event_type: "charge.updated".to_owned(),
+            gateway_charge_id: None,
+            state: InboxState::Applied,
+            detail: None,
+        },
+        changes: vec![],
+        keep_for: Duration::from_secs(86_400),
+    }
+}
+
 /// Events past EVENT_RETENTION delivered to two endpoints: one pass
 /// prunes them all, in batches of 4, although a full batch of deliveries
-/// frees only two events; an event with a delivery still pending stays.
+/// frees only two events, and every provider event applied that long ago,
+/// however many more batches they take; an event with a delivery still
+/// pending stays.
 async fn one_pass_prunes_every_old_event_delivered_to_several_endpoints(backend: Backend) {
     use payments_domain::store::NewLease;
     use payments_domain::webhook::{Attempted, Endpoint};
@@ -286,6 +304,14 @@ async fn one_pass_prunes_every_old_event_delivered_to_several_endpoints(backend:
             .await
             .unwrap();
     }
+    // And 30 provider events applied: more batches than the events need.
+    for i in 0..30 {
+        let applied = store
+            .apply_provider_event(&provider_event(&format!("evt_provider_{i}")))
+            .await
+            .unwrap();
+        assert_eq!(applied, payments_domain::store::Applied::Applied);
+    }
     app.db.age_outbox(Duration::from_secs(2 * 86_400)).await;
     let report = Pruner::new(store.clone(), Some(4))
         .with_pause(Pause::Fixed(Duration::ZERO))
@@ -294,6 +320,7 @@ async fn one_pass_prunes_every_old_event_delivered_to_several_endpoints(backend:
         .await
         .unwrap();
     assert_eq!(report.events_deleted, 10, "{report:?}");
+    assert_eq!(report.provider_events_deleted, 30, "{report:?}");
     let left = payments_tests::all_events(&store).await;
     assert_eq!(left.len(), 1);
     assert_eq!(left[0].id, leased[0].event.id);

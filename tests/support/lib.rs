@@ -774,6 +774,10 @@ impl TestDb {
                     "UPDATE webhook_deliveries SET {}",
                     shift(&["created_at", "next_attempt_at", "locked_until"])
                 ),
+                format!(
+                    "UPDATE provider_events SET {}",
+                    shift(&["received_at", "updated_at"])
+                ),
             ]
         };
         let ms = by.as_millis();

@@ -358,7 +358,7 @@ impl Settings {
             None => Provider::Sandbox {
                 listen: self.sandbox_listen_addr,
                 ledger: self.sandbox_ledger(),
-                webhook_url: Some(self.sandbox_webhook_url()),
+                webhook_url: Some(Self::sandbox_webhook_url(self.listen_addr)),
             },
             #[cfg(not(feature = "dev-sandbox"))]
             None => {
@@ -419,11 +419,10 @@ impl Settings {
         Ok((!secrets.is_empty()).then_some(secrets))
     }
 
-    /// Where the in-process sandbox sends its webhooks: this server's
-    /// `POST /webhooks/provider` (on loopback when it listens on every
-    /// address).
-    pub fn sandbox_webhook_url(&self) -> String {
-        let mut addr = self.listen_addr;
+    /// Where the in-process sandbox sends its webhooks: the
+    /// `POST /webhooks/provider` of this server listening on `addr` (on
+    /// loopback when it listens on every address).
+    pub fn sandbox_webhook_url(mut addr: std::net::SocketAddr) -> String {
         if addr.ip().is_unspecified() {
             addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
         }

@@ -98,6 +98,13 @@ async fn migrate(database: &DatabaseArgs) -> anyhow::Result<()> {
 async fn run(settings: Settings) -> anyhow::Result<()> {
     init_logging(settings.core.log.log_format);
     let provider = settings.validate()?;
+    // Bound before the provider is built: an in-process sandbox sends its
+    // webhooks to the address really bound (LISTEN_ADDR's port may be 0).
+    let listener = tokio::net::TcpListener::bind(settings.listen_addr)
+        .await
+        .with_context(|| format!("binding {}", settings.listen_addr))?;
+    let addr = listener.local_addr()?;
+    let provider = provider.webhooks_to(Settings::sandbox_webhook_url(addr));
     let app = payments_app::build(&settings.core, provider).await?;
     let (stop_jobs, jobs_stopped) = tokio::sync::oneshot::channel::<()>();
     let jobs = match settings.with_jobs() {
@@ -136,10 +143,6 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         Some(jwks) => Some(jwks.start().await),
         None => None,
     };
-    let listener = tokio::net::TcpListener::bind(settings.listen_addr)
-        .await
-        .with_context(|| format!("binding {}", settings.listen_addr))?;
-    let addr = listener.local_addr()?;
     tracing::info!(%addr, database = %settings.core.database.database_url, gateway = %app.provider_url, "serving");
     // For a person, and for scripts and tests that wait for it; with JSON
     // logs every line is JSON, and the `serving` line above has the address.

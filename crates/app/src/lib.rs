@@ -52,6 +52,23 @@ pub enum Provider {
     },
 }
 
+impl Provider {
+    /// This provider with an in-process sandbox's webhooks sent to `url`
+    /// (once the API's address is bound); a remote provider is unchanged.
+    #[cfg_attr(not(feature = "dev-sandbox"), allow(unused_variables))]
+    pub fn webhooks_to(self, url: String) -> Self {
+        #[cfg(feature = "dev-sandbox")]
+        if let Provider::Sandbox { listen, ledger, .. } = self {
+            return Provider::Sandbox {
+                listen,
+                ledger,
+                webhook_url: Some(url),
+            };
+        }
+        self
+    }
+}
+
 /// What the binaries and the tests run: the store, and the service over it
 /// and the provider.
 #[derive(Debug, Clone)]

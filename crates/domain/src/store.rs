@@ -333,6 +333,8 @@ pub enum Applied {
 pub struct PrunedEvents {
     pub events: u64,
     pub deliveries: u64,
+    /// Provider events (the inbox's) applied or ignored.
+    pub provider_events: u64,
 }
 
 /// What an attempt's record did to its delivery.
@@ -641,7 +643,11 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// Deletes at most `batch` delivered deliveries of events created
     /// `retention` ago or longer, then at most `batch` of those events left
     /// with no delivery, in short statements. Never an event with a pending
-    /// or failed delivery, never one not dispatched.
+    /// or failed delivery, never one not dispatched. Then at most `batch`
+    /// provider events received `retention` ago or longer that were applied
+    /// or ignored (never one waiting or left for a person): the provider
+    /// redelivers for days, not for the retention, and an event applied
+    /// again would find nothing left to change.
     async fn prune_events(
         &self,
         retention: Duration,

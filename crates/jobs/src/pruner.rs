@@ -20,7 +20,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use payments_domain::store::{Store, StoreError};
+use payments_domain::store::{PrunedEvents, Store, StoreError};
 
 use crate::progress::{Progress, ProgressSettings};
 
@@ -35,6 +35,9 @@ pub struct PruneReport {
     pub batches: u64,
     /// Events deleted (past EVENT_RETENTION, every delivery made).
     pub events_deleted: u64,
+    /// Provider events deleted (received EVENT_RETENTION ago, applied or
+    /// ignored).
+    pub provider_events_deleted: u64,
     pub elapsed: Duration,
     /// Dry run: rows a pass would delete.
     pub would_delete: u64,
@@ -138,12 +141,15 @@ impl Pruner {
         }
         progress.finish();
         if let Some(retention) = self.event_retention {
-            report.events_deleted = self.prune_events(retention).await?;
+            let pruned = self.prune_events(retention).await?;
+            report.events_deleted = pruned.events;
+            report.provider_events_deleted = pruned.provider_events;
         }
         report.elapsed = started.elapsed();
         tracing::info!(
             deleted = report.deleted,
             events_deleted = report.events_deleted,
+            provider_events_deleted = report.provider_events_deleted,
             batches = report.batches,
             elapsed_ms = report.elapsed.as_millis() as u64,
             rows_per_sec = report.rate().round() as u64,
@@ -153,18 +159,24 @@ impl Pruner {
     }
 
     /// Deletes the events past their retention whose deliveries are all
-    /// made, one batch at a time, with the same pauses.
-    async fn prune_events(&self, retention: Duration) -> Result<u64, StoreError> {
-        let mut deleted = 0;
+    /// made, and the provider events done with, one batch at a time, with
+    /// the same pauses; the totals.
+    async fn prune_events(&self, retention: Duration) -> Result<PrunedEvents, StoreError> {
+        let mut deleted = PrunedEvents::default();
         loop {
             let batch_started = Instant::now();
             let pruned = self.store.prune_events(retention, self.batch).await?;
-            deleted += pruned.events;
+            deleted.events += pruned.events;
+            deleted.deliveries += pruned.deliveries;
+            deleted.provider_events += pruned.provider_events;
             // An event goes once all its deliveries have: with several
             // endpoints a full batch of deliveries frees fewer events, and
-            // the pass goes on while either statement had more to do.
+            // the pass goes on while any statement had more to do.
             let batch = u64::from(self.batch);
-            if pruned.events < batch && pruned.deliveries < batch {
+            if [pruned.events, pruned.deliveries, pruned.provider_events]
+                .iter()
+                .all(|n| *n < batch)
+            {
                 return Ok(deleted);
             }
             self.rest(batch_started).await;

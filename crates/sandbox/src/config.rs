@@ -91,7 +91,8 @@ pub struct SandboxConfig {
     /// `https` URL); `None`: no events are made at all. Fixed for an event
     /// when it is made, with [`Self::webhook_secret`]: a later change sends
     /// the events made after it elsewhere, and leaves the retries of
-    /// earlier ones where they were going.
+    /// earlier ones where they were going. `POST /_sandbox/config` keeps
+    /// it (and the secret) when its body leaves it out.
     pub webhook_url: Option<String>,
     /// The endpoint's signing secret: each delivery carries
     /// `Stripe-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256 of

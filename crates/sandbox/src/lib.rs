@@ -64,7 +64,7 @@
 //! | `GET /v1/disputes` | query: `charge` (optional), `created[..]` bounds, `limit` (1-100, default 10), `starting_after` (a dispute id of the list); bearer auth. Stripe's list, newest first, `url: "/v1/disputes"` |
 //! | `GET /v1/disputes/{id}` | bearer auth. Stripe's dispute object as it stands (`dp_...`, `status`, `is_charge_refundable`, `evidence_details`); 404 `resource_missing` for an unknown id |
 //! | `GET /v1/charges/search` | query: `query=metadata['KEY']:'VALUE'` (or double quotes), `limit` (1-100, default 10); bearer auth. Stripe's `search_result`, newest first, once the index caught up (`search_lag_ms`) |
-//! | `GET`/`POST /_sandbox/config` | read / replace the [`SandboxConfig`] (JSON) |
+//! | `GET`/`POST /_sandbox/config` | read / replace the [`SandboxConfig`] (JSON): a field left out goes back to its default, except `webhook_url` and `webhook_secret`, which are kept (where events go is wiring, not a fault; `"webhook_url": null` turns events off) |
 //! | `GET /_sandbox/charges` | `{"data":[..]}`: every charge made or declined, oldest first, as it stands now (with `captured`, `amount_captured`, `amount_refunded`) |
 //! | `GET /_sandbox/captures` | `{"data":[{"charge","amount","idempotency_key","created"}..]}`: every capture made, oldest first (a replay is not another) |
 //! | `GET /_sandbox/refunds` | `{"data":[..]}`: every refund made, oldest first, with its status |

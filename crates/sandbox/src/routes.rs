@@ -71,17 +71,33 @@ async fn get_config(State(state): State<AppState>) -> Json<SandboxConfig> {
     Json(state.config())
 }
 
-/// Replaces the whole config. The body is read as bytes and parsed here so
-/// that a bad body gets the error envelope, not axum's plain-text rejection.
+/// Replaces the whole config, but for where webhooks go: `webhook_url` and
+/// `webhook_secret` are the wiring (set at start, or by the API for its
+/// in-process sandbox), not a fault, so a body that leaves them out keeps
+/// them (`"webhook_url": null` turns events off). The body is read as
+/// bytes and parsed here so that a bad body gets the error envelope, not
+/// axum's plain-text rejection.
 async fn set_config(
     State(state): State<AppState>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<SandboxConfig>, ApiError> {
+    let invalid = |error: serde_json::Error| {
+        ApiError::invalid_request(format!("Invalid sandbox config: {error}"))
+    };
     let body = body.map_err(|rejection| {
         ApiError::invalid_request(format!("The request body could not be read: {rejection}"))
     })?;
-    let config: SandboxConfig = serde_json::from_slice(&body)
-        .map_err(|error| ApiError::invalid_request(format!("Invalid sandbox config: {error}")))?;
+    let mut fields: Value = serde_json::from_slice(&body).map_err(invalid)?;
+    if let Value::Object(fields) = &mut fields {
+        let current = state.config();
+        fields
+            .entry("webhook_url")
+            .or_insert_with(|| json!(current.webhook_url));
+        fields
+            .entry("webhook_secret")
+            .or_insert_with(|| json!(current.webhook_secret));
+    }
+    let config: SandboxConfig = serde_json::from_value(fields).map_err(invalid)?;
     config.validate().map_err(|invalid| {
         ApiError::invalid_request(invalid.message.clone()).with_param(invalid.field)
     })?;

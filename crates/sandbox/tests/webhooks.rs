@@ -819,7 +819,9 @@ async fn redeliver_sends_events_again() -> TestResult {
         .post_json("/_sandbox/webhooks/redeliver", &json!({"event": "x"}))
         .await?;
     assert_eq!(bad.status, StatusCode::BAD_REQUEST);
-    let off = sandbox.post_json("/_sandbox/config", &json!({})).await?;
+    let off = sandbox
+        .post_json("/_sandbox/config", &json!({"webhook_url": null}))
+        .await?;
     assert_eq!(off.status, StatusCode::OK);
     let nowhere = sandbox
         .client
@@ -827,6 +829,39 @@ async fn redeliver_sends_events_again() -> TestResult {
         .send()
         .await?;
     assert_eq!(nowhere.status(), StatusCode::BAD_REQUEST);
+    Ok(())
+}
+
+/// Where webhooks go is wiring, not a fault: a config replacement that
+/// leaves `webhook_url` and `webhook_secret` out keeps them (so restoring
+/// normal with `{}` does not cut off the API's in-process sandbox), and
+/// `"webhook_url": null` turns events off.
+#[tokio::test]
+async fn a_config_replacement_keeps_where_webhooks_go() -> TestResult {
+    let receiver = Receiver::start().await?;
+    let sandbox = Sandbox::hooked(&receiver).await?;
+    let faults = sandbox
+        .post_json("/_sandbox/config", &json!({"latency_ms": 1}))
+        .await?;
+    assert_eq!(faults.status, StatusCode::OK, "{}", faults.json);
+    assert_eq!(faults.json["latency_ms"], 1);
+    assert_eq!(faults.json["webhook_url"], receiver.url.as_str());
+    assert_eq!(faults.json["webhook_secret"], SECRET);
+    let normal = sandbox.post_json("/_sandbox/config", &json!({})).await?;
+    assert_eq!(normal.json["latency_ms"], 0);
+    assert_eq!(normal.json["webhook_url"], receiver.url.as_str());
+    sandbox.charge("true", None).await?;
+    let deliveries = receiver.wait_for(1).await;
+    assert_eq!(deliveries.len(), 1);
+    assert_stripe_event(&deliveries[0]);
+
+    let off = sandbox
+        .post_json("/_sandbox/config", &json!({"webhook_url": null}))
+        .await?;
+    assert_eq!(off.json["webhook_url"], Value::Null);
+    assert_eq!(off.json["webhook_secret"], SECRET, "kept for a later URL");
+    sandbox.charge("true", None).await?;
+    assert_eq!(sandbox.records().await?.len(), 1, "no event made while off");
     Ok(())
 }
 

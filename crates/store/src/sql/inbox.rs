@@ -56,6 +56,7 @@ pub(crate) struct InboxStatements {
     disputes_of: String,
     list_disputes: [String; 3],
     pub(super) disputed: String,
+    pub(super) prune: String,
 }
 
 impl InboxStatements {
@@ -132,6 +133,18 @@ impl InboxStatements {
             disputed: r(&format!(
                 "SELECT COUNT(*) FROM disputes WHERE charge_id = $1 AND {BLOCKS_REFUNDS}"
             )),
+            // Done with: applied or ignored, received `retention` ago.
+            prune: r(&{
+                let done = "state IN ('applied', 'ignored') AND received_at <= {now} - {ms}";
+                if D::DELETE_LIMIT {
+                    format!("DELETE FROM provider_events WHERE {done} LIMIT $2")
+                } else {
+                    format!(
+                        "DELETE FROM provider_events WHERE id IN (SELECT id \
+                         FROM provider_events WHERE {done} LIMIT $2{{skip_locked}})"
+                    )
+                }
+            }),
         }
     }
 }
@@ -139,6 +152,12 @@ impl InboxStatements {
 sql_impl! {{
     fn inbox(&self) -> &InboxStatements {
         &self.sql.inbox
+    }
+
+    /// Deletes at most `batch` provider events done with (applied or
+    /// ignored) received `retention_ms` ago or longer.
+    pub(super) async fn prune_done(&self, retention_ms: i64, batch: i64) -> Result<u64, Error> {
+        self.write(Self::q(&self.inbox().prune).bind(retention_ms).bind(batch)).await
     }
 
     /// A dispute read as [`DISPUTE_ROW`] lists it.

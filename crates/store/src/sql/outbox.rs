@@ -431,7 +431,12 @@ sql_impl! {{
         let (ms, batch) = (millis(retention), i64::from(batch));
         let deliveries = self.write(Self::q(&self.outbox().prune_deliveries).bind(ms).bind(batch)).await?;
         let events = self.write(Self::q(&self.outbox().prune_events).bind(ms).bind(batch)).await?;
-        Ok(PrunedEvents { events, deliveries })
+        let provider_events = self.prune_done(ms, batch).await?;
+        Ok(PrunedEvents {
+            events,
+            deliveries,
+            provider_events,
+        })
     }
 
     pub(super) async fn oldest_age(&self) -> Result<Option<Duration>, Error> {
