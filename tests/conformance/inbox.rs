@@ -15,7 +15,7 @@ use payments_domain::store::{Application, Applied, ClaimOutcome, Store};
 use payments_tests::{Backend, backend_tests};
 use serde_json::Value;
 
-use super::{RACERS, TTL, db, refund_claim, succeeded_charge};
+use super::{RACERS, TTL, claimed_refund, db, refund_claim, refund_finish, succeeded_charge};
 
 /// The provider's view of `charge`: succeeded, captured, with `refunds`
 /// and `disputes`.
@@ -343,7 +343,7 @@ async fn waiting_events_are_applied_again_once(backend: Backend) {
         store.apply_provider_event(&waiting).await.unwrap(),
         Applied::Applied
     );
-    let listed = store.waiting_provider_events(10).await.unwrap();
+    let listed = store.open_provider_events(10).await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(
         listed[0].gateway_charge_id.as_deref(),
@@ -357,9 +357,71 @@ async fn waiting_events_are_applied_again_once(backend: Backend) {
         store.provider_event("evt_waiting").await.unwrap(),
         Some(InboxState::Applied)
     );
-    assert!(store.waiting_provider_events(10).await.unwrap().is_empty());
+    assert!(store.open_provider_events(10).await.unwrap().is_empty());
     let counted = store.count_provider_events().await.unwrap();
     assert_eq!(counted, vec![(InboxState::Applied, 1)]);
+}
+
+/// The charge's `amount_reserved` and `amount_refunded`, as stored.
+async fn reserved_refunded(db: &payments_tests::TestDb, id: &str) -> (i64, i64) {
+    let reserved = db
+        .count(
+            "SELECT amount_reserved FROM charges WHERE id = ?",
+            "SELECT amount_reserved FROM charges WHERE id = $1",
+            &[id],
+        )
+        .await;
+    let refunded = db
+        .count(
+            "SELECT amount_refunded FROM charges WHERE id = ?",
+            "SELECT amount_refunded FROM charges WHERE id = $1",
+            &[id],
+        )
+        .await;
+    (reserved, refunded)
+}
+
+/// A dashboard refund that does not fit beside a refund of ours in flight
+/// is not recorded (the charge cannot show more refunded than it took):
+/// the event is left for a person, open, and counters stay; once ours
+/// fails at the provider (there was no room) and gives back, the same
+/// event applied again records the dashboard refund, once.
+async fn a_dashboard_refund_beside_one_in_flight_waits_for_it(backend: Backend) {
+    let Some(db) = db(backend).await else { return };
+    let store = db.store();
+    let charge = succeeded_charge(&store, "inbox-conflict", 1000).await;
+    let c = refund_claim("ours-in-flight", &charge, Some(800));
+    let (record_id, ours) = claimed_refund(store.claim(&c).await.unwrap());
+    let provider = at_provider(
+        &charge,
+        vec![dashboard_refund("re_dash_conflict", 300, "succeeded")],
+        vec![],
+    );
+    let conflict = planned(&store, "evt_conflict", &provider).await;
+    assert!(conflict.changes.is_empty(), "{:?}", conflict.changes);
+    assert_eq!(conflict.record.state, InboxState::NeedsPerson);
+    assert_eq!(
+        store.apply_provider_event(&conflict).await.unwrap(),
+        Applied::Applied
+    );
+    assert_eq!(reserved_refunded(&db, &charge.id).await, (800, 0));
+    let open = store.open_provider_events(10).await.unwrap();
+    assert_eq!(open.len(), 1);
+    assert!(open[0].detail.as_deref().unwrap().contains(&ours.id));
+
+    let failed = refund_finish(record_id, &c, &ours, ChargeStatus::Failed);
+    store.finish(&failed).await.unwrap();
+    let again = planned(&store, "evt_conflict", &provider).await;
+    assert_eq!(again.record.state, InboxState::Applied);
+    assert_eq!(again.changes.len(), 1);
+    let outcomes = race(&db, vec![again; RACERS]).await;
+    assert_eq!(count(&outcomes, Applied::Applied), 1, "{outcomes:?}");
+    assert_eq!(reserved_refunded(&db, &charge.id).await, (300, 300));
+    assert_eq!(
+        store.provider_event("evt_conflict").await.unwrap(),
+        Some(InboxState::Applied)
+    );
+    assert!(store.open_provider_events(10).await.unwrap().is_empty());
 }
 
 /// Provider events done with (applied, ignored) are pruned once received
@@ -424,4 +486,5 @@ backend_tests!(
     disputes_are_kept_once_and_refuse_refunds_while_they_stand,
     waiting_events_are_applied_again_once,
     provider_events_done_with_are_pruned_after_the_retention,
+    a_dashboard_refund_beside_one_in_flight_waits_for_it,
 );

@@ -4,11 +4,10 @@
 //! charge whose answer was lost is re-driven under its provider key and
 //! replayed, not made again.
 
-use payments_api::config::DEV_JWT_SECRET;
 use payments_tests::{Process, charge_body};
 use serde_json::{Value, json};
 
-use crate::{mint, mint_back_office, post};
+use crate::{MakeRun, mint, mint_back_office, post};
 
 /// The in-process sandbox's URL, from the API's start-up warning.
 fn sandbox_url(api: &Process) -> String {
@@ -32,21 +31,11 @@ async fn sandbox_charges(api: &Process) -> Vec<Value> {
 
 #[tokio::test]
 async fn a_restarted_make_run_still_knows_the_sandboxs_charges() {
-    let dir = std::env::temp_dir().join(format!(
-        "payments-e2e-ledger-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    let url = format!("sqlite://{}/payments.db", dir.display());
-    let env = [
-        ("DATABASE_URL", url.as_str()),
-        ("LISTEN_ADDR", "127.0.0.1:0"),
-        ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
-        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
-    ];
-    let ledger = dir.join("payments.sandbox-ledger.jsonl");
+    let run = MakeRun::new();
+    let ledger = run.dir.join("payments.sandbox-ledger.jsonl");
     let token = mint("cus_restart").await;
 
-    let mut api = Process::start("payments-api", &[], &env).await;
+    let mut api = run.start(&[]).await;
     let shown = ledger.display().to_string();
     assert!(api.log().contains(&shown), "{}", api.log());
     let charged = post(&api, &token, "kept", &charge_body(2500, "tok_visa")).await;
@@ -73,7 +62,7 @@ async fn a_restarted_make_run_still_knows_the_sandboxs_charges() {
     assert!(ledger.exists(), "{shown}");
 
     // The same data directory; the sandbox's config starts afresh.
-    let api = Process::start("payments-api", &[], &env).await;
+    let api = run.start(&[]).await;
     let charge_id = charged["id"].as_str().unwrap();
     let refunded = reqwest::Client::new()
         .post(format!("{}/api/charges/{charge_id}/refunds", api.url))
@@ -111,7 +100,6 @@ async fn a_restarted_make_run_still_knows_the_sandboxs_charges() {
     assert_eq!(after, expected, "no charge made again, none forgotten");
     assert_eq!(retried["gateway_charge_id"], before[1]["id"]);
     api.stop().await.unwrap();
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// GET `path` at the API with `token`, as JSON.
@@ -152,23 +140,9 @@ async fn api_get_until(
 /// both went out as events.
 #[tokio::test]
 async fn make_runs_sandbox_sends_its_webhooks_to_the_api() {
-    let dir = std::env::temp_dir().join(format!(
-        "payments-e2e-inbox-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    let url = format!("sqlite://{}/payments.db", dir.display());
-    let env = [
-        ("DATABASE_URL", url.as_str()),
-        ("LISTEN_ADDR", "127.0.0.1:0"),
-        ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
-        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
-        (
-            "JWT_BACKOFFICE_AUDIENCE",
-            payments_tests::BACK_OFFICE_AUDIENCE,
-        ),
-    ];
+    let run = MakeRun::new();
     let (token, staff) = (mint("cus_step9").await, mint_back_office("ops_step9").await);
-    let api = Process::start("payments-api", &[], &env).await;
+    let api = run.start(&[]).await;
     let charged = post(&api, &token, "step9", &charge_body(2500, "tok_visa")).await;
     assert_eq!(charged.status(), 201);
     let charged: Value = charged.json().await.unwrap();
@@ -264,5 +238,4 @@ async fn make_runs_sandbox_sends_its_webhooks_to_the_api() {
         );
     }
     api.stop().await.unwrap();
-    let _ = std::fs::remove_dir_all(dir);
 }

@@ -17,6 +17,53 @@ use payments_api::config::DEV_JWT_SECRET;
 use payments_tests::{Backend, Process, TestDb, backend_tests, charge_body, run_binary};
 use serde_json::Value;
 
+/// `make run`'s configuration in a fresh data directory, removed when
+/// dropped: SQLite in the directory (the sandbox's ledger beside it), the
+/// API and its in-process sandbox on free loopback ports, the development
+/// JWT secret and the back office's audience.
+struct MakeRun {
+    dir: std::path::PathBuf,
+    database_url: String,
+}
+
+impl MakeRun {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "payments-e2e-run-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let database_url = format!("sqlite://{}/payments.db", dir.display());
+        Self { dir, database_url }
+    }
+
+    /// The environment `make run` gives the API, then `extra`.
+    fn env<'a>(&'a self, extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+        let mut env = vec![
+            ("DATABASE_URL", self.database_url.as_str()),
+            ("LISTEN_ADDR", "127.0.0.1:0"),
+            ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
+            ("JWT_HS256_SECRET", DEV_JWT_SECRET),
+            (
+                "JWT_BACKOFFICE_AUDIENCE",
+                payments_tests::BACK_OFFICE_AUDIENCE,
+            ),
+        ];
+        env.extend_from_slice(extra);
+        env
+    }
+
+    /// The API started with [`MakeRun::env`].
+    async fn start(&self, extra: &[(&str, &str)]) -> Process {
+        Process::start("payments-api", &[], &self.env(extra)).await
+    }
+}
+
+impl Drop for MakeRun {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 async fn post(api: &Process, token: &str, key: &str, body: &str) -> reqwest::Response {
     api.post_charge(token, key, body).await.unwrap()
 }
@@ -254,19 +301,8 @@ backend_tests!(readme_session_against_the_real_binaries);
 /// that no real money moves; `make run` relies on this.
 #[tokio::test]
 async fn embedded_sandbox_mode_serves_and_warns() {
-    let dir = std::env::temp_dir().join(format!("payments-e2e-{}", uuid::Uuid::new_v4().simple()));
-    let url = format!("sqlite://{}/payments.db", dir.display());
-    let api = Process::start(
-        "payments-api",
-        &[],
-        &[
-            ("DATABASE_URL", &url),
-            ("LISTEN_ADDR", "127.0.0.1:0"),
-            ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
-            ("JWT_HS256_SECRET", DEV_JWT_SECRET),
-        ],
-    )
-    .await;
+    let run = MakeRun::new();
+    let api = run.start(&[]).await;
     assert!(api.log().contains("NO REAL MONEY MOVES"), "{}", api.log());
     // With the sandbox the jobs run in-process: the first passes run at start.
     assert!(
@@ -291,7 +327,6 @@ async fn embedded_sandbox_mode_serves_and_warns() {
     .await;
     assert_eq!(declined.status(), 402);
     drop(api);
-    let _ = std::fs::remove_dir_all(dir);
 }
 
 /// Dangerous or inconsistent settings stop the server before it serves,

@@ -150,11 +150,7 @@ backend_tests!(a_kill_mid_finish_leaves_no_change_without_its_event_nor_an_event
 /// the receiver; a receiver that refuses a wrong secret answers 400.
 #[tokio::test]
 async fn the_readme_receiver_gets_a_charges_event() {
-    let dir = std::env::temp_dir().join(format!(
-        "payments-e2e-hooks-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    let url = format!("sqlite://{}/payments.db", dir.display());
+    let run = super::MakeRun::new();
     let secret = "whsec_dev_only_0123456789abcdef";
     let receiver = Process::start(
         "payments-receiver",
@@ -163,19 +159,12 @@ async fn the_readme_receiver_gets_a_charges_event() {
     )
     .await;
     let hooks = json!([{"url": receiver.url, "secret": secret}]).to_string();
-    let env = [
-        ("DATABASE_URL", url.as_str()),
-        ("LISTEN_ADDR", "127.0.0.1:0"),
-        ("SANDBOX_LISTEN_ADDR", "127.0.0.1:0"),
-        ("JWT_HS256_SECRET", DEV_JWT_SECRET),
-        (
-            "JWT_BACKOFFICE_AUDIENCE",
-            payments_tests::BACK_OFFICE_AUDIENCE,
-        ),
-        ("WEBHOOK_ENDPOINTS", hooks.as_str()),
-        ("DELIVER_EVERY", "200ms"),
-    ];
-    let api = Process::start("payments-api", &[], &env).await;
+    let api = run
+        .start(&[
+            ("WEBHOOK_ENDPOINTS", hooks.as_str()),
+            ("DELIVER_EVERY", "200ms"),
+        ])
+        .await;
     let token = super::mint("cus_hooks").await;
     let charged = super::post(
         &api,
@@ -229,5 +218,4 @@ async fn the_readme_receiver_gets_a_charges_event() {
         .unwrap();
     assert_eq!(refused.status(), 400);
     drop(api);
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -80,6 +80,49 @@ async fn charge_read(app: &TestApp, id: &str) -> Value {
         .body
 }
 
+/// Something happens at the provider (a POST of `body` to the sandbox's
+/// `path`, which must answer 200), then the charge `id` is read until
+/// `done` holds (its webhooks applied). The sandbox's answer and the read.
+async fn at_provider_then(
+    app: &TestApp,
+    (path, body): (&str, Value),
+    id: &str,
+    done: impl Fn(&Value) -> bool,
+) -> (Value, Value) {
+    let happened = app.sandbox_post(path, &body).await;
+    assert_eq!(happened.status, 200, "{path}: {}", happened.body);
+    let read = eventually(async || charge_read(app, id).await, &done).await;
+    if !done(&read) {
+        panic!(
+            "{path} {body}: the charge never showed it: {read}\nthe sandbox's webhooks: {:#}",
+            json!(app.sandbox_webhooks().await)
+        );
+    }
+    (happened.body, read)
+}
+
+/// Moves the sandbox's dispute `dispute` to `status`; the charge `id` read
+/// once it shows it.
+async fn dispute_moves(app: &TestApp, dispute: &str, status: &str, id: &str) -> Value {
+    let path = format!("/_sandbox/disputes/{dispute}");
+    let moved = (path.as_str(), json!({"status": status}));
+    at_provider_then(app, moved, id, |c| c["dispute"]["status"] == status)
+        .await
+        .1
+}
+
+/// The data of `object_id`'s one event of type `event_type`.
+async fn event_data(app: &TestApp, object_id: &str, event_type: &str) -> Value {
+    let events = payments_tests::all_events(&app.db.store()).await;
+    let mut data = events
+        .into_iter()
+        .filter(|e| e.object_id == object_id && e.event_type == event_type)
+        .map(|e| serde_json::from_str::<Value>(&e.data).unwrap());
+    let one = data.next().expect("the event");
+    assert!(data.next().is_none(), "one {event_type} of {object_id}");
+    one
+}
+
 async fn event_types(app: &TestApp, object_id: &str) -> Vec<String> {
     let events = payments_tests::all_events(&app.db.store()).await;
     let mut types: Vec<String> = events
@@ -260,20 +303,12 @@ async fn a_dashboard_refund_arrives_and_fails_later(backend: Backend) {
         .await;
     let id = charge["id"].as_str().unwrap();
     let provider_id = charge["gateway_charge_id"].as_str().unwrap();
-    let made = app
-        .sandbox_post(
-            &format!("/_sandbox/charges/{provider_id}/refunds"),
-            &json!({"amount": 1500}),
-        )
-        .await;
-    assert_eq!(made.status, 200, "{}", made.body);
-    let provider_refund = made.body["id"].as_str().unwrap().to_owned();
-    let read = eventually(
-        async || charge_read(&app, id).await,
-        |c| c["amount_refunded"] == 1500,
-    )
+    let path = format!("/_sandbox/charges/{provider_id}/refunds");
+    let (made, _) = at_provider_then(&app, (&path, json!({"amount": 1500})), id, |c| {
+        c["amount_refunded"] == 1500
+    })
     .await;
-    assert_eq!(read["amount_refunded"], 1500, "{read}");
+    let provider_refund = made["id"].as_str().unwrap().to_owned();
     let refunds = app
         .get_with(&office(&app), &format!("/api/charges/{id}/refunds"))
         .await;
@@ -284,6 +319,14 @@ async fn a_dashboard_refund_arrives_and_fails_later(backend: Backend) {
     assert_eq!(listed[0]["status"], "succeeded");
     let refund_id = listed[0]["id"].as_str().unwrap().to_owned();
     assert_eq!(event_types(&app, &refund_id).await, ["refund.succeeded"]);
+    let shown = app
+        .get_with(&office(&app), &format!("/api/refunds/{refund_id}"))
+        .await;
+    assert_eq!(
+        event_data(&app, &refund_id, "refund.succeeded").await,
+        shown.body,
+        "the event's data is the refund as it was made, dated by the database"
+    );
 
     // What is left is what the dashboard left; our own refund of it is
     // matched by its metadata when its webhooks come, never created twice.
@@ -302,19 +345,9 @@ async fn a_dashboard_refund_arrives_and_fails_later(backend: Backend) {
     assert_eq!(app.db.refunds_with_status("").await, 2);
 
     // The dashboard refund fails days later: its amount comes back.
-    let failed = app
-        .sandbox_post(
-            &format!("/_sandbox/refunds/{provider_refund}"),
-            &json!({"status": "failed", "failure_reason": "expired_or_canceled_card"}),
-        )
-        .await;
-    assert_eq!(failed.status, 200, "{}", failed.body);
-    let read = eventually(
-        async || charge_read(&app, id).await,
-        |c| c["amount_refunded"] == 3500,
-    )
-    .await;
-    assert_eq!(read["amount_refunded"], 3500, "{read}");
+    let path = format!("/_sandbox/refunds/{provider_refund}");
+    let failed = json!({"status": "failed", "failure_reason": "expired_or_canceled_card"});
+    at_provider_then(&app, (&path, failed), id, |c| c["amount_refunded"] == 3500).await;
     let refund = app
         .get_with(&office(&app), &format!("/api/refunds/{refund_id}"))
         .await;
@@ -341,25 +374,22 @@ async fn disputes_reach_the_reads_the_list_and_the_events(backend: Backend) {
         .await;
     let id = charge["id"].as_str().unwrap();
     let provider_id = charge["gateway_charge_id"].as_str().unwrap();
-    let opened = app
-        .sandbox_post(
-            &format!("/_sandbox/charges/{provider_id}/disputes"),
-            &json!({"inquiry": true}),
-        )
-        .await;
-    assert_eq!(opened.status, 200, "{}", opened.body);
-    let dispute = opened.body["id"].as_str().unwrap().to_owned();
-    let read = eventually(
-        async || charge_read(&app, id).await,
-        |c| !c["dispute"].is_null(),
-    )
-    .await;
+    let path = format!("/_sandbox/charges/{provider_id}/disputes");
+    let inquiry = (path.as_str(), json!({"inquiry": true}));
+    let (opened, read) = at_provider_then(&app, inquiry, id, |c| !c["dispute"].is_null()).await;
+    let dispute = opened["id"].as_str().unwrap().to_owned();
     assert_eq!(
         read["dispute"]["status"], "warning_needs_response",
         "{read}"
     );
     assert_eq!(read["dispute"]["gateway_dispute_id"], dispute.as_str());
     assert_eq!(read["dispute"]["is_charge_refundable"], true);
+    let local_dispute = read["dispute"]["id"].as_str().unwrap();
+    assert_eq!(
+        event_data(&app, local_dispute, "charge.dispute.created").await,
+        read["dispute"],
+        "the event's data is the dispute as it was made, dated by the database"
+    );
     // The back office lists it; a customer may not.
     let listed = app.get_with(&office, "/api/disputes").await;
     assert_eq!(listed.status, 200, "{}", listed.body);
@@ -373,18 +403,7 @@ async fn disputes_reach_the_reads_the_list_and_the_events(backend: Backend) {
     );
 
     // Escalated: refunds refused while it stands.
-    let moved = app
-        .sandbox_post(
-            &format!("/_sandbox/disputes/{dispute}"),
-            &json!({"status": "needs_response"}),
-        )
-        .await;
-    assert_eq!(moved.status, 200, "{}", moved.body);
-    let read = eventually(
-        async || charge_read(&app, id).await,
-        |c| c["dispute"]["status"] == "needs_response",
-    )
-    .await;
+    let read = dispute_moves(&app, &dispute, "needs_response", id).await;
     assert_eq!(read["dispute"]["is_charge_refundable"], false, "{read}");
     let refused = app
         .post_refund("ops_1", id, &new_key(), &json!({"amount_cents": 100}))
@@ -399,23 +418,7 @@ async fn disputes_reach_the_reads_the_list_and_the_events(backend: Backend) {
     );
 
     // Lost: closed, no longer listed as open.
-    app.sandbox_post(
-        &format!("/_sandbox/disputes/{dispute}"),
-        &json!({"status": "lost"}),
-    )
-    .await;
-    let read = eventually(
-        async || charge_read(&app, id).await,
-        |c| c["dispute"]["status"] == "lost",
-    )
-    .await;
-    if read["dispute"]["status"] != "lost" {
-        eprintln!(
-            "the sandbox's webhooks: {:#}",
-            json!(app.sandbox_webhooks().await)
-        );
-    }
-    assert_eq!(read["dispute"]["status"], "lost");
+    dispute_moves(&app, &dispute, "lost", id).await;
     let open = app.get_with(&office, "/api/disputes").await;
     assert_eq!(open.body["data"], json!([]));
     let all = app.get_with(&office, "/api/disputes?status=all").await;
@@ -444,17 +447,7 @@ async fn disputes_reach_the_reads_the_list_and_the_events(backend: Backend) {
         )
         .await;
     let dispute = opened.body["id"].as_str().unwrap().to_owned();
-    app.sandbox_post(
-        &format!("/_sandbox/disputes/{dispute}"),
-        &json!({"status": "won"}),
-    )
-    .await;
-    let read = eventually(
-        async || charge_read(&app, id).await,
-        |c| c["dispute"]["status"] == "won",
-    )
-    .await;
-    assert_eq!(read["dispute"]["status"], "won", "{read}");
+    dispute_moves(&app, &dispute, "won", id).await;
     let refund = app
         .post_refund("ops_1", id, &new_key(), &json!({"amount_cents": 100}))
         .await;

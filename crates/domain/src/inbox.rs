@@ -113,6 +113,13 @@ pub enum InboxState {
 }
 
 impl InboxState {
+    /// Applied again (by the jobs runner, or a redelivery) until it is
+    /// applied: waiting for its row, or left for a person (the conflict
+    /// may resolve itself, as when a refund in flight settles).
+    pub fn is_open(self) -> bool {
+        matches!(self, Self::Waiting | Self::NeedsPerson)
+    }
+
     pub const ALL: [Self; 4] = [
         Self::Applied,
         Self::Ignored,
@@ -179,9 +186,9 @@ pub fn is_inquiry(status: &str) -> bool {
 }
 
 impl Dispute {
-    /// The local dispute of `charge` the provider's `d` is, new (its times
-    /// are the store's).
-    fn of(charge: &Charge, d: &ProviderDispute) -> Self {
+    /// The local dispute of `charge` the provider's `d` is, new, made at
+    /// `now`.
+    fn of(charge: &Charge, d: &ProviderDispute, now: DateTime<Utc>) -> Self {
         Self {
             id: local_id("dp_", &d.id),
             gateway_dispute_id: d.id.clone(),
@@ -192,8 +199,8 @@ impl Dispute {
             reason: d.reason.clone(),
             refundable: d.refundable,
             evidence_due_by: d.evidence_due_by,
-            created_at: DateTime::UNIX_EPOCH,
-            updated_at: DateTime::UNIX_EPOCH,
+            created_at: now,
+            updated_at: now,
         }
     }
 
@@ -278,6 +285,9 @@ pub struct Local {
     pub hold_taken: bool,
     pub refunds: Vec<Refund>,
     pub disputes: Vec<Dispute>,
+    /// The database's clock when this was read: what a refund or dispute
+    /// made or changed from it is dated (its row, and its event's data).
+    pub now: DateTime<Utc>,
 }
 
 /// One change to the local state, each guarded in the store by the state
@@ -499,8 +509,12 @@ fn follow_refund(refund: &Refund, r: &ProviderRefund, plan: &mut Plan) {
 }
 
 /// A refund made at the provider that is none of ours: created here, with
-/// actor `provider`, whether or not it fits in what this server allowed
-/// (the money moved; one that does not fit is for a person).
+/// actor `provider`, when it fits beside the refunds this server holds.
+/// One that does not fit conflicts with a reservation here (a refund of
+/// ours in flight, which the provider will refuse: the money is gone):
+/// it is left for a person and not created, since the charge cannot show
+/// more refunded than it took; the event stays open and is applied again
+/// by each reconcile pass, which settles the refund in flight first.
 fn provider_refund(local: &Local, provider: &ProviderCharge, r: &ProviderRefund, plan: &mut Plan) {
     let charge = &local.charge;
     let status = match r.status.as_str() {
@@ -534,25 +548,36 @@ fn provider_refund(local: &Local, provider: &ProviderCharge, r: &ProviderRefund,
         gateway_refund_id: Some(r.id.clone()),
         failure_code: (status == ChargeStatus::Failed)
             .then(|| r.failure_reason.clone().unwrap_or_else(|| r.status.clone())),
-        created_at: DateTime::UNIX_EPOCH,
-        updated_at: DateTime::UNIX_EPOCH,
+        created_at: local.now,
+        updated_at: local.now,
     };
-    let reserved: i64 = local
+    let holding: Vec<&Refund> = local
         .refunds
         .iter()
         .filter(|l| l.status.holds_refund())
-        .map(|l| l.amount_cents)
-        .sum();
+        .collect();
+    let reserved: i64 = holding.iter().map(|l| l.amount_cents).sum();
     if status != ChargeStatus::Failed && reserved + r.amount_cents > charge.captured_cents() {
+        let in_flight: Vec<&str> = holding
+            .iter()
+            .filter(|l| l.status != ChargeStatus::Succeeded)
+            .map(|l| l.id.as_str())
+            .collect();
         plan.for_person.push(format!(
-            "the provider's refund {} of {} for {} exceeds what this server allowed: {} of {} \
-             captured was already refunded or reserved",
+            "the provider's refund {} of {} for {} does not fit: {} of {} captured is already \
+             refunded or reserved here (in flight: {}); not recorded until it fits",
             r.id,
             charge.id,
             r.amount_cents,
             reserved,
-            charge.captured_cents()
+            charge.captured_cents(),
+            if in_flight.is_empty() {
+                "none: this server and the provider disagree".to_owned()
+            } else {
+                in_flight.join(", ")
+            }
         ));
+        return;
     }
     let event_type = match status {
         ChargeStatus::Succeeded => EventType::RefundSucceeded,
@@ -573,7 +598,7 @@ fn plan_disputes(local: &Local, provider: &ProviderCharge, plan: &mut Plan) {
             .iter()
             .find(|l| l.gateway_dispute_id == d.id)
             .cloned();
-        let mut dispute = Dispute::of(&local.charge, d);
+        let mut dispute = Dispute::of(&local.charge, d, local.now);
         if let Some(p) = &previous {
             // Applications read the provider at different moments: one
             // that read it before another's change committed must not take
@@ -598,7 +623,20 @@ fn plan_disputes(local: &Local, provider: &ProviderCharge, plan: &mut Plan) {
             dispute.created_at = p.created_at;
         }
         let data = dispute.to_json();
-        let event = |t: EventType| NewEvent::keyed(t, &dispute.id, &dispute.status, data.clone());
+        // Created, funds withdrawn and closed happen once each; an update
+        // once per state the dispute is seen in (a new amount or evidence
+        // deadline with the same status is another update).
+        let state = format!(
+            "{}:{}:{}:{:?}",
+            dispute.status, dispute.amount_cents, dispute.refundable, dispute.evidence_due_by
+        );
+        let event = |t: EventType| {
+            let key = match t {
+                EventType::ChargeDisputeUpdated => state.as_str(),
+                _ => dispute.status.as_str(),
+            };
+            NewEvent::keyed(t, &dispute.id, key, data.clone())
+        };
         let mut events = Vec::new();
         let was = previous.as_ref().map(|p| p.status.as_str());
         if was.is_none() {
@@ -682,6 +720,7 @@ mod tests {
             hold_taken: false,
             refunds: Vec::new(),
             disputes: Vec::new(),
+            now: DateTime::from_timestamp(1_800_000_000, 0).unwrap_or_default(),
         }
     }
 
@@ -804,22 +843,26 @@ mod tests {
     }
 
     #[test]
-    fn a_refund_beyond_what_was_allowed_is_recorded_and_left_for_a_person() {
+    fn a_refund_that_does_not_fit_beside_one_in_flight_waits_with_a_person() {
         let mut l = local(charge(ChargeStatus::Succeeded, 1000));
-        let mut reserved = refund_local("re_a", 800, ChargeStatus::Succeeded);
-        reserved.gateway_refund_id = Some("re_pa".into());
-        l.refunds.push(reserved);
+        l.refunds
+            .push(refund_local("re_a", 800, ChargeStatus::Unknown));
         let mut p = provider(1000);
-        p.refunds
-            .push(refund_at_provider("re_pa", 800, Some("re_a")));
         p.refunds.push(refund_at_provider("re_dash", 300, None));
-        let plan = plan(&l, &p);
-        assert_eq!(
-            plan.changes.len(),
-            1,
-            "the refund is recorded: the money moved"
-        );
-        assert_eq!(plan.state(), InboxState::NeedsPerson);
+        let waiting = plan(&l, &p);
+        assert_eq!(waiting.changes, Vec::new(), "the charge cannot show 1100");
+        assert_eq!(waiting.state(), InboxState::NeedsPerson);
+        assert!(waiting.state().is_open(), "applied again");
+        let detail = waiting.detail().expect("it says why");
+        assert!(detail.contains("in flight: re_a"), "{detail}");
+        // Ours failed at the provider (there was no room): it fits now.
+        l.refunds[0].status = ChargeStatus::Failed;
+        let applied = plan(&l, &p);
+        assert_eq!(applied.state(), InboxState::Applied);
+        assert!(matches!(
+            applied.changes.as_slice(),
+            [Change::ProviderRefund { refund, .. }] if refund.amount_cents == 300
+        ));
     }
 
     fn refund_local(id: &str, amount: i64, status: ChargeStatus) -> Refund {
@@ -973,6 +1016,26 @@ mod tests {
             panic!("a dispute")
         };
         assert!(dispute.blocks_refunds());
+        l.disputes = vec![dispute.clone()];
+        // The amount changes, the status does not: another update, with an
+        // id of its own (one per state the dispute is seen in).
+        let update_id = |plan: &Plan| match &plan.changes[..] {
+            [Change::Dispute { events, .. }] => events
+                .iter()
+                .find(|e| e.event_type == EventType::ChargeDisputeUpdated)
+                .map(|e| e.id.clone()),
+            _ => None,
+        };
+        let escalated_update = update_id(&escalated);
+        d.amount_cents = 600;
+        p.disputes = vec![d.clone()];
+        let smaller = plan(&l, &p);
+        assert_eq!(types(&smaller), ["charge.dispute.updated"]);
+        assert!(update_id(&smaller).is_some());
+        assert_ne!(update_id(&smaller), escalated_update);
+        let Change::Dispute { dispute, .. } = &smaller.changes[0] else {
+            panic!("a dispute")
+        };
         l.disputes = vec![dispute.clone()];
         d.status = "lost".into();
         p.disputes = vec![d];

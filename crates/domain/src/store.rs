@@ -668,9 +668,9 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     /// change writes its events.
     async fn apply_provider_event(&self, application: &Application) -> Result<Applied, StoreError>;
 
-    /// Provider events recorded `waiting`, least recently tried first (at
-    /// most `limit`).
-    async fn waiting_provider_events(&self, limit: u32) -> Result<Vec<Recorded>, StoreError>;
+    /// Provider events open (recorded `waiting` or `needs_person`), least
+    /// recently tried first (at most `limit`).
+    async fn open_provider_events(&self, limit: u32) -> Result<Vec<Recorded>, StoreError>;
 
     /// Provider events recorded per state, for the gauge.
     async fn count_provider_events(&self) -> Result<Vec<(InboxState, u64)>, StoreError>;

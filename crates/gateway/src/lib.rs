@@ -541,63 +541,85 @@ impl Gateway for HttpGateway {
     ) -> Result<Vec<ProviderObject>, String> {
         let url = format!("{}/v1/{}", self.base_url, kind.call());
         let (from, to) = (created.from.to_string(), created.to.to_string());
-        let limit = REFUND_PAGE_SIZE.to_string();
+        let query = [
+            ("created[gte]", from.as_str()),
+            ("created[lte]", to.as_str()),
+        ];
+        let what = format!(
+            "the provider's {}s created from {from} to {to}",
+            kind.name()
+        );
         let key = format!("payments_{}_id", kind.name());
-        let mut ours = Vec::new();
+        self.every_page(&url, &query, &what, |object| {
+            let Some(operation_id) = names(&object, &key)?.map(str::to_owned) else {
+                return Ok(None);
+            };
+            let object = decode_value::<wire::Object>(object).map_err(|e| format!(": {e}"))?;
+            Ok(Some(ProviderObject {
+                kind,
+                provider_id: object.id,
+                operation_id,
+                amount_cents: object.amount.unwrap_or_default(),
+                currency: object.currency.unwrap_or_default().to_ascii_uppercase(),
+                status: object.status,
+                created: object.created.unwrap_or_default(),
+            }))
+        })
+        .await
+    }
+}
+
+impl HttpGateway {
+    /// Every object of the list `GET {url}?{query}`, page after page
+    /// (newest first, [`REFUND_PAGE_SIZE`] a page), each read by `read`
+    /// (`None`: not wanted; `Err`: the field it could not read). `Err`
+    /// unless the whole list was read (`what` names it): an object that
+    /// cannot be read could be the one that matters.
+    pub(crate) async fn every_page<T>(
+        &self,
+        url: &str,
+        query: &[(&str, &str)],
+        what: &str,
+        mut read: impl FnMut(serde_json::Value) -> Result<Option<T>, String>,
+    ) -> Result<Vec<T>, String> {
+        let limit = REFUND_PAGE_SIZE.to_string();
+        let mut all = Vec::new();
         let mut cursor: Option<String> = None;
         for _ in 0..MAX_LIST_PAGES {
-            let mut query = vec![
-                ("created[gte]", from.as_str()),
-                ("created[lte]", to.as_str()),
-                ("limit", limit.as_str()),
-            ];
+            let mut page_query = query.to_vec();
+            page_query.push(("limit", limit.as_str()));
             if let Some(after) = &cursor {
-                query.push(("starting_after", after.as_str()));
+                page_query.push(("starting_after", after.as_str()));
             }
-            let page = self.fetch_page(&url, &query).await?;
+            let page = self.fetch_page(url, &page_query).await?;
             let last = page
                 .data
                 .last()
                 .and_then(|o| o.get("id"))
-                .and_then(|id| id.as_str());
-            let last = last.map(str::to_owned);
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned);
             for (i, object) in page.data.into_iter().enumerate() {
-                let unreadable =
-                    |e: String| format!("unreadable provider {} data[{i}]{e}", kind.name());
-                let Some(operation_id) =
-                    names(&object, &key).map_err(unreadable)?.map(str::to_owned)
-                else {
-                    continue;
-                };
-                let object = decode_value::<wire::Object>(object)
-                    .map_err(|e| unreadable(format!(": {e}")))?;
-                ours.push(ProviderObject {
-                    kind,
-                    provider_id: object.id,
-                    operation_id,
-                    amount_cents: object.amount.unwrap_or_default(),
-                    currency: object.currency.unwrap_or_default().to_ascii_uppercase(),
-                    status: object.status,
-                    created: object.created.unwrap_or_default(),
-                });
+                if let Some(item) =
+                    read(object).map_err(|e| format!("unreadable {what}: data[{i}]{e}"))?
+                {
+                    all.push(item);
+                }
             }
             if !page.has_more {
-                return Ok(ours);
+                return Ok(all);
             }
             match last {
                 Some(last) if cursor.as_deref() != Some(last.as_str()) => cursor = Some(last),
                 _ => {
                     return Err(format!(
-                        "the provider's {} list says it has more but gives no new page",
-                        kind.name()
+                        "{what}: the list says it has more but gives no new page"
                     ));
                 }
             }
         }
         Err(format!(
-            "more than {} {}s created from {from} to {to}: the list was not read to its end",
-            u64::from(REFUND_PAGE_SIZE) * u64::from(MAX_LIST_PAGES),
-            kind.name()
+            "{what}: more than {} pages; the list was not read to its end",
+            MAX_LIST_PAGES
         ))
     }
 }

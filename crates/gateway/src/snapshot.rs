@@ -6,9 +6,7 @@ use payments_domain::provider::{ProviderCharge, ProviderDispute, ProviderRefund}
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{
-    HttpGateway, Kind, MAX_LIST_PAGES, REFUND_PAGE_SIZE, decode, decode_value, names, wire,
-};
+use super::{HttpGateway, Kind, decode, decode_value, names, wire};
 
 /// Stripe's dispute object: the fields the server keeps.
 #[derive(Debug, Deserialize)]
@@ -45,7 +43,7 @@ impl HttpGateway {
             decode_value(value).map_err(|e| format!("unreadable charge {id} {e}"))?;
         let missing = |field: &str| format!("the provider's charge {id} has no {field}");
         let refunds = self
-            .every_page("refunds", id, |value| {
+            .of_charge("refunds", id, |value| {
                 let operation_id = names(&value, "payments_refund_id")?.map(str::to_owned);
                 let reason = value
                     .get("reason")
@@ -63,7 +61,7 @@ impl HttpGateway {
             })
             .await?;
         let disputes = self
-            .every_page("disputes", id, |value| {
+            .of_charge("disputes", id, |value| {
                 let d: Dispute = decode_value(value)?;
                 Ok(ProviderDispute {
                     id: d.id,
@@ -93,48 +91,17 @@ impl HttpGateway {
         }))
     }
 
-    /// Every object of `GET /v1/{path}?charge={charge}`, page after page
-    /// (newest first), each read by `read`; `Err` unless the whole list
-    /// was read.
-    async fn every_page<T>(
+    /// Every object of the list `GET /v1/{path}?charge={charge}`, each read
+    /// by `read`.
+    async fn of_charge<T>(
         &self,
         path: &str,
         charge: &str,
         read: impl Fn(Value) -> Result<T, String>,
     ) -> Result<Vec<T>, String> {
         let url = format!("{}/v1/{path}", self.base_url);
-        let limit = REFUND_PAGE_SIZE.to_string();
-        let mut all = Vec::new();
-        let mut cursor: Option<String> = None;
-        for _ in 0..MAX_LIST_PAGES {
-            let mut query = vec![("charge", charge), ("limit", limit.as_str())];
-            if let Some(after) = &cursor {
-                query.push(("starting_after", after.as_str()));
-            }
-            let page = self.fetch_page(&url, &query).await?;
-            let last = page
-                .data
-                .last()
-                .and_then(|o| o.get("id"))
-                .and_then(Value::as_str);
-            cursor = last.map(str::to_owned);
-            for (i, object) in page.data.into_iter().enumerate() {
-                all.push(
-                    read(object)
-                        .map_err(|e| format!("unreadable {path} of {charge}: data[{i}]{e}"))?,
-                );
-            }
-            if !page.has_more {
-                return Ok(all);
-            }
-            if cursor.is_none() {
-                return Err(format!(
-                    "the {path} of {charge}: a page said has_more with no data"
-                ));
-            }
-        }
-        Err(format!(
-            "the {path} of {charge} run past {MAX_LIST_PAGES} pages; not read whole"
-        ))
+        let what = format!("the {path} of {charge}");
+        self.every_page(&url, &[("charge", charge)], &what, |v| read(v).map(Some))
+            .await
     }
 }

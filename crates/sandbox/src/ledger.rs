@@ -513,6 +513,63 @@ impl<T> Page<T> {
     }
 }
 
+/// An object of a charge's list (a refund, a dispute): what a page of it
+/// is cut by.
+pub(crate) trait OfCharge {
+    fn id(&self) -> &str;
+    fn charge(&self) -> &str;
+    /// Unix seconds.
+    fn created(&self) -> u64;
+}
+
+impl OfCharge for Refund {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn charge(&self) -> &str {
+        &self.charge
+    }
+    fn created(&self) -> u64 {
+        self.created
+    }
+}
+
+impl OfCharge for crate::disputes::Dispute {
+    fn id(&self) -> &str {
+        &self.id
+    }
+    fn charge(&self) -> &str {
+        &self.charge
+    }
+    fn created(&self) -> u64 {
+        self.created
+    }
+}
+
+/// A page of `items` (newest first): only `charge`'s if given (which must
+/// exist), within `created`, from just after `starting_after` (which must
+/// be in the list), as Stripe pages a list.
+fn list_page<'a, T: OfCharge + Clone + 'a>(
+    books: &Books,
+    items: impl Iterator<Item = &'a T>,
+    charge: Option<&str>,
+    created: CreatedRange,
+    limit: usize,
+    starting_after: Option<&str>,
+) -> Result<Page<T>, ListRefusal> {
+    if charge.is_some_and(|charge| !books.has_charge(charge)) {
+        return Err(ListRefusal::NoSuchCharge);
+    }
+    let mut matches = items.filter(|item| charge.is_none_or(|charge| item.charge() == charge));
+    if let Some(cursor) = starting_after
+        && !matches.by_ref().any(|item| item.id() == cursor)
+    {
+        return Err(ListRefusal::NotInList);
+    }
+    let matches = matches.filter(|item| created.contains(item.created()));
+    Ok(Page::of(matches.cloned(), limit))
+}
+
 /// A Stripe-style id: `prefix`, an underscore, 24 alphanumerics.
 pub(crate) fn object_id(prefix: &str) -> String {
     let suffix: String = rand::rng()
@@ -1135,21 +1192,8 @@ impl Ledger {
         starting_after: Option<&str>,
     ) -> Result<Page<Dispute>, ListRefusal> {
         let books = self.lock();
-        if charge.is_some_and(|charge| !books.has_charge(charge)) {
-            return Err(ListRefusal::NoSuchCharge);
-        }
-        let mut matches = books
-            .disputes
-            .iter()
-            .rev()
-            .filter(|dispute| charge.is_none_or(|charge| dispute.charge == charge));
-        if let Some(cursor) = starting_after
-            && !matches.by_ref().any(|dispute| dispute.id == cursor)
-        {
-            return Err(ListRefusal::NotInList);
-        }
-        let matches = matches.filter(|dispute| created.contains(dispute.created));
-        Ok(Page::of(matches.cloned(), limit))
+        let disputes = books.disputes.iter().rev();
+        list_page(&books, disputes, charge, created, limit, starting_after)
     }
 
     /// The holds that lapsed by `now_ms` (their deadline, or their
@@ -1263,22 +1307,8 @@ impl Ledger {
         starting_after: Option<&str>,
     ) -> Result<Page<Refund>, ListRefusal> {
         let books = self.lock();
-        if charge.is_some_and(|charge| !books.has_charge(charge)) {
-            return Err(ListRefusal::NoSuchCharge);
-        }
-        let mut matches = books
-            .refunds
-            .iter()
-            .rev()
-            .map(|entry| &entry.refund)
-            .filter(|refund| charge.is_none_or(|charge| refund.charge == charge));
-        if let Some(cursor) = starting_after
-            && !matches.by_ref().any(|refund| refund.id == cursor)
-        {
-            return Err(ListRefusal::NotInList);
-        }
-        let matches = matches.filter(|refund| created.contains(refund.created));
-        Ok(Page::of(matches.cloned(), limit))
+        let refunds = books.refunds.iter().rev().map(|entry| &entry.refund);
+        list_page(&books, refunds, charge, created, limit, starting_after)
     }
 
     /// Charges created within `created`, newest first, from the one after
@@ -1821,6 +1851,15 @@ mod tests {
         Ok(())
     }
 
+    /// A ledger holding one captured charge of `amount`; its id.
+    fn paid(amount: u64) -> (Ledger, String) {
+        let ledger = Ledger::default();
+        let made = charge(amount, None);
+        let id = made.id.clone();
+        assert!(ledger.record(made, None).is_ok());
+        (ledger, id)
+    }
+
     fn refund_of(charge: &str, amount: Option<u64>) -> RefundRequest {
         RefundRequest {
             charge: charge.into(),
@@ -1833,10 +1872,7 @@ mod tests {
 
     #[test]
     fn refunds_never_exceed_the_charge() {
-        let ledger = Ledger::default();
-        let paid = charge(1000, None);
-        let id = paid.id.clone();
-        assert!(ledger.record(paid, None).is_ok());
+        let (ledger, id) = paid(1000);
 
         let first = ledger.refund(refund_of(&id, Some(600)), None, RefundStatus::Succeeded);
         assert!(first.is_ok_and(|made| made.refund.amount == 600 && made.refund.currency == "gbp"));
@@ -1875,10 +1911,7 @@ mod tests {
 
     #[test]
     fn concurrent_refunds_add_up_to_at_most_the_charge() {
-        let ledger = Ledger::default();
-        let paid = charge(1000, None);
-        let id = paid.id.clone();
-        assert!(ledger.record(paid, None).is_ok());
+        let (ledger, id) = paid(1000);
         let made = race(|| {
             ledger
                 .refund(refund_of(&id, Some(300)), None, RefundStatus::Succeeded)
@@ -1937,10 +1970,7 @@ mod tests {
 
     #[test]
     fn a_succeeded_refund_fails_later_but_a_release_never_does() {
-        let ledger = Ledger::default();
-        let paid = charge(1000, None);
-        let id = paid.id.clone();
-        assert!(ledger.record(paid, None).is_ok());
+        let (ledger, id) = paid(1000);
         let whole = ledger.refund(refund_of(&id, None), None, RefundStatus::Succeeded);
         let Ok(Refunded { refund, charge }) = whole else {
             panic!("the refund was refused: {whole:?}");
@@ -2011,10 +2041,7 @@ mod tests {
 
     #[test]
     fn a_chargeback_blocks_refunds_until_it_closes_and_an_inquiry_never_does() {
-        let ledger = Ledger::default();
-        let paid = charge(1000, None);
-        let id = paid.id.clone();
-        assert!(ledger.record(paid, None).is_ok());
+        let (ledger, id) = paid(1000);
         let inquiry = ledger.open_dispute(&id, dispute_of(None, true));
         let Ok((inquiry, disputed)) = inquiry else {
             panic!("the inquiry was refused: {inquiry:?}");
@@ -2120,10 +2147,7 @@ mod tests {
 
     #[test]
     fn replayed_books_rebuild_disputes_and_refunds_failed_later() {
-        let ledger = Ledger::default();
-        let paid = charge(1000, None);
-        let id = paid.id.clone();
-        assert!(ledger.record(paid, None).is_ok());
+        let (ledger, id) = paid(1000);
         let made = ledger.refund(refund_of(&id, Some(400)), None, RefundStatus::Succeeded);
         let Ok(Refunded { refund, .. }) = made else {
             panic!("the refund was refused: {made:?}");

@@ -12,35 +12,6 @@ mod common;
 use common::{Answer, Error, Sandbox, TestResult, answer};
 
 impl Sandbox {
-    async fn post_json(&self, path: &str, body: &Value) -> Result<Answer, reqwest::Error> {
-        answer(self.client.post(self.url(path)).json(body).send().await?).await
-    }
-
-    async fn form(
-        &self,
-        path: &str,
-        form: &[(&str, &str)],
-        key: Option<&str>,
-    ) -> Result<Answer, reqwest::Error> {
-        let mut request = self
-            .client
-            .post(self.url(path))
-            .bearer_auth("sk_test_sandbox")
-            .form(form);
-        if let Some(key) = key {
-            request = request.header("Idempotency-Key", key);
-        }
-        answer(request.send().await?).await
-    }
-
-    async fn get(&self, path: &str) -> Result<Answer, reqwest::Error> {
-        let request = self
-            .client
-            .get(self.url(path))
-            .bearer_auth("sk_test_sandbox");
-        answer(request.send().await?).await
-    }
-
     /// A captured charge of `amount` gbp; its id.
     async fn paid(&self, amount: &str) -> Result<String, Error> {
         let form = [
@@ -48,6 +19,19 @@ impl Sandbox {
             ("currency", "gbp"),
             ("source", "tok_visa"),
             ("metadata[order_id]", "42"),
+        ];
+        let made = self.form("/v1/charges", &form, None).await?;
+        assert_eq!(made.status, StatusCode::OK, "{}", made.json);
+        id(&made.json)
+    }
+
+    /// A hold (not captured) of `amount` gbp; its id.
+    async fn hold(&self, amount: &str) -> Result<String, Error> {
+        let form = [
+            ("amount", amount),
+            ("currency", "gbp"),
+            ("source", "tok_visa"),
+            ("capture", "false"),
         ];
         let made = self.form("/v1/charges", &form, None).await?;
         assert_eq!(made.status, StatusCode::OK, "{}", made.json);
@@ -260,7 +244,7 @@ async fn a_succeeded_refund_that_fails_later_gives_its_amount_back() -> TestResu
     let second = sandbox
         .form(
             "/v1/refunds",
-            &[("charge", &charge), ("amount", "100")],
+            &[("charge", charge.as_str()), ("amount", "100")],
             None,
         )
         .await?;
@@ -279,19 +263,7 @@ async fn a_succeeded_refund_that_fails_later_gives_its_amount_back() -> TestResu
     assert!(replay.replayed);
     assert_eq!(replay.json["status"], "succeeded");
 
-    let hold = sandbox
-        .form(
-            "/v1/charges",
-            &[
-                ("amount", "500"),
-                ("currency", "gbp"),
-                ("source", "tok_visa"),
-                ("capture", "false"),
-            ],
-            None,
-        )
-        .await?;
-    let hold = id(&hold.json)?;
+    let hold = sandbox.hold("500").await?;
     let release = sandbox
         .form("/v1/refunds", &[("charge", &hold)], None)
         .await?;
@@ -360,7 +332,7 @@ async fn disputes_go_through_their_lifecycle() -> TestResult {
     let refund = sandbox
         .form(
             "/v1/refunds",
-            &[("charge", &asked), ("amount", "100")],
+            &[("charge", asked.as_str()), ("amount", "100")],
             None,
         )
         .await?;
@@ -510,19 +482,7 @@ async fn disputes_are_validated() -> TestResult {
     })
     .await?;
     let charge = sandbox.paid("1000").await?;
-    let hold = sandbox
-        .form(
-            "/v1/charges",
-            &[
-                ("amount", "500"),
-                ("currency", "gbp"),
-                ("source", "tok_visa"),
-                ("capture", "false"),
-            ],
-            None,
-        )
-        .await?;
-    let hold = id(&hold.json)?;
+    let hold = sandbox.hold("500").await?;
     let not_captured = sandbox.open_dispute(&hold, json!({})).await?;
     assert_eq!(not_captured.status, StatusCode::BAD_REQUEST);
     assert_eq!(not_captured.code(), "charge_not_disputable");
@@ -583,7 +543,7 @@ async fn disputes_are_validated() -> TestResult {
     let refund = sandbox
         .form(
             "/v1/refunds",
-            &[("charge", &charge), ("amount", "100")],
+            &[("charge", charge.as_str()), ("amount", "100")],
             None,
         )
         .await?;

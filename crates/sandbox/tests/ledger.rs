@@ -82,7 +82,7 @@ impl Sandbox {
         answer(response).await
     }
 
-    async fn get(&self, path: &str) -> Result<Value, reqwest::Error> {
+    async fn get_json(&self, path: &str) -> Result<Value, reqwest::Error> {
         self.client
             .get(self.url(path))
             .bearer_auth("sk_test_sandbox")
@@ -90,11 +90,6 @@ impl Sandbox {
             .await?
             .json()
             .await
-    }
-
-    async fn post_json(&self, path: &str, body: &Value) -> Result<Answer, reqwest::Error> {
-        let response = self.client.post(self.url(path)).json(body).send().await?;
-        answer(response).await
     }
 }
 
@@ -107,7 +102,7 @@ fn id(answer: &Answer) -> Result<String, String> {
 
 /// The ids of `GET /v1/charges`, newest first.
 async fn listed_charges(sandbox: &Sandbox) -> Result<Vec<Value>, reqwest::Error> {
-    let list = sandbox.get("/v1/charges?limit=100").await?;
+    let list = sandbox.get_json("/v1/charges?limit=100").await?;
     Ok(list["data"]
         .as_array()
         .map(|data| data.iter().map(|charge| charge["id"].clone()).collect())
@@ -183,14 +178,14 @@ async fn a_restarted_sandbox_remembers_charges_refunds_and_keys() -> TestResult 
     assert_eq!(reused.json["error"]["type"], "idempotency_error");
     // (c) The charges are listed as before, with what was refunded.
     assert_eq!(listed_charges(&second).await?, listed);
-    let stats = second.get("/_sandbox/stats").await?;
+    let stats = second.get_json("/_sandbox/stats").await?;
     assert_eq!(
         (&stats["charges"], &stats["refunds"]),
         (&json!(2), &json!(2))
     );
-    let now = second.get(&format!("/v1/charges/{charge}")).await?;
+    let now = second.get_json(&format!("/v1/charges/{charge}")).await?;
     assert_eq!(now["amount_refunded"], 1000, "{now}");
-    let keys: Vec<Value> = second.get("/_sandbox/charges").await?["data"]
+    let keys: Vec<Value> = second.get_json("/_sandbox/charges").await?["data"]
         .as_array()
         .map(|data| data.iter().map(|c| c["idempotency_key"].clone()).collect())
         .unwrap_or_default();
@@ -205,12 +200,14 @@ async fn a_restarted_sandbox_remembers_charges_refunds_and_keys() -> TestResult 
 
     // Third life: the compacted file, with the settled refund as it is now.
     let third = Sandbox::on_ledger(&path).await?;
-    let charged = third.get(&format!("/v1/charges/{charge}")).await?;
+    let charged = third.get_json(&format!("/v1/charges/{charge}")).await?;
     assert_eq!(
         (&charged["amount_refunded"], &charged["refunded"]),
         (&json!(4900), &json!(true))
     );
-    let refunds = third.get(&format!("/v1/refunds?charge={charge}")).await?;
+    let refunds = third
+        .get_json(&format!("/v1/refunds?charge={charge}"))
+        .await?;
     let statuses: Vec<&Value> = refunds["data"]
         .as_array()
         .map(|data| data.iter().map(|refund| &refund["status"]).collect())
@@ -237,7 +234,7 @@ const HOLD: &[(&str, &str)] = &[
 /// `captured`, `amount_captured`, `amount_refunded`, `refunded` of the
 /// charge `id` as `GET /v1/charges/{id}` reads it.
 async fn money(sandbox: &Sandbox, id: &str) -> Result<Value, reqwest::Error> {
-    let charge = sandbox.get(&format!("/v1/charges/{id}")).await?;
+    let charge = sandbox.get_json(&format!("/v1/charges/{id}")).await?;
     Ok(json!([
         charge["captured"],
         charge["amount_captured"],
@@ -329,7 +326,7 @@ async fn a_restarted_sandbox_remembers_captures_releases_and_lapses() -> TestRes
         json!([false, 0, 1000, true])
     );
     let refunds = second
-        .get(&format!("/v1/refunds?charge={released}"))
+        .get_json(&format!("/v1/refunds?charge={released}"))
         .await?;
     assert_eq!(
         refunds["data"][0]["metadata"],
@@ -340,7 +337,7 @@ async fn a_restarted_sandbox_remembers_captures_releases_and_lapses() -> TestRes
         .post("/v1/refunds", &[("charge", partly.as_str())], "refund-1")
         .await?;
     assert_eq!(rest.json["amount"], 600, "{}", rest.json);
-    let stats = second.get("/_sandbox/stats").await?;
+    let stats = second.get_json("/_sandbox/stats").await?;
     assert_eq!(
         (&stats["charges"], &stats["refunds"], &stats["captures"]),
         (&json!(4), &json!(2), &json!(2))
@@ -358,9 +355,9 @@ async fn a_restarted_sandbox_remembers_captures_releases_and_lapses() -> TestRes
         money(&third, &lapsing).await?,
         json!([false, 0, 1000, true])
     );
-    let lapsed = third.get(&format!("/v1/charges/{lapsing}")).await?;
+    let lapsed = third.get_json(&format!("/v1/charges/{lapsing}")).await?;
     assert_eq!(lapsed["payment_method_details"]["card"], json!({}));
-    let captures = third.get("/_sandbox/captures").await?;
+    let captures = third.get_json("/_sandbox/captures").await?;
     let lines: Vec<(Value, Value, Value)> = captures["data"]
         .as_array()
         .map(|data| {
@@ -442,7 +439,7 @@ async fn failed_refunds_and_disputes_survive_a_restart() -> TestResult {
         .await?;
     assert_eq!(won.status, StatusCode::OK, "{}", won.json);
     let charge_path = format!("/v1/charges/{charge}");
-    let before = first.get(&charge_path).await?;
+    let before = first.get_json(&charge_path).await?;
     assert_eq!(
         (
             &before["amount_refunded"],
@@ -451,17 +448,25 @@ async fn failed_refunds_and_disputes_survive_a_restart() -> TestResult {
         ),
         (&json!(500), &json!(false), &json!(true))
     );
-    let disputes = first.get("/_sandbox/disputes").await?;
-    let refunds = first.get(&format!("/v1/refunds?charge={charge}")).await?;
+    let disputes = first.get_json("/_sandbox/disputes").await?;
+    let refunds = first
+        .get_json(&format!("/v1/refunds?charge={charge}"))
+        .await?;
     first.handle.stop().await;
 
     for life in ["appended", "compacted"] {
         let again = Sandbox::on_ledger(&path).await?;
-        assert_eq!(again.get(&charge_path).await?, before, "{life}");
-        assert_eq!(again.get("/_sandbox/disputes").await?, disputes, "{life}");
-        let listed = again.get(&format!("/v1/refunds?charge={charge}")).await?;
+        assert_eq!(again.get_json(&charge_path).await?, before, "{life}");
+        assert_eq!(
+            again.get_json("/_sandbox/disputes").await?,
+            disputes,
+            "{life}"
+        );
+        let listed = again
+            .get_json(&format!("/v1/refunds?charge={charge}"))
+            .await?;
         assert_eq!(listed, refunds, "{life}");
-        let read = again.get(&format!("/v1/refunds/{refund}")).await?;
+        let read = again.get_json(&format!("/v1/refunds/{refund}")).await?;
         assert_eq!(
             (&read["status"], &read["failure_reason"]),
             (&json!("failed"), &json!("expired_or_canceled_card")),
@@ -475,7 +480,7 @@ async fn failed_refunds_and_disputes_survive_a_restart() -> TestResult {
             )
             .await?;
         assert_eq!(refused.code(), "charge_disputed", "{life}");
-        let stats = again.get("/_sandbox/stats").await?;
+        let stats = again.get_json("/_sandbox/stats").await?;
         assert_eq!(stats["disputes"], 2, "{life}");
         let closed = again
             .post_json(
@@ -513,7 +518,7 @@ async fn a_ledger_file_from_before_holds_still_reads() -> TestResult {
         format!("{{\"payments_sandbox_ledger\":{{\"version\":1}}}}\n{charge}\n{refund}\n"),
     )?;
     let sandbox = Sandbox::on_ledger(&path).await?;
-    let old = sandbox.get("/v1/charges/ch_old").await?;
+    let old = sandbox.get_json("/v1/charges/ch_old").await?;
     assert_eq!(
         json!([
             old["captured"],

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 mod common;
 
-use common::{Answer, Delivery, Error, Receiver, Sandbox, TestResult, answer};
+use common::{Delivery, Error, Receiver, Sandbox, TestResult};
 
 const SECRET: &str = "whsec_sandbox_webhook_tests_secret";
 
@@ -36,36 +36,6 @@ impl Sandbox {
             ..SandboxConfig::default()
         })
         .await
-    }
-
-    /// `POST` a form to a `/v1` path, with a key if given.
-    async fn form(
-        &self,
-        path: &str,
-        form: &[(&str, String)],
-        key: Option<&str>,
-    ) -> Result<Answer, reqwest::Error> {
-        let mut request = self
-            .client
-            .post(self.url(path))
-            .bearer_auth("sk_test_sandbox")
-            .form(form);
-        if let Some(key) = key {
-            request = request.header("Idempotency-Key", key);
-        }
-        answer(request.send().await?).await
-    }
-
-    async fn post_json(&self, path: &str, body: &Value) -> Result<Answer, reqwest::Error> {
-        answer(self.client.post(self.url(path)).json(body).send().await?).await
-    }
-
-    async fn get(&self, path: &str) -> Result<Answer, reqwest::Error> {
-        let request = self
-            .client
-            .get(self.url(path))
-            .bearer_auth("sk_test_sandbox");
-        answer(request.send().await?).await
     }
 
     /// Replaces the config with webhooks to `receiver` plus `extra`.

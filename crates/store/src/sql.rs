@@ -1791,7 +1791,7 @@ sql_impl! {#[async_trait] Store for {
         run(|| self.apply(application)).await
     }
 
-    async fn waiting_provider_events(&self, limit: u32) -> Result<Vec<Recorded>, StoreError> {
+    async fn open_provider_events(&self, limit: u32) -> Result<Vec<Recorded>, StoreError> {
         run(|| self.waiting_events(limit)).await
     }
 

@@ -109,7 +109,7 @@ impl ChargeService {
 
     async fn receive(&self, event: &ProviderEvent) -> Result<Received, InboxError> {
         let seen = self.store.provider_event(&event.id).await?;
-        if seen.is_some_and(|state| state != InboxState::Waiting) {
+        if seen.is_some_and(|state| !state.is_open()) {
             return Ok(Received::Duplicate);
         }
         let record = |state: InboxState, detail: String| Recorded {
@@ -244,12 +244,13 @@ impl ChargeService {
         }
     }
 
-    /// Applies again at most `limit` provider events recorded `waiting`
-    /// (least recently tried first): those whose operation has its row
-    /// now are applied.
+    /// Applies again at most `limit` open provider events (recorded
+    /// `waiting` or `needs_person`; least recently tried first): those
+    /// whose operation has its row now, or whose conflict is gone (a
+    /// refund in flight settled), are applied.
     pub async fn apply_waiting(&self, limit: u32) -> Result<WaitingReport, StoreError> {
         let mut report = WaitingReport::default();
-        for recorded in self.store.waiting_provider_events(limit).await? {
+        for recorded in self.store.open_provider_events(limit).await? {
             report.tried += 1;
             let event = ProviderEvent {
                 id: recorded.event_id,
@@ -257,7 +258,7 @@ impl ChargeService {
                 charge: recorded.gateway_charge_id,
             };
             match self.receive_provider_event(&event).await {
-                Ok(Received::Recorded(InboxState::Waiting)) => {}
+                Ok(Received::Recorded(state)) if state.is_open() => {}
                 Ok(_) => report.done += 1,
                 Err(InboxError::Store(e)) => return Err(e),
                 Err(_) => report.failed += 1,

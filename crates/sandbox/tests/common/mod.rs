@@ -39,6 +39,39 @@ impl Sandbox {
     pub async fn reset(&self) -> Result<reqwest::Response, reqwest::Error> {
         self.client.post(self.url("/_sandbox/reset")).send().await
     }
+
+    /// `POST` of JSON (a `/_sandbox` route).
+    pub async fn post_json(&self, path: &str, body: &Value) -> Result<Answer, reqwest::Error> {
+        answer(self.client.post(self.url(path)).json(body).send().await?).await
+    }
+
+    /// `POST` of a form to a `/v1` path, with the secret key, and with an
+    /// `Idempotency-Key` if given.
+    pub async fn form(
+        &self,
+        path: &str,
+        form: &(impl serde::Serialize + ?Sized),
+        key: Option<&str>,
+    ) -> Result<Answer, reqwest::Error> {
+        let mut request = self
+            .client
+            .post(self.url(path))
+            .bearer_auth("sk_test_sandbox")
+            .form(form);
+        if let Some(key) = key {
+            request = request.header("Idempotency-Key", key);
+        }
+        answer(request.send().await?).await
+    }
+
+    /// `GET` with the secret key.
+    pub async fn get(&self, path: &str) -> Result<Answer, reqwest::Error> {
+        let request = self
+            .client
+            .get(self.url(path))
+            .bearer_auth("sk_test_sandbox");
+        answer(request.send().await?).await
+    }
 }
 
 /// An answer: status, `Idempotent-Replayed`, body bytes and body as JSON.

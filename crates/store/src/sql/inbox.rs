@@ -36,6 +36,10 @@ pub(super) const BLOCKS_REFUNDS: &str =
     "refundable = 0 AND status NOT IN ('won', 'warning_closed', 'prevented')";
 
 /// The inbox's statements, rendered once for a dialect.
+/// A provider event applied again until it is applied: one waiting for
+/// its row, or one left for a person (its conflict may be gone).
+const OPEN: &str = "state IN ('waiting', 'needs_person')";
+
 #[derive(Debug)]
 pub(crate) struct InboxStatements {
     state: String,
@@ -68,16 +72,16 @@ impl InboxStatements {
                 "INSERT INTO provider_events (id, type, gateway_charge_id, state, detail, \
                 received_at, updated_at) VALUES ($1, $2, $3, $4, $5, {now}, {now})",
             ),
-            // A waiting event is applied again (by the jobs runner, or a
-            // redelivery): only while it is still waiting.
-            again: r(
-                "UPDATE provider_events SET state = $1, detail = $2, updated_at = {now} \
-                WHERE id = $3 AND state = 'waiting'",
-            ),
-            waiting: r(
+            // An open event (waiting, or for a person) is applied again
+            // (by the jobs runner, or a redelivery): only while it is open.
+            again: r(&format!(
+                "UPDATE provider_events SET state = $1, detail = $2, updated_at = {{now}} \
+                WHERE id = $3 AND {OPEN}"
+            )),
+            waiting: r(&format!(
                 "SELECT id, type, gateway_charge_id, state, detail FROM provider_events \
-                WHERE state = 'waiting' ORDER BY updated_at, id LIMIT $1",
-            ),
+                WHERE {OPEN} ORDER BY updated_at, id LIMIT $1"
+            )),
             count: r("SELECT state, COUNT(*) FROM provider_events GROUP BY state"),
             hold_action: r("SELECT hold_action FROM charges WHERE id = $1"),
             refunds_of: r(&format!(
@@ -90,7 +94,7 @@ impl InboxStatements {
                 "INSERT INTO refunds (id, charge_id, customer_id, amount_cents, \
                 currency, reason, metadata, status, provider_key, requested_by, \
                 requested_by_role, gateway_refund_id, failure_code, created_at, updated_at) \
-                VALUES ({refund}, $12, $13, {now}, {now})",
+                VALUES ({refund}, $12, $13, {at_ms}, {at_ms})",
             ),
             // Money the provider moved is recorded whether or not it fits.
             refund_reserved: r(
@@ -110,11 +114,11 @@ impl InboxStatements {
                 AND hold_action IS NULL"),
             insert_dispute: r("INSERT INTO disputes (id, gateway_dispute_id, charge_id, \
                 amount_cents, currency, status, reason, refundable, evidence_due_by, \
-                created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, {now}, {now})"),
+                created_at, updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, {at_ms}, {at_ms})"),
             update_dispute: r(
                 "UPDATE disputes SET amount_cents = $1, status = $2, reason = $3, \
-                refundable = $4, evidence_due_by = $5, updated_at = {now} \
-                WHERE id = $6 AND status = $7 AND amount_cents = $8 AND refundable = $9",
+                refundable = $4, evidence_due_by = $5, updated_at = {at_ms} \
+                WHERE id = $7 AND status = $8 AND amount_cents = $9 AND refundable = $10",
             ),
             dispute: r(&format!(
                 "SELECT {DISPUTE_ROW} FROM disputes d WHERE d.id = $1"
@@ -227,7 +231,8 @@ sql_impl! {{
             .iter()
             .map(|row| Refund::try_from(RefundRow::<D::Ts>::from_row(row)?))
             .collect::<Result<_, _>>()?;
-        Ok(Some(Local { charge, hold_taken, refunds, disputes: self.charge_disputes(charge_id).await? }))
+        let now = decode(Self::q(&self.sql.now).fetch_one(&self.pool).await?.try_get::<D::Ts, _>(0)?)?;
+        Ok(Some(Local { charge, hold_taken, refunds, disputes: self.charge_disputes(charge_id).await?, now }))
     }
 
     pub(super) async fn read_dispute(&self, dispute_id: &str) -> Result<Option<Dispute>, Error> {
@@ -300,7 +305,9 @@ sql_impl! {{
         let events = match change {
             Change::ProviderRefund { refund, event } => {
                 let q = Self::refund_values(Self::q(&s.insert_refund), refund, refund.amount_cents);
-                q.bind(&refund.gateway_refund_id).bind(&refund.failure_code).execute(&mut *conn).await?;
+                let q = q.bind(&refund.gateway_refund_id).bind(&refund.failure_code);
+                let q = q.bind(refund.created_at.timestamp_millis()).bind(refund.updated_at.timestamp_millis());
+                q.execute(&mut *conn).await?;
                 let (reserved, refunded) = match refund.status {
                     ChargeStatus::Failed => (0, 0),
                     ChargeStatus::Succeeded => (refund.amount_cents, refund.amount_cents),
@@ -343,7 +350,9 @@ sql_impl! {{
                             .bind(d.status.as_str())
                             .bind(d.reason.as_str())
                             .bind(refundable)
-                            .bind(d.evidence_due_by);
+                            .bind(d.evidence_due_by)
+                            .bind(d.created_at.timestamp_millis())
+                            .bind(d.updated_at.timestamp_millis());
                         D::rows_affected(&q.execute(&mut *conn).await?)
                     }
                     Some(p) => {
@@ -353,6 +362,7 @@ sql_impl! {{
                             .bind(d.reason.as_str())
                             .bind(refundable)
                             .bind(d.evidence_due_by)
+                            .bind(d.updated_at.timestamp_millis())
                             .bind(p.id.as_str())
                             .bind(p.status.as_str())
                             .bind(p.amount_cents)
