@@ -25,13 +25,16 @@ run:
 ## TEST_POSTGRES_URL / TEST_MYSQL_URL, else throwaway servers from the local
 ## server binaries. A missing backend's tests are skipped, each printing
 ## `SKIPPED: <backend>: ...`, and counted as skipped in the summary;
-## REQUIRE_ALL_BACKENDS=1 (CI) makes a missing backend fail the run. `cargo test` alone works
-## too: the tests build a missing or stale binary themselves.
+## REQUIRE_ALL_BACKENDS=1 (CI) makes a missing backend fail the run. `cargo test`
+## alone works too: the tests build a missing or stale binary themselves. Then
+## the TypeScript client's tests (clients/typescript, npm test) against the same
+## binaries: skipped without node and npm, except under REQUIRE_ALL_BACKENDS.
 test:
 	$(CARGO) build --workspace --bins --quiet
 	@mkdir -p target
 	@set -o pipefail; export REQUIRE_ALL_BACKENDS="$${REQUIRE_ALL_BACKENDS:-0}"; \
-	  { $(CARGO) test --workspace --all-targets && $(CARGO) test --workspace --doc; } 2>&1 | tee target/test.log
+	  { $(CARGO) test --workspace --all-targets && $(CARGO) test --workspace --doc \
+	    && ./scripts/typescript-client test; } 2>&1 | tee target/test.log
 	@./scripts/test-summary target/test.log
 
 ## Benchmarks of the release binaries on SQLite, PostgreSQL and MariaDB
@@ -49,11 +52,12 @@ contract:
 	$(CARGO) build --workspace --bins --quiet
 	./scripts/schemathesis
 
-## Formatting and clippy, as CI runs them.
+## Formatting and clippy, and the TypeScript client's biome and tsc --strict, as CI runs them.
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --quiet -- -D warnings
 	$(CARGO) clippy -p payments-api --no-default-features --all-targets --quiet -- -D warnings
+	./scripts/typescript-client lint
 
 fmt:
 	$(CARGO) fmt --all
