@@ -52,8 +52,9 @@ pub async fn seed_expired(db: &TestDb, rows: u64) {
     db.execute(analyze, analyze, "").await;
 }
 
-/// `rows` succeeded charges of `customer` (ids `<customer>_0000001` up,
-/// one second apart, older than any the API makes), for `list`'s pages;
+/// `rows` succeeded charges of `customer` (ids `ch_<customer>_0000000001`
+/// up: a charge's prefix, or the API takes the cursor for no charge; one
+/// second apart, older than any the API makes), for `list`'s pages;
 /// returns the id in the middle, a deep page's cursor.
 pub async fn seed_charges(db: &TestDb, customer: &str, rows: u64) -> String {
     // `padded`: n, ten digits wide (as the returned cursor is).
@@ -61,7 +62,7 @@ pub async fn seed_charges(db: &TestDb, customer: &str, rows: u64) -> String {
         format!(
             "INSERT INTO charges (id, customer_id, amount_cents, currency, card_token, \
              metadata, status, provider_key, created_at, updated_at) \
-             SELECT '{customer}_' || {padded}, '{customer}', 100, 'GBP', 'tok_visa', '{{}}', \
+             SELECT 'ch_{customer}_' || {padded}, '{customer}', 100, 'GBP', 'tok_visa', '{{}}', \
              'succeeded', '{customer}_pk_' || n, {at}, {at}"
         )
     };
@@ -77,7 +78,7 @@ pub async fn seed_charges(db: &TestDb, customer: &str, rows: u64) -> String {
     }
     let analyze = "ANALYZE charges";
     db.execute(analyze, analyze, "").await;
-    format!("{customer}_{:010}", rows / 2)
+    format!("ch_{customer}_{:010}", rows / 2)
 }
 
 /// `insert` (an `INSERT .. SELECT` of `n`) for n = 1..=rows on SQLite, in

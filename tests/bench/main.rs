@@ -176,6 +176,9 @@ async fn bench() -> Result<bool> {
     Ok(bench.failures.is_empty())
 }
 
+/// A load run's report and, when it was counted, its CPU per operation.
+type Counted = (Report, Option<CpuPerOp>);
+
 /// What every step shares, and what they measured (for the markdown).
 #[derive(Debug)]
 struct Bench {
@@ -322,13 +325,11 @@ impl Bench {
             return;
         };
         for (label, scenario) in scenarios {
-            // `new` and `replay` are timed in CPU per operation too, on a
-            // warm server.
-            let counted = matches!(label, "new" | "replay");
-            if counted {
-                self.warm_up(db, label, &api, &scenario).await;
-            }
-            let processes = counted.then(|| self.processes(&api, backend));
+            // Every run is timed in CPU per operation too; `new` and
+            // `replay` after a warm-up (the others make their own charges
+            // first, outside the measured part).
+            self.warm_up(db, label, &api, &scenario).await;
+            let processes = Some(self.processes(&api, backend));
             let metrics_before = scrape(&api).await;
             let run = self.load_counted(db, label, &api, scenario, s.run_cap, processes);
             let run = run.await;
@@ -346,7 +347,10 @@ impl Bench {
                     results.batches = batches(&metrics);
                     results.new = Some(report);
                 }
-                "health" => results.health = Some(report),
+                "health" => {
+                    results.health_cpu = cpu;
+                    results.health = Some(report);
+                }
                 "replay" => {
                     results.replay_cpu = cpu;
                     results.replay_cache = hits.zip(misses);
@@ -362,8 +366,14 @@ impl Bench {
                         hwm_kb: machine::proc_kb(&status, "VmHWM:"),
                     });
                 }
-                "refund" => results.refund = Some(report),
-                "capture" => results.capture = Some(report),
+                "refund" => {
+                    results.refund_cpu = cpu;
+                    results.refund = Some(report);
+                }
+                "capture" => {
+                    results.capture_cpu = cpu;
+                    results.capture = Some(report);
+                }
                 _ => {
                     let requests = self.sandbox_requests().await;
                     results.storm_provider_requests = self.keep("sandbox stats", requests);
@@ -372,8 +382,12 @@ impl Bench {
             }
         }
         if s.runs_on("list", backend) {
-            let list = self.list(db, &api).await;
-            results.list = self.keep(&format!("{name} list"), list);
+            let processes = self.processes(&api, backend);
+            let list = self.list(db, &api, processes).await;
+            if let Some((first, deep)) = self.keep(&format!("{name} list"), list) {
+                results.list_cpu = (first.1, deep.1);
+                results.list = Some((first.0, deep.0));
+            }
         }
         if let Err(e) = api.stop().await {
             self.fail(&format!("{name}: payments-api"), e);
@@ -383,7 +397,12 @@ impl Bench {
     /// `list`: the bench's customer gets `BENCH_LIST_ROWS` more charges,
     /// then its first page and a deep one (after the middle charge) are
     /// each read `BENCH_LIST_REQUESTS` times.
-    async fn list(&mut self, db: &TestDb, api: &Process) -> Result<(Report, Report)> {
+    async fn list(
+        &mut self,
+        db: &TestDb,
+        api: &Process,
+        processes: Processes,
+    ) -> Result<(Counted, Counted)> {
         let s = self.settings.clone();
         progress!(
             "{} list: seeding {} charges",
@@ -397,13 +416,12 @@ impl Bench {
             limit: 20,
             starting_after,
         };
-        let first = self
-            .load(db, "list-first", api, page(None), s.run_cap)
-            .await?;
-        let deep = self
-            .load(db, "list-deep", api, page(Some(middle)), s.run_cap)
-            .await?;
-        Ok((first, deep))
+        let (cap, counted) = (s.run_cap, Some(processes));
+        let first = self.load_counted(db, "list-first", api, page(None), cap, counted);
+        let first = first.await?;
+        let deep = page(Some(middle));
+        let deep = self.load_counted(db, "list-deep", api, deep, cap, counted);
+        Ok((first, deep.await?))
     }
 
     /// The release API on a free loopback port, in front of the sandbox.
@@ -499,7 +517,7 @@ impl Bench {
         scenario: Scenario,
         cap: Duration,
         processes: Option<Processes>,
-    ) -> Result<(Report, Option<CpuPerOp>)> {
+    ) -> Result<Counted> {
         let name = db.backend.name();
         let what = format!("{name} {label}");
         progress!("{what}: {scenario:?}");
@@ -751,12 +769,17 @@ fn batches(metrics: &(String, String)) -> Option<Vec<(String, u64)>> {
 }
 
 /// The operations a run's CPU is divided by: `new`'s charges (answered
-/// 201), `replay`'s re-sends; `None` for a scenario the bench does not count.
+/// 201), the requests of every other scenario's measured part; `None` for a
+/// scenario the bench does not count.
 fn counted_operations(report: &Report) -> Option<u64> {
     match report.scenario {
         "new" => Some(report.operations.charged),
-        "replay" => Some(report.stream("replay")?.requests),
-        _ => None,
+        // Many requests per key, and provider calls held open: no one
+        // operation to charge the CPU to.
+        "storm" | "slow" => None,
+        // The measured part's own stream: `replay`, `refund`, `capture`,
+        // `list`, `health`.
+        scenario => Some(report.stream(scenario)?.requests),
     }
 }
 

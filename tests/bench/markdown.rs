@@ -126,7 +126,13 @@ pub fn render(r: &Bench, analysis: &str) -> Result<String> {
             each(r, |b| Some(batch_table(b.batches.as_ref()?))),
         ),
         ("ceiling", each(r, |b| b.ceiling.as_ref())),
-        ("health", each(r, |b| Some(b.health.as_ref()?.markdown()))),
+        (
+            "health",
+            each(r, |b| {
+                let cpu = cpu_table(b, b.health_cpu.as_ref(), "read", 0);
+                Some(format!("{}{cpu}", b.health.as_ref()?.markdown()))
+            }),
+        ),
         ("cache", each(r, |b| b.cache.as_ref())),
         ("pgbench", each(r, |b| b.pgbench.as_ref())),
         (
@@ -137,16 +143,31 @@ pub fn render(r: &Bench, analysis: &str) -> Result<String> {
             }),
         ),
         ("storm", each(r, |b| Some(b.storm.as_ref()?.markdown()))),
-        ("refund", each(r, |b| Some(b.refund.as_ref()?.markdown()))),
-        ("capture", each(r, |b| Some(b.capture.as_ref()?.markdown()))),
+        (
+            "refund",
+            each(r, |b| {
+                let cpu = cpu_table(b, b.refund_cpu.as_ref(), "refund", 0);
+                Some(format!("{}{cpu}", b.refund.as_ref()?.markdown()))
+            }),
+        ),
+        (
+            "capture",
+            each(r, |b| {
+                let cpu = cpu_table(b, b.capture_cpu.as_ref(), "capture", 0);
+                Some(format!("{}{cpu}", b.capture.as_ref()?.markdown()))
+            }),
+        ),
         (
             "list",
             each(r, |b| {
                 let (first, deep) = b.list.as_ref()?;
+                let (first_cpu, deep_cpu) = b.list_cpu;
                 Some(format!(
-                    "First page:\n\n{}Deep page:\n\n{}",
+                    "First page:\n\n{}{}Deep page:\n\n{}{}",
                     first.markdown(),
-                    deep.markdown()
+                    cpu_table(b, first_cpu.as_ref(), "read", 0),
+                    deep.markdown(),
+                    cpu_table(b, deep_cpu.as_ref(), "read", 0),
                 ))
             }),
         ),
@@ -398,7 +419,8 @@ fn sheet(r: &Bench) -> Sheet<'_> {
 }
 
 /// A run's CPU per operation, by process, as a table under the run's own
-/// (`what`: `charge`, `replay`); empty when it was not measured.
+/// (`what`: `charge`, `replay`, `read`, ...; `warmup`: the requests run
+/// before, 0 for none); empty when it was not measured.
 fn cpu_table(b: &BackendResults, cpu: Option<&CpuPerOp>, what: &str, warmup: u64) -> String {
     let Some(cpu) = cpu else {
         return String::new();
@@ -406,11 +428,12 @@ fn cpu_table(b: &BackendResults, cpu: Option<&CpuPerOp>, what: &str, warmup: u64
     let head = format!("CPU per {what} | API | database server | sandbox | load generator | total");
     let mut table = Table::new(&head);
     let us = cpu.us;
+    let warm = match warmup {
+        0 => String::new(),
+        n => format!(" after {n} of warm-up"),
+    };
     table.row([
-        format!(
-            "over {} {what}s after {warmup} of warm-up ({:.1} s)",
-            cpu.operations, cpu.secs
-        ),
+        format!("over {} {what}s{warm} ({:.1} s)", cpu.operations, cpu.secs),
         micros(us.api),
         database_micros(b, us.database, "(in the API)"),
         micros(us.sandbox),

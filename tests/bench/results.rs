@@ -19,6 +19,8 @@ pub struct BackendResults {
     pub batches: Option<Vec<(String, u64)>>,
     /// `GET /healthz` on the same API, at `replay`'s concurrency.
     pub health: Option<Report>,
+    /// CPU per `/healthz` read, by process: the floor a request costs.
+    pub health_cpu: Option<CpuPerOp>,
     pub new: Option<Report>,
     /// CPU per charge over `new`'s charges, by process.
     pub new_cpu: Option<CpuPerOp>,
@@ -34,9 +36,15 @@ pub struct BackendResults {
     /// reset): every provider call, retries and re-drives included.
     pub storm_provider_requests: Option<u64>,
     pub refund: Option<Report>,
+    /// CPU per refund over `refund`'s refunds (not the charges made first).
+    pub refund_cpu: Option<CpuPerOp>,
     pub capture: Option<Report>,
+    /// CPU per capture over `capture`'s captures (not the holds made first).
+    pub capture_cpu: Option<CpuPerOp>,
     /// `list`: the first page and a deep one, of `BENCH_LIST_ROWS` more.
     pub list: Option<(Report, Report)>,
+    /// CPU per read of the first page and of the deep one.
+    pub list_cpu: (Option<CpuPerOp>, Option<CpuPerOp>),
     pub slow: Option<Slow>,
     pub prune: Option<Prune>,
 }
