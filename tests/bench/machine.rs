@@ -140,6 +140,7 @@ impl Snapshot {
         let (a, b) = (self.ticks, later.ticks);
         (operations > 0).then(|| CpuPerOp {
             operations,
+            runs: 1,
             secs: later.at.duration_since(self.at).as_secs_f64(),
             us: PerProcess {
                 api: us(a.api, b.api),
@@ -162,6 +163,34 @@ pub struct CpuPerOp {
     /// µs per operation, by process.
     #[serde(rename = "us_per_op")]
     pub us: PerProcess<f64>,
+    /// The runs it is the median of (1 for one run's own figure).
+    pub runs: usize,
+}
+
+impl CpuPerOp {
+    /// Each process's median over `runs` (the upper one of an even count),
+    /// and the median run's operations and time; `None` for no runs.
+    pub fn median(runs: &[CpuPerOp]) -> Option<CpuPerOp> {
+        let median = |figure: fn(&CpuPerOp) -> f64| {
+            let mut figures: Vec<f64> = runs.iter().map(figure).collect();
+            figures.sort_by(f64::total_cmp);
+            figures[figures.len() / 2]
+        };
+        let mut by_secs: Vec<&CpuPerOp> = runs.iter().collect();
+        by_secs.sort_by(|a, b| a.secs.total_cmp(&b.secs));
+        let middle = by_secs.get(runs.len() / 2)?;
+        Some(CpuPerOp {
+            operations: middle.operations,
+            secs: middle.secs,
+            us: PerProcess {
+                api: median(|c| c.us.api),
+                database: median(|c| c.us.database),
+                sandbox: median(|c| c.us.sandbox),
+                load: median(|c| c.us.load),
+            },
+            runs: runs.len(),
+        })
+    }
 }
 
 /// Each live process's parent and CPU ticks, read from `/proc/<pid>/stat`
@@ -225,6 +254,31 @@ fn stat(pid: &str) -> Option<Stat> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_median_is_each_process_own() {
+        let run = |api, database, secs| CpuPerOp {
+            operations: 100,
+            secs,
+            us: PerProcess {
+                api,
+                database,
+                sandbox: 1.0,
+                load: 2.0,
+            },
+            runs: 1,
+        };
+        let runs = [
+            run(500.0, 900.0, 3.0),
+            run(400.0, 1100.0, 1.0),
+            run(450.0, 1000.0, 2.0),
+        ];
+        let median = CpuPerOp::median(&runs).unwrap();
+        assert_eq!(median.us.api, 450.0);
+        assert_eq!(median.us.database, 1000.0);
+        assert_eq!((median.secs, median.runs), (2.0, 3));
+        assert_eq!(CpuPerOp::median(&[]), None);
+    }
 
     #[test]
     fn this_process_has_a_cpu_time() {

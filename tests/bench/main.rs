@@ -329,12 +329,11 @@ impl Bench {
             // `replay` after a warm-up (the others make their own charges
             // first, outside the measured part).
             self.warm_up(db, label, &api, &scenario).await;
-            let processes = Some(self.processes(&api, backend));
-            let metrics_before = scrape(&api).await;
-            let run = self.load_counted(db, label, &api, scenario, s.run_cap, processes);
-            let run = run.await;
-            let metrics = (metrics_before, scrape(&api).await);
-            let Some((report, cpu)) = self.keep(&format!("{name} {label}"), run) else {
+            let processes = self.processes(&api, backend);
+            let run = self
+                .counted_runs(db, label, &api, scenario, processes)
+                .await;
+            let Some((report, cpu, metrics)) = self.keep(&format!("{name} {label}"), run) else {
                 continue;
             };
             let (hits, misses) = (
@@ -416,12 +415,13 @@ impl Bench {
             limit: 20,
             starting_after,
         };
-        let (cap, counted) = (s.run_cap, Some(processes));
-        let first = self.load_counted(db, "list-first", api, page(None), cap, counted);
-        let first = first.await?;
+        let first = self.counted_runs(db, "list-first", api, page(None), processes);
+        let (first, first_cpu, _) = first.await?;
         let deep = page(Some(middle));
-        let deep = self.load_counted(db, "list-deep", api, deep, cap, counted);
-        Ok((first, deep.await?))
+        let (deep, deep_cpu, _) = self
+            .counted_runs(db, "list-deep", api, deep, processes)
+            .await?;
+        Ok(((first, first_cpu), (deep, deep_cpu)))
     }
 
     /// The release API on a free loopback port, in front of the sandbox.
@@ -502,6 +502,37 @@ impl Bench {
     ) -> Result<Report> {
         let run = self.load_counted(db, label, api, scenario, cap, None);
         Ok(run.await?.0)
+    }
+
+    /// `scenario` run `BENCH_CPU_RUNS` times (once for `storm` and `cache`,
+    /// not counted), each counted: the last run's report, each process's
+    /// median CPU per operation over the runs, and the API's metrics
+    /// before and after the last run. A failed run ends it.
+    async fn counted_runs(
+        &mut self,
+        db: &TestDb,
+        label: &str,
+        api: &Process,
+        scenario: Scenario,
+        processes: Processes,
+    ) -> Result<(Report, Option<CpuPerOp>, (String, String))> {
+        let runs = match label {
+            "storm" | "cache" => 1,
+            _ => self.settings.cpu_runs.max(1),
+        };
+        let (cap, counted) = (self.settings.run_cap, Some(processes));
+        let mut cpus = Vec::new();
+        for _ in 1..runs {
+            let load = self.load_counted(db, label, api, scenario.clone(), cap, counted);
+            cpus.extend(load.await?.1);
+        }
+        let metrics_before = scrape(api).await;
+        let (report, cpu) = self
+            .load_counted(db, label, api, scenario, cap, counted)
+            .await?;
+        let metrics = (metrics_before, scrape(api).await);
+        cpus.extend(cpu);
+        Ok((report, CpuPerOp::median(&cpus), metrics))
     }
 
     /// [`Bench::load`], and with `processes`, the CPU time each of them

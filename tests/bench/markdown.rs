@@ -432,8 +432,15 @@ fn cpu_table(b: &BackendResults, cpu: Option<&CpuPerOp>, what: &str, warmup: u64
         0 => String::new(),
         n => format!(" after {n} of warm-up"),
     };
+    let runs = match cpu.runs {
+        1 => String::new(),
+        n => format!(", the median of {n} runs"),
+    };
     table.row([
-        format!("over {} {what}s{warm} ({:.1} s)", cpu.operations, cpu.secs),
+        format!(
+            "over {} {what}s{warm} ({:.1} s){runs}",
+            cpu.operations, cpu.secs
+        ),
         micros(us.api),
         database_micros(b, us.database, "(in the API)"),
         micros(us.sandbox),

@@ -63,6 +63,7 @@ knobs! {
     replay_keys: u64 = count("BENCH_REPLAY_KEYS", "100"), "`replay`: keys";
     replay_requests: u64 = count("BENCH_REPLAY_REQUESTS", "100000"), "`replay`: requests";
     replay_concurrency: u64 = count("BENCH_REPLAY_CONCURRENCY", "32"), "`replay`: concurrency";
+    cpu_runs: u64 = count("BENCH_CPU_RUNS", "3"), "every counted scenario (`new`, `health`, `replay`, `refund`, `capture`, both `list` pages): runs of it on the same API; the CPU per operation is each process's median over them, the tables the last run's";
     warmup: u64 = number("BENCH_WARMUP", "1000"), "`new` and `replay`: operations of the same scenario run first on the same API, measured nowhere, so that the figures (and the CPU per operation) are a warm server's (0: none)";
     storm_keys: u64 = count("BENCH_STORM_KEYS", "50"), "`storm`: keys";
     storm_per_key: u64 = count("BENCH_STORM_PER_KEY", "100"), "`storm`: concurrent requests per key";
