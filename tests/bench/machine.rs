@@ -273,7 +273,7 @@ mod tests {
             run(400.0, 1100.0, 1.0),
             run(450.0, 1000.0, 2.0),
         ];
-        let median = CpuPerOp::median(&runs).unwrap();
+        let median = CpuPerOp::median(&runs).expect("three runs have a median");
         assert_eq!(median.us.api, 450.0);
         assert_eq!(median.us.database, 1000.0);
         assert_eq!((median.secs, median.runs), (2.0, 3));
