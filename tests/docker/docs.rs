@@ -7,10 +7,11 @@ use std::path::PathBuf;
 
 use crate::{read, root, workspace};
 
-/// README.md, docs/*.md and every crate's README.md, relative to the root.
+/// README.md, docs/*.md, every crate's README.md and every client package's
+/// (clients/*/README.md), relative to the root.
 pub(crate) fn markdown() -> Vec<String> {
     let mut files = vec!["README.md".to_owned()];
-    for dir in ["docs", "crates"] {
+    for dir in ["docs", "crates", "clients"] {
         let entries = std::fs::read_dir(root().join(dir)).unwrap();
         for entry in entries.map(|e| e.unwrap().path()) {
             let candidate: PathBuf = if entry.is_dir() {
