@@ -4,9 +4,9 @@
 -- handled, written in the transaction of its effect, so a duplicate
 -- delivery (or two at once) is applied once. `state`: applied; ignored (a
 -- type or object that is none of ours); waiting (it names one of our
--- operations that has no row yet); needs_person (applied as far as it
--- could be; `detail` says what is left for a person). Both are open: the
--- jobs runner applies them again until they are applied. `gateway_charge_id`: the provider charge it is about.
+-- operations that has no row yet: re-applied by the jobs runner until it
+-- has); needs_person (applied as far as it could be; `detail` says what is
+-- left for a person). `gateway_charge_id`: the provider charge it is about.
 CREATE TABLE provider_events (
     id                VARCHAR(255) NOT NULL,
     type              VARCHAR(100) NOT NULL,
@@ -16,7 +16,7 @@ CREATE TABLE provider_events (
     received_at       DATETIME(6) NOT NULL,
     updated_at        DATETIME(6) NOT NULL,
     PRIMARY KEY (id),
-    KEY provider_events_open (state, updated_at),
+    KEY provider_events_waiting (state, updated_at),
     KEY provider_events_received (received_at, id)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4 COLLATE = utf8mb4_bin;
 

@@ -4,9 +4,9 @@
 -- handled, written in the transaction of its effect, so a duplicate
 -- delivery (or two at once) is applied once. `state`: applied; ignored (a
 -- type or object that is none of ours); waiting (it names one of our
--- operations that has no row yet); needs_person (applied as far as it
--- could be; `detail` says what is left for a person). Both are open: the
--- jobs runner applies them again until they are applied. `gateway_charge_id`: the provider charge it is about.
+-- operations that has no row yet: re-applied by the jobs runner until it
+-- has); needs_person (applied as far as it could be; `detail` says what is
+-- left for a person). `gateway_charge_id`: the provider charge it is about.
 CREATE TABLE provider_events (
     id                TEXT PRIMARY KEY,
     type              TEXT NOT NULL,
@@ -18,7 +18,7 @@ CREATE TABLE provider_events (
     updated_at        TIMESTAMPTZ NOT NULL
 );
 
-CREATE INDEX provider_events_open ON provider_events (updated_at) WHERE state IN ('waiting', 'needs_person');
+CREATE INDEX provider_events_waiting ON provider_events (updated_at) WHERE state = 'waiting';
 CREATE INDEX provider_events_received ON provider_events (received_at, id);
 
 -- A charge's disputes, as the provider last showed them. `id` is ours

@@ -15,11 +15,13 @@
 //!   dashboard shows them all.
 //! - The docs run the binaries `make run` built, never `cargo run`
 //!   (`docs.rs`).
+//! - No migration is edited once it has landed (`migrations.rs`).
 #![allow(clippy::unwrap_used)]
 
 mod docs;
 mod links;
 mod logs;
+mod migrations;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
