@@ -111,6 +111,54 @@ async fn db(backend: Backend) -> Option<TestDb> {
     TestDb::new(backend, 8).await
 }
 
+/// PostgreSQL's lane: a claim or finish that completed keeps its connection
+/// for the next one instead of sending it back through sqlx's ping. It
+/// keeps at most half of the pool, so the other half still serves every
+/// other statement, and once the charges stop it gives everything back
+/// within two sweeps (2 x 100 ms).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_lane_keeps_at_most_half_the_pool_and_gives_it_back() {
+    for backend in [Backend::Postgres, Backend::PostgresSerializable] {
+        let Some(db) = TestDb::new(backend, 4).await else {
+            continue;
+        };
+        let (store, pg) = (db.store(), db.postgres().unwrap());
+        let charges = (0..16).map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let c = claim(&format!("lane-{i}"), "cus_lane", &body(100 + i));
+                let record_id = claimed(&store, &c).await;
+                let done = finish(&c, record_id, &c.lease.token, "ok");
+                assert_eq!(store.finish(&done).await.unwrap(), FinishOutcome::Finished);
+            })
+        });
+        for charge in charges.collect::<Vec<_>>() {
+            charge.await.unwrap();
+        }
+        let kept = pg.lane_kept().expect("a pool of 4 has a lane");
+        assert!((1..=2).contains(&kept), "{backend:?}: {kept} kept");
+        // The half the lane cannot keep is the pool's, at once.
+        let pool = pg.pool();
+        let free = tokio::time::timeout(Duration::from_secs(5), async {
+            (pool.acquire().await.unwrap(), pool.acquire().await.unwrap())
+        });
+        drop(free.await.expect("two connections free beside the lane"));
+        // And the rest comes back when the lane has been idle.
+        let all = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut all = Vec::new();
+            for _ in 0..4 {
+                all.push(pool.acquire().await.unwrap());
+            }
+            all
+        });
+        assert_eq!(
+            all.await.expect("the lane gave its connections back").len(),
+            4
+        );
+        assert_eq!(pg.lane_kept(), Some(0), "{backend:?}");
+    }
+}
+
 /// N tasks claim one key at once: exactly one wins, one record and one
 /// charge exist, every loser sees the winner's record. On a cluster the
 /// race must really reach certification; whether one round's writes

@@ -190,6 +190,8 @@ async fn readme_session_against_the_real_binaries(backend: Backend) {
 
     let ready = reqwest::get(format!("{}/readyz", api.url)).await.unwrap();
     assert_eq!(ready.status(), 200);
+    // The server writes its lines a burst at a time: wait for the replay's.
+    assert!(api.wait_for_log(&["replayed=true"]).await, "{}", api.log());
     let log = api.log();
     assert!(log.contains("request_id"), "request ids are logged");
     // One line per replay: its request line says so.

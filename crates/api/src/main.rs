@@ -14,9 +14,17 @@ use payments_api::auth;
 use payments_api::config::{Cli, Command, Settings};
 use payments_api::{AppState, serve};
 use payments_app::settings::{DatabaseArgs, LogFormat};
-use payments_app::{init_logging, log_format, report_exit_error, shutdown_signal};
+use payments_app::{
+    flush_logs, init_logging, init_logging_batched, log_format, report_exit_error, shutdown_signal,
+};
 use payments_jobs::runner::{Job, Jobs};
 use secrecy::{ExposeSecret, SecretString};
+
+/// mimalloc rather than glibc's malloc: fewer instructions per allocation
+/// and no lock contention between the runtime's threads (see the
+/// workspace's Cargo.toml and docs/benchmarks.md, issue 31).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// `--version`: the version and the git commit, `0.1.0 (abc1234)`.
 static VERSION: LazyLock<String> =
@@ -51,13 +59,15 @@ async fn main() -> std::process::ExitCode {
             ttl,
         ),
     };
-    match result {
+    let code = match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             report_exit_error("payments-api", &e);
             std::process::ExitCode::FAILURE
         }
-    }
+    };
+    flush_logs();
+    code
 }
 
 /// Prints a development token for `subject` (a customer, or with
@@ -96,7 +106,7 @@ async fn migrate(database: &DatabaseArgs) -> anyhow::Result<()> {
 }
 
 async fn run(settings: Settings) -> anyhow::Result<()> {
-    init_logging(settings.core.log.log_format);
+    init_logging_batched(settings.core.log.log_format);
     let provider = settings.validate()?;
     // Bound before the provider is built: an in-process sandbox sends its
     // webhooks to the address really bound (LISTEN_ADDR's port may be 0).
@@ -149,6 +159,7 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
     if log_format() != Some(LogFormat::Json) {
         println!("payments-api listening on http://{addr}");
     }
+    payments_app::batch_logs();
     serve(listener, state, shutdown_signal()).await?;
     if let Some(jwks) = jwks {
         jwks.abort();

@@ -46,13 +46,19 @@ pub async fn create_charge(
             return Err(ApiError::KeyMissing(state.client_guide_url.to_string()));
         }
     }
-    let work = async move {
-        match key {
-            Some(key) => service.create_charge(&actor, &key, &body).await,
-            None => service.create_unprotected_charge(&actor, &body).await,
+    let mut response = match key {
+        Some(key) => {
+            let attempt = service.prepare_charge(&actor, body)?;
+            // A replay the cache holds is answered here: no task, no database.
+            if let Some(answer) = service.replay_charge(&actor, &key, &attempt) {
+                return Ok(answered(answer?));
+            }
+            spawned(async move { service.charge_attempt(&actor, &key, attempt).await }).await?
+        }
+        None => {
+            spawned(async move { service.create_unprotected_charge(&actor, &body).await }).await?
         }
     };
-    let mut response = spawned(work).await?;
     if keyless {
         // Rollout mode: tell the client, in a header its logs will show,
         // that this request was unprotected and keys become mandatory.
@@ -139,12 +145,18 @@ async fn spawned(
     let reply = tokio::spawn(work.instrument(tracing::Span::current()))
         .await
         .map_err(|e| ApiError::Internal(format!("operation task failed: {e}")))??;
+    Ok(answered(reply))
+}
+
+/// The response to an operation's answer, a replay marked on the request's
+/// span.
+fn answered(reply: Reply) -> Response {
     if reply.replayed {
         // On the request's own line rather than a line of its own: a replay
         // is the cheapest request there is, and a log line costs more.
         tracing::Span::current().record("replayed", true);
     }
-    Ok(reply_response(reply))
+    reply_response(reply)
 }
 
 /// Marks a replayed answer (the design's name).

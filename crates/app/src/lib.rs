@@ -16,6 +16,7 @@
 
 pub mod answers;
 pub mod limits;
+pub mod logwriter;
 pub mod settings;
 pub mod telemetry;
 pub mod webhooks;
@@ -29,7 +30,10 @@ use payments_domain::store::Store;
 use payments_gateway::HttpGateway;
 use secrecy::{ExposeSecret, SecretString};
 
-pub use settings::{ConfigError, Settings, init_logging, log_format, report_exit_error};
+pub use settings::{
+    ConfigError, Settings, batch_logs, flush_logs, init_logging, init_logging_batched, log_format,
+    report_exit_error,
+};
 
 /// Where provider calls go.
 #[derive(Debug, Clone)]

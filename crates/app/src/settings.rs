@@ -11,6 +11,7 @@ use payments_domain::derive::Derivation;
 use payments_domain::store::Store;
 use payments_store::{DatabaseUrl, PoolSettings};
 use secrecy::{ExposeSecret, SecretString};
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 use crate::Provider;
 
@@ -600,20 +601,63 @@ static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
 
 /// Structured logs on stderr, `RUST_LOG` filtering (default `info`). With
 /// [`LogFormat::Json`] every line is one JSON object; the binaries then
-/// write nothing else to stdout or stderr (see [`log_format`]).
+/// write nothing else to stdout or stderr (see [`log_format`]). Each line
+/// is written as it is logged: `payments-jobs` and one-off commands, whose
+/// lines take turns with a progress bar and a closing error.
 pub fn init_logging(format: LogFormat) {
+    init_logging_to(format, BoxMakeWriter::new(std::io::stderr));
+}
+
+/// [`init_logging`] for the server: lines gathered in memory and written
+/// to stderr by a thread of their own, a burst at a time (see
+/// [`crate::logwriter`]: what it saves, and what a user gives up). Without
+/// a thread to write them, lines are written as they are logged.
+pub fn init_logging_batched(format: LogFormat) {
+    match crate::logwriter::Batched::start(std::io::stderr()) {
+        Ok((batched, lines)) => {
+            *LOG_WRITER.lock().unwrap_or_else(|p| p.into_inner()) = Some(batched);
+            init_logging_to(format, BoxMakeWriter::new(lines));
+        }
+        Err(_) => init_logging(format),
+    }
+}
+
+fn init_logging_to(format: LogFormat, writer: BoxMakeWriter) {
     let _ = LOG_FORMAT.set(format);
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         // Colour codes only for a person at a terminal: in a file or a log
         // pipeline they are noise, and formatting them costs CPU per line.
         .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// The log writer's thread, while it runs.
+static LOG_WRITER: std::sync::Mutex<Option<crate::logwriter::Batched>> =
+    std::sync::Mutex::new(None);
+
+/// Writes every log line still gathered and stops the writer's thread: the
+/// last thing the server does before it exits. Lines logged afterwards
+/// are written as they are logged.
+pub fn flush_logs() {
+    let batched = LOG_WRITER.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(batched) = batched {
+        batched.finish();
+    }
+}
+
+/// From now on the server's lines are gathered and written a burst at a
+/// time ([`init_logging_batched`]); until now they were written one by one,
+/// so every start-up line is on stderr before the server says it serves.
+pub fn batch_logs() {
+    if let Some(batched) = &*LOG_WRITER.lock().unwrap_or_else(|p| p.into_inner()) {
+        batched.begin();
     }
 }
 

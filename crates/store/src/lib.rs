@@ -9,6 +9,7 @@
 
 mod batch;
 mod dialect;
+mod lane;
 mod mysql;
 mod postgres;
 mod rows;

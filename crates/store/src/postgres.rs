@@ -100,6 +100,12 @@ impl PostgresStore {
             .collect()
     }
 
+    /// How many connections the lane keeps now (`None`: no lane, the pool
+    /// has fewer than two connections), for tests.
+    pub fn lane_kept(&self) -> Option<usize> {
+        self.lane().map(|lane| lane.kept())
+    }
+
     pub async fn connect(url: &DatabaseUrl, settings: &PoolSettings) -> Result<Self, StoreError> {
         let options: PgConnectOptions = url.expose().parse().map_err(classify)?;
         let at = crate::address(options.get_socket(), options.get_host(), options.get_port());
@@ -109,6 +115,6 @@ impl PostgresStore {
             .connect_with(options.application_name("payments"))
             .await
             .map_err(classify)?;
-        Ok(Self::new(pool.clone(), pool))
+        Ok(Self::new(pool.clone(), pool).with_lane(settings.max_connections))
     }
 }

@@ -36,6 +36,7 @@ use sqlx::{
 
 use crate::batch::{Batcher, BoxFut};
 use crate::dialect::Dialect;
+use crate::lane::Lane;
 use crate::rows::{CaptureRow, ChargeRow, RecordRow, RefundRow, decode, stored_status};
 use crate::{Error, millis, run};
 
@@ -560,6 +561,9 @@ pub struct SqlStore<D: Dialect> {
     /// SQLite's batches: the events of their finishes, written by the batch
     /// in one statement.
     deferred: Option<Arc<outbox::DeferredEvents>>,
+    /// PostgreSQL: connections kept between one-statement claims and
+    /// finishes, which go back without sqlx's ping (see [`crate::lane`]).
+    lane: Option<Arc<Lane<D::Db>>>,
 }
 
 /// Whether the writer connection was found inside a transaction that
@@ -594,6 +598,7 @@ impl<D: Dialect> Clone for SqlStore<D> {
             batch: self.batch.clone(),
             writer_health: self.writer_health.clone(),
             deferred: self.deferred.clone(),
+            lane: self.lane.clone(),
         }
     }
 }
@@ -617,6 +622,16 @@ impl<D: Dialect> SqlStore<D> {
             batch: None,
             writer_health: Arc::default(),
             deferred: None,
+            lane: None,
+        }
+    }
+
+    /// The same store, its one-statement claims and finishes on a lane of
+    /// its pool of `max_connections` (none when the pool is too small).
+    pub(crate) fn with_lane(self, max_connections: u32) -> Self {
+        Self {
+            lane: Lane::over(&self.pool, max_connections),
+            ..self
         }
     }
 
@@ -640,6 +655,10 @@ impl<D: Dialect> SqlStore<D> {
     /// finishes they carried (`None` when writes are not batched).
     pub fn write_batches(&self) -> Option<(u64, u64)> {
         self.batch.as_ref().map(Batcher::committed)
+    }
+
+    pub(crate) fn lane(&self) -> Option<&Lane<D::Db>> {
+        self.lane.as_deref()
     }
 
     /// The pool, for tests and tools that count rows.
@@ -1071,8 +1090,18 @@ sql_impl! {{
         c: &Claim,
         charge: &Charge,
     ) -> Result<Option<ClaimOutcome>, Error> {
-        let q = Self::new_record(Self::keyed(sql, c), c);
-        let row = Self::charge_values(q, charge).fetch_optional(&self.pool).await;
+        let q = Self::charge_values(Self::new_record(Self::keyed(sql, c), c), charge);
+        let row = match &self.lane {
+            Some(lane) => {
+                let (mut conn, taken_at) = lane.acquire().await?;
+                let row = q.fetch_optional(&mut *conn).await;
+                if row.is_ok() {
+                    lane.keep(conn, taken_at);
+                }
+                row
+            }
+            None => q.fetch_optional(&self.pool).await,
+        };
         let Some(row) = row.map_err(Error::generation_taken)? else {
             return Ok(None);
         };
@@ -1128,8 +1157,16 @@ sql_impl! {{
 
     async fn finish(&self, f: &Finish) -> Result<FinishOutcome, Error> {
         if let (Some(sql), Outcome::Charge(outcome), Some(event)) = (&self.sql.finish_one, &f.outcome, &f.event) {
-            let q = Self::settle(Self::finishing(sql, f), outcome);
-            let row = Self::event_values(q, event).fetch_one(&self.pool).await?;
+            let q = Self::event_values(Self::settle(Self::finishing(sql, f), outcome), event);
+            let row = match &self.lane {
+                Some(lane) => {
+                    let (mut conn, taken_at) = lane.acquire().await?;
+                    let row = q.fetch_one(&mut *conn).await?;
+                    lane.keep(conn, taken_at);
+                    row
+                }
+                None => q.fetch_one(&self.pool).await?,
+            };
             return Self::finished(f, Self::count(&row, 0)?, Self::count(&row, 1)?);
         }
         let (store, f) = (self.clone(), f.clone());

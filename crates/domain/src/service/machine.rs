@@ -30,10 +30,47 @@ impl ChargeService {
         key: &IdempotencyKey,
         route: &'static str,
         fingerprinted: &Value,
+        operation: impl FnOnce() -> Operation,
+    ) -> Result<Reply, ChargeError> {
+        let fingerprint = RequestFingerprint::of(fingerprinted);
+        // A replay the cache holds needs no new operation, lease or claim.
+        let customer = actor.subject();
+        if let Some(answer) = self.replay_cached(key, route, customer, fingerprinted, &fingerprint)
+        {
+            return answer;
+        }
+        self.claim_and_drive(actor, key, route, fingerprinted, fingerprint, operation())
+            .await
+    }
+
+    /// The answer the replay cache holds for (key, route), checked against
+    /// the caller and the fingerprint as the stored record would be: no
+    /// database, no new operation. `None`: not held.
+    pub(super) fn replay_cached(
+        &self,
+        key: &IdempotencyKey,
+        route: &'static str,
+        customer: &CustomerId,
+        fingerprinted: &Value,
+        fingerprint: &RequestFingerprint,
+    ) -> Option<Result<Reply, ChargeError>> {
+        let record = self.remembered(key, route)?;
+        Self::answer(&record, customer, fingerprinted, fingerprint)
+    }
+
+    /// Step 1 and what follows, the cache already asked: claim the key with
+    /// `operation`, then drive it, or answer from the record someone else
+    /// has.
+    pub(super) async fn claim_and_drive(
+        &self,
+        actor: &Actor,
+        key: &IdempotencyKey,
+        route: &'static str,
+        fingerprinted: &Value,
+        fingerprint: RequestFingerprint,
         operation: Operation,
     ) -> Result<Reply, ChargeError> {
         let customer = actor.subject();
-        let fingerprint = RequestFingerprint::of(fingerprinted);
         let mut claim = Claim {
             key: key.clone(),
             route,
@@ -45,11 +82,6 @@ impl ChargeService {
             read_first: true,
             hold_margin: self.policy.hold_capture_margin,
         };
-        if let Some(record) = self.remembered(key, route) {
-            return self
-                .resume(record, customer, fingerprinted, &fingerprint)
-                .await;
-        }
         let sent = std::time::Instant::now();
         let mut generation = 0;
         claim.derive(&self.policy.derivation, generation);
@@ -81,7 +113,7 @@ impl ChargeService {
                 ClaimOutcome::Existing(record) => {
                     self.remember(&record, sent);
                     return self
-                        .resume(*record, customer, fingerprinted, &fingerprint)
+                        .resume(&record, customer, fingerprinted, &fingerprint)
                         .await;
                 }
                 ClaimOutcome::Refused(response) => {
@@ -159,11 +191,26 @@ impl ChargeService {
     /// Step 2: someone already has this key.
     pub(super) async fn resume(
         &self,
-        record: IdempotencyRecord,
+        record: &IdempotencyRecord,
         customer: &CustomerId,
         body: &Value,
         fingerprint: &RequestFingerprint,
     ) -> Result<Reply, ChargeError> {
+        match Self::answer(record, customer, body, fingerprint) {
+            Some(answer) => answer,
+            None => self.take_over(record).await,
+        }
+    }
+
+    /// Step 2 where the record alone decides: 422 for another body or
+    /// customer, the stored answer, or 409 while its lease is live. `None`:
+    /// its lease expired, and it is to be taken over.
+    fn answer(
+        record: &IdempotencyRecord,
+        customer: &CustomerId,
+        body: &Value,
+        fingerprint: &RequestFingerprint,
+    ) -> Option<Result<Reply, ChargeError>> {
         // Records written before the fingerprint ignored null optional
         // fields hold the first version: a retry across the upgrade still
         // matches. Each comparison runs in constant time; the first version
@@ -180,9 +227,9 @@ impl ChargeService {
                 record_id = %record.id,
                 "key reused with another body or customer"
             );
-            return Err(ChargeError::KeyReused);
+            return Some(Err(ChargeError::KeyReused));
         }
-        match (record.state, &record.response) {
+        Some(match (record.state, &record.response) {
             (state, Some(response)) if state.is_answered() => {
                 tracing::debug!(record_id = %record.id, status = response.status, "replay");
                 Ok(Reply {
@@ -196,8 +243,8 @@ impl ChargeService {
             ))
             .into()),
             _ if record.lease_live => Err(ChargeError::InProgress),
-            _ => self.take_over(&record).await,
-        }
+            _ => return None,
+        })
     }
 
     /// An in-progress record whose lease expired (its driver crashed, or

@@ -231,6 +231,15 @@ pub const PROVIDER_REJECTED: &str = "provider_rejected_request";
 /// charge is looked for in the provider's list.
 pub const PROVIDER_CLOCK_MARGIN: Duration = Duration::from_secs(5 * 60);
 
+/// A charge request checked and fingerprinted ([`ChargeService::prepare_charge`]),
+/// before its key is looked up.
+#[derive(Debug)]
+pub struct ChargeAttempt {
+    request: ChargeRequest,
+    fingerprinted: Value,
+    fingerprint: RequestFingerprint,
+}
+
 /// A final answer: fresh, or replayed from the record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
@@ -310,24 +319,82 @@ impl ChargeService {
         &self.policy
     }
 
-    /// `POST /api/charges` with an idempotency key.
-    // The key is on the caller's span (the API's request span); repeating it
-    // here would print it twice on every line.
-    #[tracing::instrument(skip_all, fields(customer = %actor.subject()))]
+    /// `POST /api/charges` with an idempotency key: [`Self::prepare_charge`],
+    /// [`Self::replay_charge`], else [`Self::charge_attempt`].
     pub async fn create_charge(
         &self,
         actor: &Actor,
         key: &IdempotencyKey,
-        body: &Value,
+        body: Value,
     ) -> Result<Reply, ChargeError> {
+        let attempt = self.prepare_charge(actor, body)?;
+        match self.replay_charge(actor, key, &attempt) {
+            Some(answer) => answer,
+            None => self.charge_attempt(actor, key, attempt).await,
+        }
+    }
+
+    /// A charge request checked (the caller may charge, the body is valid)
+    /// and fingerprinted; nothing is read or written.
+    pub fn prepare_charge(&self, actor: &Actor, body: Value) -> Result<ChargeAttempt, ChargeError> {
         actor.may_charge()?;
-        let request = ChargeRequest::from_json(body, self.policy.max_amount_cents)?;
-        let fingerprinted = request.fingerprinted(body);
-        let mut charge = Charge::pending(actor.subject(), &request);
+        let request = ChargeRequest::from_json(&body, self.policy.max_amount_cents)?;
+        let fingerprinted = match request.fingerprinted(&body) {
+            std::borrow::Cow::Owned(canonical) => canonical,
+            std::borrow::Cow::Borrowed(_) => body,
+        };
+        let fingerprint = RequestFingerprint::of(&fingerprinted);
+        Ok(ChargeAttempt {
+            request,
+            fingerprinted,
+            fingerprint,
+        })
+    }
+
+    /// The answer to `attempt` when the replay cache holds its key (a
+    /// replay, 422 for another body or customer): no database and no task,
+    /// so the API answers it where it stands. `None`: not held, it is
+    /// [`Self::charge_attempt`]'s.
+    pub fn replay_charge(
+        &self,
+        actor: &Actor,
+        key: &IdempotencyKey,
+        attempt: &ChargeAttempt,
+    ) -> Option<Result<Reply, ChargeError>> {
+        let (fingerprinted, fingerprint) = (&attempt.fingerprinted, &attempt.fingerprint);
+        self.replay_cached(
+            key,
+            CHARGES_ROUTE,
+            actor.subject(),
+            fingerprinted,
+            fingerprint,
+        )
+    }
+
+    /// The rest of `POST /api/charges` for a prepared attempt the replay
+    /// cache did not answer: claim, call the provider, finish.
+    // The key is on the caller's span (the API's request span); repeating it
+    // here would print it twice on every line.
+    #[tracing::instrument(skip_all, fields(customer = %actor.subject()))]
+    pub async fn charge_attempt(
+        &self,
+        actor: &Actor,
+        key: &IdempotencyKey,
+        attempt: ChargeAttempt,
+    ) -> Result<Reply, ChargeError> {
+        let mut charge = Charge::pending(actor.subject(), &attempt.request);
         charge.idempotency_key = Some(key.as_str().to_owned());
+        let (fingerprinted, fingerprint) = (&attempt.fingerprinted, attempt.fingerprint);
         let operation = Operation::Charge(charge);
-        self.start(actor, key, CHARGES_ROUTE, &fingerprinted, operation)
-            .await
+        self.claim_and_drive(
+            actor,
+            key,
+            CHARGES_ROUTE,
+            fingerprinted,
+            fingerprint,
+            operation,
+        )
+        .await
     }
 
     /// `POST /api/charges/{id}/refunds` with an idempotency key, by the
@@ -370,7 +437,7 @@ impl ChargeService {
                 );
             }
         }
-        let operation = Operation::Refund(Refund::pending(actor, &charge, &request));
+        let operation = || Operation::Refund(Refund::pending(actor, &charge, &request));
         self.start(actor, key, REFUNDS_ROUTE, &fingerprinted, operation)
             .await
     }
@@ -412,7 +479,7 @@ impl ChargeService {
         if let Value::Object(fields) = &mut fingerprinted {
             fields.insert("charge_id".to_owned(), Value::from(charge_id));
         }
-        let operation = Operation::Capture(Capture::pending(actor, &charge, &request, amount));
+        let operation = || Operation::Capture(Capture::pending(actor, &charge, &request, amount));
         self.start(actor, key, action.route(), &fingerprinted, operation)
             .await
     }
@@ -461,14 +528,14 @@ impl ChargeService {
         ChargeError::RateLimited { retry_after }
     }
 
-    /// A copy of the complete record of (key, route), if one is held: the
+    /// The complete record of (key, route), if one is held: the
     /// owner and fingerprint checks then run on it as on the stored one.
-    fn remembered(&self, key: &IdempotencyKey, route: &str) -> Option<IdempotencyRecord> {
+    fn remembered(&self, key: &IdempotencyKey, route: &str) -> Option<Arc<IdempotencyRecord>> {
         let answers = self.answers.as_ref()?;
         let found = answers.get(key.as_str(), route);
         let result = if found.is_some() { "hit" } else { "miss" };
         metrics::counter!(REPLAY_CACHE_TOTAL, "result" => result).increment(1);
-        found.map(|record| (*record).clone())
+        found
     }
 
     /// Keeps a copy of a complete record read by a query sent at `sent`,
