@@ -13,7 +13,9 @@
 //! back to the pool, which pings it and drops it if it is broken, as
 //! before. So the lane never hands out a connection the pool would not.
 //!
-//! What it may not do is hoard. It keeps at most half of the pool, so the
+//! What it may not do is hoard. A claim or finish waiting for the pool
+//! takes a connection kept meanwhile at once (no connection sits here while
+//! one of them waits). It keeps at most half of the pool, so the
 //! other half always flows through the pool to every other statement and
 //! transaction in arrival order; a connection kept longer than [`KEEP_FOR`]
 //! goes back to the pool (a task sweeps every [`KEEP_FOR`]), so when the
@@ -45,6 +47,10 @@ pub(crate) struct Lane<DB: Database> {
     pool: Pool<DB>,
     kept: Mutex<Vec<Kept<DB>>>,
     most: usize,
+    /// Told each time a connection is kept: a claim or finish waiting for
+    /// the pool takes it instead, so no connection sits in the lane while
+    /// one of them waits.
+    kept_one: tokio::sync::Notify,
 }
 
 impl<DB: Database> std::fmt::Debug for Lane<DB> {
@@ -70,6 +76,7 @@ impl<DB: Database> Lane<DB> {
             pool: pool.clone(),
             kept: Mutex::new(Vec::with_capacity(most)),
             most,
+            kept_one: tokio::sync::Notify::new(),
         });
         runtime.spawn(sweep(Arc::downgrade(&lane)));
         Some(lane)
@@ -81,12 +88,30 @@ impl<DB: Database> Lane<DB> {
 
     /// The connection kept last, else one from the pool; with when it left
     /// the pool, for [`Lane::keep`].
+    ///
+    /// While it waits for the pool, a connection kept meanwhile is taken
+    /// instead (a notification, then the lane again): a claim waiting in
+    /// the pool's queue while a finished one's connection sat in the lane
+    /// made new charges' p99 three times longer at 32 connections.
     pub(crate) async fn acquire(&self) -> Result<(PoolConnection<DB>, Instant), sqlx::Error> {
-        let kept = self.lock().pop();
-        Ok(match kept {
-            Some(kept) => (kept.conn, kept.taken_at),
-            None => (self.pool.acquire().await?, Instant::now()),
-        })
+        loop {
+            if let Some(kept) = self.lock().pop() {
+                return Ok((kept.conn, kept.taken_at));
+            }
+            let kept_one = self.kept_one.notified();
+            tokio::pin!(kept_one);
+            // Listening before looking again: a connection kept between
+            // the look above and here is seen one way or the other.
+            kept_one.as_mut().enable();
+            if let Some(kept) = self.lock().pop() {
+                return Ok((kept.conn, kept.taken_at));
+            }
+            tokio::select! {
+                biased;
+                () = &mut kept_one => {}
+                conn = self.pool.acquire() => return Ok((conn?, Instant::now())),
+            }
+        }
     }
 
     /// Keeps `conn`, lent at `taken_at`, after a statement that completed;
@@ -103,6 +128,8 @@ impl<DB: Database> Lane<DB> {
                     idle_since: now,
                     taken_at,
                 });
+                drop(kept);
+                self.kept_one.notify_one();
                 return;
             }
         }
