@@ -998,11 +998,22 @@ impl std::fmt::Debug for TestApp {
 /// The back office's audience (`JWT_BACKOFFICE_AUDIENCE`) of every test app.
 pub const BACK_OFFICE_AUDIENCE: &str = "payments-backoffice";
 
+/// With `TEST_APP_LOG=1`, the in-process apps' log lines go to stderr (as
+/// `payments-api` writes them; `RUST_LOG` filters, `--nocapture` shows a
+/// passing test's): what a 500 in a test was, for instance. Off by default.
+fn show_app_logs() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    if std::env::var("TEST_APP_LOG").is_ok_and(|v| v == "1") {
+        ONCE.call_once(|| payments_app::init_logging(payments_app::settings::LogFormat::Text));
+    }
+}
+
 /// Starts the sandbox, a fresh database and the API, assembled as
 /// `payments-api` assembles itself (`payments_app::assemble`,
 /// `AppState::new`) from the default settings and `options`; `None` if the
 /// backend is unavailable here.
 pub async fn spawn_app(backend: Backend, options: AppOptions) -> Option<TestApp> {
+    show_app_logs();
     let db =
         TestDb::with_write_batch(backend, options.pool_size, options.sqlite_write_batch).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
