@@ -185,6 +185,15 @@ impl Jwks {
         })
     }
 
+    /// Whether the set holds `key` itself under `kid` now: a refresh makes
+    /// every key anew, so a key dropped, replaced or merely fetched again
+    /// is not held.
+    pub fn holds(&self, kid: &str, key: &Arc<VerifyingKey>) -> bool {
+        self.current()
+            .get(kid)
+            .is_some_and(|held| Arc::ptr_eq(held, key))
+    }
+
     fn current(&self) -> Arc<KeySet> {
         let keys = self
             .keys
