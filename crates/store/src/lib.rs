@@ -309,10 +309,11 @@ pub(crate) fn classify(e: impl Into<Error>) -> StoreError {
 }
 
 /// How often an operation that failed with a retryable conflict is run.
-/// With [`backoff`], the retries wait about 0.7 s in all: a thousand
-/// provider events applied at once on serializable PostgreSQL took a
-/// refund's claim to its tenth attempt on a loaded CI machine (a 500),
-/// while a quiet run saw at most six.
+/// With [`backoff`], the retries wait about 0.7 s in all: with a thousand
+/// provider events applied at once on serializable PostgreSQL, a refund's
+/// transaction used up ten attempts on a loaded CI machine (a 500), and
+/// runs here took finishes racing their own webhooks to the seventh or
+/// eighth.
 const RETRY_ATTEMPTS: u32 = 16;
 
 /// The wait before running an operation again after its `attempt`-th
